@@ -1,0 +1,32 @@
+"""How a result goes back to the caller's own array type.
+
+ampc._C asks converter_for(type) once per input type it meets and keeps the
+answer: a function that turns an ampc.Array into that type without a copy
+(through DLPack), or None to hand back the ampc.Array. Libraries are matched by
+the module their type lives in, so none is imported unless its arrays appear.
+"""
+
+
+def _torch(array):
+    import torch
+
+    return torch.from_dlpack(array)
+
+
+def _cupy(array):
+    import cupy
+
+    return cupy.from_dlpack(array)
+
+
+def _jax(array):
+    import jax.dlpack
+
+    return jax.dlpack.from_dlpack(array)
+
+
+_BY_MODULE = {"torch": _torch, "cupy": _cupy, "jax": _jax, "jaxlib": _jax}
+
+
+def converter_for(tp):
+    return _BY_MODULE.get(tp.__module__.partition(".")[0])

@@ -1,0 +1,102 @@
+/*
+ * ampc_cuda.h: the C ABI between ampc._C and ampc._cuda.
+ *
+ * ampc._cuda is loaded only when ampc first meets a GPU array. It exports one
+ * table of plain C functions (struct ampc_cuda_api) in a PyCapsule named
+ * AMPC_CUDA_API_CAPSULE; everything Python-facing stays in ampc._C. So the
+ * code in cuda/ knows nothing about Python, and CUDA headers never reach
+ * src/.
+ *
+ * Rules, as in dlpack.h:
+ *   - every function returns an ampc_status: 0 on success, a negative code on
+ *     failure, with a message for this thread in last_error();
+ *   - nothing here exits, aborts or prints;
+ *   - a stream is an opaque `void *` holding a cudaStream_t; NULL is the
+ *     legacy default stream;
+ *   - append fields to the end of the table and bump AMPC_CUDA_ABI_VERSION;
+ *     never reorder.
+ */
+#ifndef AMPC_CUDA_H
+#define AMPC_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "ampc_types.h"
+#include "layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AMPC_CUDA_ABI_VERSION 1
+#define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
+
+typedef enum {
+    AMPC_OK = 0,
+    AMPC_ERR_NO_DEVICE = -1,     /* no driver, or no GPU */
+    AMPC_ERR_OUT_OF_MEMORY = -2,
+    AMPC_ERR_CUDA = -3,          /* any other CUDA, cuBLAS or cuDNN failure */
+    AMPC_ERR_INVALID = -4,       /* bad argument (a bug in the caller) */
+} ampc_status;
+
+typedef struct {
+    char name[256];
+    int major, minor;            /* compute capability */
+    int multiprocessors;
+    size_t total_memory;         /* bytes */
+} ampc_cuda_device_props;
+
+typedef struct {
+    int runtime;                 /* cudaRuntimeGetVersion, e.g. 13000 */
+    int runtime_built;           /* CUDART_VERSION the module was compiled with */
+    int driver;                  /* cudaDriverGetVersion; 0 without a driver */
+    long cublaslt;               /* cublasLtGetVersion, e.g. 130100 */
+    long cudnn;                  /* cudnnGetVersion, e.g. 91900 */
+    long cudnn_built;            /* CUDNN_VERSION the module was compiled with */
+} ampc_cuda_versions;
+
+typedef struct {
+    int64_t allocated;           /* bytes held by live ampc arrays */
+    int64_t peak;                /* largest `allocated` since the last reset */
+    int64_t reserved;            /* bytes ampc's pool holds from the driver */
+} ampc_cuda_memory_stats;
+
+typedef struct ampc_cuda_api {
+    uint32_t abi_version;
+    uint32_t struct_size;
+
+    /* The message of this thread's last failure. */
+    const char *(*last_error)(void);
+
+    /* Devices. device_count answers 0 (and AMPC_OK) without a driver or GPU. */
+    int (*device_count)(int *count);
+    int (*device_props)(int device, ampc_cuda_device_props *props);
+    int (*versions)(ampc_cuda_versions *versions);
+    int (*synchronize)(int device);
+
+    /* Streams. stream_device: the device a stream belongs to. stream_wait:
+     * make `waiter` wait for the work queued so far on `signaller` (an event
+     * recorded on one, waited on by the other; nothing when they are equal). */
+    int (*stream_device)(void *stream, int *device);
+    int (*stream_wait)(int device, void *waiter, void *signaller);
+
+    /* ampc's stream-ordered pool (one per device). free must be given the
+     * size and stream of the allocation. */
+    int (*alloc)(int device, size_t nbytes, void *stream, void **ptr);
+    int (*free)(int device, void *ptr, size_t nbytes, void *stream);
+    int (*memory_stats)(int device, ampc_cuda_memory_stats *stats);
+    int (*reset_peak_memory)(int device);
+
+    /* Elementwise conversion: loop->data[0] (dtype dst) = loop->data[1]
+     * (dtype src), for the four floating dtypes. Queued on `stream`. */
+    int (*cast)(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src);
+} ampc_cuda_api;
+
+/* Defined by cuda/api.c: the table ampc._cuda exports. */
+extern const ampc_cuda_api ampc_cuda_api_table;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AMPC_CUDA_H */

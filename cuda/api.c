@@ -1,0 +1,64 @@
+/*
+ * api.c: the table ampc._cuda hands to ampc._C (see ampc_cuda.h), and the
+ * tiny Python module that carries it in a capsule.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "ampc_cuda.h"
+
+/* Defined in runtime.c, memory.c and cast.cu. */
+const char *ampc_cuda_last_error(void);
+int ampc_cuda_device_count(int *count);
+int ampc_cuda_get_device_props(int device, ampc_cuda_device_props *props);
+int ampc_cuda_get_versions(ampc_cuda_versions *versions);
+int ampc_cuda_synchronize(int device);
+int ampc_cuda_stream_device(void *stream, int *device);
+int ampc_cuda_stream_wait(int device, void *waiter, void *signaller);
+int ampc_cuda_alloc(int device, size_t nbytes, void *stream, void **ptr);
+int ampc_cuda_free(int device, void *ptr, size_t nbytes, void *stream);
+int ampc_cuda_get_memory_stats(int device, ampc_cuda_memory_stats *stats);
+int ampc_cuda_reset_peak_memory(int device);
+int ampc_cuda_cast(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src);
+
+const ampc_cuda_api ampc_cuda_api_table = {
+    .abi_version = AMPC_CUDA_ABI_VERSION,
+    .struct_size = sizeof(ampc_cuda_api),
+    .last_error = ampc_cuda_last_error,
+    .device_count = ampc_cuda_device_count,
+    .device_props = ampc_cuda_get_device_props,
+    .versions = ampc_cuda_get_versions,
+    .synchronize = ampc_cuda_synchronize,
+    .stream_device = ampc_cuda_stream_device,
+    .stream_wait = ampc_cuda_stream_wait,
+    .alloc = ampc_cuda_alloc,
+    .free = ampc_cuda_free,
+    .memory_stats = ampc_cuda_get_memory_stats,
+    .reset_peak_memory = ampc_cuda_reset_peak_memory,
+    .cast = ampc_cuda_cast,
+};
+
+static int cuda_exec(PyObject *module)
+{
+    PyObject *capsule = PyCapsule_New((void *)&ampc_cuda_api_table, AMPC_CUDA_API_CAPSULE, NULL);
+    if (capsule == NULL)
+        return -1;
+    const int rc = PyModule_AddObjectRef(module, "_api", capsule);
+    Py_DECREF(capsule);
+    return rc;
+}
+
+static PyModuleDef_Slot cuda_slots[] = {
+    {Py_mod_exec, cuda_exec},
+    {0, NULL},
+};
+
+static PyModuleDef cuda_module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "ampc._cuda",
+    .m_doc = "ampc's CUDA kernels, pool and runtime, as a table of C functions for ampc._C.",
+    .m_size = 0,
+    .m_slots = cuda_slots,
+};
+
+PyMODINIT_FUNC PyInit__cuda(void) { return PyModuleDef_Init(&cuda_module_def); }

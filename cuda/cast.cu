@@ -1,0 +1,229 @@
+/*
+ * cast.cu: elementwise conversion between float32, float16, bfloat16 and
+ * float64 on the GPU.
+ *
+ * Bit for bit the function of src/fp_formats.h, so CPU and GPU results are
+ * identical: the float32 <-> 16-bit pairs use the hardware conversions
+ * (cvt.rn: nearest even, subnormals kept, overflow to inf; this file must
+ * never be built with --use_fast_math or -ftz=true) with NaN lanes redone by
+ * fp_formats.h, whose NaN rule the hardware does not follow; the float64
+ * pairs run fp_formats.h itself, which rounds float64 straight to 16 bits
+ * (through float32 would round twice).
+ *
+ * Two kernels:
+ *   - contiguous: each thread converts 8 elements with 16-byte loads and
+ *     stores; a few scalar threads cover the unaligned head and the tail.
+ *     This is the path every dense array takes, since ampc_loop_init merges
+ *     dense layouts into one run. It is memory-bound: 6 bytes per element for
+ *     float32 -> float16, against the device's copy bandwidth.
+ *   - strided: one thread per element, index decomposed over up to
+ *     AMPC_MAX_NDIM dimensions; for views that no merging can make dense.
+ * Indices are 64-bit throughout: arrays of more than 2^31 elements are fine.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "fp_formats.h"
+
+namespace {
+
+struct F32 { typedef uint32_t bits; };
+struct F16 { typedef uint16_t bits; };
+struct BF16 { typedef uint16_t bits; };
+struct F64 { typedef uint64_t bits; };
+
+/* Exact widening of the 32/16-bit formats to float32. */
+__device__ __forceinline__ float to_f32(F32, uint32_t b) { return __uint_as_float(b); }
+
+__device__ __forceinline__ float to_f32(F16, uint16_t h)
+{
+    if (ampc_f16_bits_isnan(h))
+        return __uint_as_float(ampc_f16_to_f32_bits(h));
+    return __half2float(__ushort_as_half(h));
+}
+
+__device__ __forceinline__ float to_f32(BF16, uint16_t h)
+{
+    return __uint_as_float(ampc_bf16_to_f32_bits(h));  /* a shift, and quieting a NaN */
+}
+
+/* Rounding float32 to each of them. */
+__device__ __forceinline__ uint32_t from_f32(F32, float f) { return __float_as_uint(f); }
+
+__device__ __forceinline__ uint16_t from_f32(F16, float f)
+{
+    const uint32_t b = __float_as_uint(f);
+    if (ampc_f32_bits_isnan(b))
+        return ampc_f32_to_f16_bits(b);
+    return __half_as_ushort(__float2half_rn(f));
+}
+
+__device__ __forceinline__ uint16_t from_f32(BF16, float f)
+{
+    const uint32_t b = __float_as_uint(f);
+    if (ampc_f32_bits_isnan(b))
+        return ampc_f32_to_bf16_bits(b);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+template <class D, class S>
+struct Convert {
+    static __device__ __forceinline__ typename D::bits run(typename S::bits x)
+    {
+        return from_f32(D(), to_f32(S(), x));
+    }
+};
+
+/* float64 pairs: fp_formats.h directly. */
+template <> struct Convert<F64, F64> { static __device__ __forceinline__ uint64_t run(uint64_t x) { return x; } };
+template <> struct Convert<F64, F32> { static __device__ __forceinline__ uint64_t run(uint32_t x) { return ampc_f32_to_f64_bits(x); } };
+template <> struct Convert<F64, F16> { static __device__ __forceinline__ uint64_t run(uint16_t x) { return ampc_f16_to_f64_bits(x); } };
+template <> struct Convert<F64, BF16> { static __device__ __forceinline__ uint64_t run(uint16_t x) { return ampc_bf16_to_f64_bits(x); } };
+template <> struct Convert<F32, F64> { static __device__ __forceinline__ uint32_t run(uint64_t x) { return ampc_f64_to_f32_bits(x); } };
+template <> struct Convert<F16, F64> { static __device__ __forceinline__ uint16_t run(uint64_t x) { return ampc_f64_to_f16_bits(x); } };
+template <> struct Convert<BF16, F64> { static __device__ __forceinline__ uint16_t run(uint64_t x) { return ampc_f64_to_bf16_bits(x); } };
+
+/* Elements per vector thread, and the vectors they move: 16-byte aligned
+ * groups of 8 (two or four 16-byte accesses for 4- and 8-byte types). */
+constexpr int VEC = 8;
+template <class T> struct alignas(16) Vec { T v[VEC]; };
+
+constexpr int BLOCK = 256;
+
+/* Threads [0, nvec) convert vector k = elements head + 8k ...; the next
+ * `head` threads the elements before it, the rest the tail after it. */
+template <class D, class S>
+__global__ void cast_contiguous_kernel(typename D::bits *__restrict__ dst,
+                                       const typename S::bits *__restrict__ src, int64_t n,
+                                       int64_t head, int64_t nvec)
+{
+    const int64_t t = (int64_t)blockIdx.x * BLOCK + threadIdx.x;
+    if (t < nvec) {
+        const int64_t base = head + t * VEC;
+        const Vec<typename S::bits> in = *reinterpret_cast<const Vec<typename S::bits> *>(src + base);
+        Vec<typename D::bits> out;
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            out.v[k] = Convert<D, S>::run(in.v[k]);
+        *reinterpret_cast<Vec<typename D::bits> *>(dst + base) = out;
+        return;
+    }
+    int64_t i = t - nvec;  /* a scalar thread */
+    if (i >= head)
+        i += nvec * VEC;
+    if (i < n)
+        dst[i] = Convert<D, S>::run(src[i]);
+}
+
+struct StridedLayout {
+    int ndim;
+    int64_t shape[AMPC_MAX_NDIM];
+    int64_t dst_stride[AMPC_MAX_NDIM];  /* bytes */
+    int64_t src_stride[AMPC_MAX_NDIM];
+};
+
+template <class D, class S>
+__global__ void cast_strided_kernel(char *dst, const char *src, int64_t n, const StridedLayout layout)
+{
+    for (int64_t t = (int64_t)blockIdx.x * BLOCK + threadIdx.x; t < n;
+         t += (int64_t)gridDim.x * BLOCK) {
+        int64_t rest = t, dst_off = 0, src_off = 0;
+        for (int d = layout.ndim - 1; d >= 0; d--) {
+            const int64_t i = rest % layout.shape[d];
+            rest /= layout.shape[d];
+            dst_off += i * layout.dst_stride[d];
+            src_off += i * layout.src_stride[d];
+        }
+        typename S::bits x;
+        memcpy(&x, src + src_off, sizeof x);
+        const typename D::bits y = Convert<D, S>::run(x);
+        memcpy(dst + dst_off, &y, sizeof y);
+    }
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The first element index h < VEC at which both pointers are 16-byte
+ * aligned, or -1 if there is none (their misalignments differ). */
+int64_t aligned_head(uintptr_t dst, size_t dsize, uintptr_t src, size_t ssize)
+{
+    for (int64_t h = 0; h < VEC; h++)
+        if ((dst + h * dsize) % 16 == 0 && (src + h * ssize) % 16 == 0)
+            return h;
+    return -1;
+}
+
+template <class D, class S>
+int launch(const ampc_loop *loop, cudaStream_t stream)
+{
+    typedef typename D::bits DT;
+    typedef typename S::bits ST;
+    const int64_t n = loop->numel;
+    const int contiguous = loop->ndim == 0 || (loop->ndim == 1 && loop->strides[0][0] == sizeof(DT) &&
+                                               loop->strides[1][0] == sizeof(ST));
+    if (contiguous) {
+        DT *dst = reinterpret_cast<DT *>(loop->data[0]);
+        const ST *src = reinterpret_cast<const ST *>(loop->data[1]);
+        int64_t head = aligned_head((uintptr_t)dst, sizeof(DT), (uintptr_t)src, sizeof(ST));
+        int64_t nvec = 0;
+        if (head >= 0 && head < n)
+            nvec = (n - head) / VEC;
+        else
+            head = n;  /* no common alignment: all scalar */
+        const int64_t threads = nvec + (n - nvec * VEC);
+        cast_contiguous_kernel<D, S><<<(unsigned)ceil_div(threads, BLOCK), BLOCK, 0, stream>>>(
+            dst, src, n, head, nvec);
+    }
+    else {
+        StridedLayout layout;
+        layout.ndim = loop->ndim;
+        for (int d = 0; d < loop->ndim; d++) {
+            layout.shape[d] = loop->shape[d];
+            layout.dst_stride[d] = loop->strides[0][d];
+            layout.src_stride[d] = loop->strides[1][d];
+        }
+        /* A grid-stride loop: enough blocks to fill the GPU several times over. */
+        const int64_t blocks = ceil_div(n, BLOCK) < 65536 ? ceil_div(n, BLOCK) : 65536;
+        cast_strided_kernel<D, S><<<(unsigned)blocks, BLOCK, 0, stream>>>(loop->data[0], loop->data[1],
+                                                                         n, layout);
+    }
+    AMPC_CUDA_TRY(cudaGetLastError(), "launching the cast kernel");
+    return AMPC_OK;
+}
+
+template <class S>
+int dispatch_dst(ampc_dtype dst, const ampc_loop *loop, cudaStream_t stream)
+{
+    switch (dst) {
+    case AMPC_FLOAT32: return launch<F32, S>(loop, stream);
+    case AMPC_FLOAT16: return launch<F16, S>(loop, stream);
+    case AMPC_BFLOAT16: return launch<BF16, S>(loop, stream);
+    case AMPC_FLOAT64: return launch<F64, S>(loop, stream);
+    default: return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d is not floating", (int)dst);
+    }
+}
+
+}  // namespace
+
+extern "C" int ampc_cuda_cast(int device, void *stream, const ampc_loop *loop, ampc_dtype dst,
+                              ampc_dtype src)
+{
+    if (loop->numel == 0)
+        return AMPC_OK;
+    ampc_device_guard guard;
+    int status = ampc_device_enter(device, &guard);
+    if (status != AMPC_OK)
+        return status;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (src) {
+    case AMPC_FLOAT32: status = dispatch_dst<F32>(dst, loop, s); break;
+    case AMPC_FLOAT16: status = dispatch_dst<F16>(dst, loop, s); break;
+    case AMPC_BFLOAT16: status = dispatch_dst<BF16>(dst, loop, s); break;
+    case AMPC_FLOAT64: status = dispatch_dst<F64>(dst, loop, s); break;
+    default: status = ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d is not floating", (int)src);
+    }
+    ampc_device_leave(&guard);
+    return status;
+}

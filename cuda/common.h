@@ -1,0 +1,42 @@
+/*
+ * common.h: what every file of ampc._cuda shares: turning CUDA errors into an
+ * ampc_status plus a message for this thread, and a guard that makes a
+ * device current and puts the caller's device back afterwards (ampc must
+ * not change the device other libraries in the process see).
+ */
+#ifndef AMPC_CUDA_COMMON_H
+#define AMPC_CUDA_COMMON_H
+
+#include <cuda_runtime.h>
+#include "ampc_cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Record "what: <CUDA's message> (<error name>)" and return the matching
+ * status. Clears CUDA's non-sticky last error. */
+int ampc_cuda_fail(cudaError_t err, const char *what);
+/* Record a formatted message and return `status`. */
+int ampc_cuda_fail_msg(int status, const char *fmt, ...);
+
+#define AMPC_CUDA_TRY(call, what)                 \
+    do {                                          \
+        const cudaError_t err_ = (call);          \
+        if (err_ != cudaSuccess)                  \
+            return ampc_cuda_fail(err_, (what));  \
+    } while (0)
+
+typedef struct {
+    int previous;
+    int changed;
+} ampc_device_guard;
+
+int ampc_device_enter(int device, ampc_device_guard *guard);
+void ampc_device_leave(const ampc_device_guard *guard);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AMPC_CUDA_COMMON_H */

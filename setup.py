@@ -1,0 +1,141 @@
+"""Build ampc._C (always) and ampc._cuda (where CUDA is found).
+
+Environment knobs:
+  AMPC_CUDA=0      do not build ampc._cuda
+  AMPC_CUDA=1      fail unless ampc._cuda can be built
+  AMPC_CUDA_ARCH   compute capabilities to compile for, e.g. "90" or "75;80;90"
+                   (default "75;80;90": CUDA 13's oldest target, Ampere, Hopper;
+                   PTX of the newest is embedded for later GPUs)
+  CUDA_HOME        the CUDA toolkit (else /usr/local/cuda, else nvcc on PATH)
+  AMPC_DEBUG=1     -O0 -g, assertions on
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DEBUG = os.environ.get("AMPC_DEBUG") == "1"
+WARNINGS = ["-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+OPT = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3"]
+
+
+def sources(folder, *suffixes):
+    return sorted(
+        os.path.join(folder, f) for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(suffixes)
+    )
+
+
+def headers():
+    return [os.path.join(ROOT, p) for p in sources("src", ".h") + sources("cuda", ".h")]
+
+
+def find_cuda():
+    """The CUDA toolkit root, or None."""
+    candidates = [os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    for home in candidates:
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return home
+    return None
+
+
+def cuda_layout(home):
+    """Include and library folders holding what ampc._cuda needs, or a reason it can't be built."""
+    include_dirs = [d for d in (os.path.join(home, "include"), "/usr/include") if os.path.isdir(d)]
+    library_dirs = [
+        d
+        for d in (os.path.join(home, "lib64"), os.path.join(home, "lib"), "/usr/lib/x86_64-linux-gnu")
+        if os.path.isdir(d)
+    ]
+    needs = {
+        "cuda_runtime.h": include_dirs,
+        "cublasLt.h": include_dirs,
+        "cudnn.h": include_dirs,
+        "libcudart_static.a": library_dirs,
+        "libcublasLt.so": library_dirs,
+        "libcudnn.so": library_dirs,
+    }
+    for name, dirs in needs.items():
+        if not any(os.path.exists(os.path.join(d, name)) for d in dirs):
+            return None, None, f"{name} not found under {dirs}"
+    return include_dirs, library_dirs, None
+
+
+def gencode_flags():
+    archs = [a.strip() for a in os.environ.get("AMPC_CUDA_ARCH", "75;80;90").replace(",", ";").split(";")]
+    archs = [a for a in archs if a]
+    flags = []
+    for a in archs:
+        flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+    flags += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+    return flags
+
+
+class BuildExt(build_ext):
+    """Compiles .cu sources with nvcc; everything else goes through setuptools as usual."""
+
+    def build_extension(self, ext):
+        cu = [s for s in ext.sources if s.endswith(".cu")]
+        if cu:
+            ext.sources = [s for s in ext.sources if not s.endswith(".cu")]
+            ext.extra_objects = list(ext.extra_objects) + [self.nvcc(src, ext) for src in cu]
+        super().build_extension(ext)
+
+    def nvcc(self, src, ext):
+        obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
+        deps = [os.path.join(ROOT, src)] + headers()
+        if os.path.exists(obj) and not self.force and all(os.path.getmtime(obj) >= os.path.getmtime(d) for d in deps):
+            return obj
+        os.makedirs(os.path.dirname(obj), exist_ok=True)
+        cmd = [os.path.join(CUDA_HOME, "bin", "nvcc"), "-c", src, "-o", obj, "-std=c++17"]
+        cmd += ["-O0", "-g", "-G"] if DEBUG else ["-O3", "-lineinfo"]
+        cmd += ["-Xcompiler", "-fPIC," + ",".join(WARNINGS), "-Xfatbin=-compress-all"]
+        cmd += ["--threads", "0"] + gencode_flags()
+        cmd += [f"-I{d}" for d in ext.include_dirs]
+        print(" ".join(cmd))
+        subprocess.check_call(cmd, cwd=ROOT)
+        return obj
+
+
+core = Extension(
+    "ampc._C",
+    sources=sources("src", ".c"),
+    include_dirs=["src", "cuda", numpy.get_include()],
+    extra_compile_args=["-std=gnu11"] + WARNINGS + OPT,
+    libraries=["pthread"],
+)
+extensions = [core]
+
+CUDA_HOME = None
+want_cuda = os.environ.get("AMPC_CUDA", "").strip()
+if want_cuda != "0":
+    CUDA_HOME = find_cuda()
+    why_not = "nvcc not found (set CUDA_HOME)" if CUDA_HOME is None else None
+    if CUDA_HOME is not None:
+        cuda_includes, cuda_libs, why_not = cuda_layout(CUDA_HOME)
+    if why_not is None:
+        extensions.append(
+            Extension(
+                "ampc._cuda",
+                sources=sources("cuda", ".c", ".cu"),
+                include_dirs=["src", "cuda"] + cuda_includes,
+                library_dirs=cuda_libs,
+                runtime_library_dirs=cuda_libs,
+                libraries=["cudart_static", "cublasLt", "cudnn", "rt", "dl", "pthread"],
+                extra_compile_args=["-std=gnu11"] + WARNINGS + OPT,
+            )
+        )
+    elif want_cuda == "1":
+        sys.exit(f"AMPC_CUDA=1 but ampc._cuda cannot be built: {why_not}")
+    else:
+        print(f"ampc: building without CUDA ({why_not})")
+
+setup(ext_modules=extensions, cmdclass={"build_ext": BuildExt})

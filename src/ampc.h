@@ -1,0 +1,184 @@
+/*
+ * ampc.h: the internal header of ampc._C; every Python-facing .c file
+ * includes it first. It holds the NumPy API set-up, the module state and the
+ * prototypes that files share, grouped by the file that defines them.
+ *
+ * The plain-C parts (layout.h, cast_cpu.h, parallel.h, fp_formats.h) know
+ * nothing about Python and are included where needed.
+ */
+#ifndef AMPC_H
+#define AMPC_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+/* Pinned to a fixed version (not NPY_API_VERSION), so a later NumPy
+ * deprecation cannot break a released build. */
+#define NPY_NO_DEPRECATED_API NPY_2_0_API_VERSION
+#define PY_ARRAY_UNIQUE_SYMBOL ampc_ARRAY_API
+#ifndef AMPC_IMPORTS_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include "ampc_types.h"
+#include "ampc_cuda.h"
+#include "layout.h"
+
+/* ------------------------------------------------------------------------ */
+/* Module state (module.c)                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyTypeObject *array_type;                  /* ampc.Array */
+    PyArray_Descr *descr[AMPC_NUM_DTYPES];     /* NumPy dtype of each ampc dtype */
+    PyObject *converters;                      /* dict: type -> callable(ampc.Array) or None */
+    PyObject *converter_for;                   /* ampc._interop.converter_for, once imported */
+    PyObject *cuda_error;                      /* ampc.CudaError */
+    PyObject *oom_error;                       /* ampc.OutOfMemoryError */
+    /* ampc._cuda, loaded on first use (cuda_backend.c) */
+    const ampc_cuda_api *cuda;
+    PyObject *cuda_module;
+    PyObject *cuda_load_error;                 /* why it could not be loaded */
+    int cuda_device_count;                     /* -1 until asked */
+} ampc_state;
+
+extern PyModuleDef ampc_module_def;
+
+/* Take the raised exception (normalised), clearing it; NULL if none. */
+static inline PyObject *ampc_take_exception(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL && tb != NULL)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+/* The state of the module that defines `type` (for methods of ampc's types). */
+ampc_state *ampc_state_from_type(PyTypeObject *type);
+
+static inline ampc_state *ampc_state_of(PyObject *module)
+{
+    return (ampc_state *)PyModule_GetState(module);
+}
+
+/* ------------------------------------------------------------------------ */
+/* dtypes (dtype.c)                                                          */
+/* ------------------------------------------------------------------------ */
+
+extern const char *const ampc_dtype_names[AMPC_NUM_DTYPES];
+extern const int64_t ampc_dtype_itemsize[AMPC_NUM_DTYPES];
+
+int ampc_dtype_init(ampc_state *st);
+/* ampc's dtype for a NumPy descriptor, or -1 (no exception set). */
+int ampc_dtype_from_descr(ampc_state *st, PyArray_Descr *descr);
+/* Parse a user's dtype argument: a NumPy dtype or type, a name ("float16",
+ * "half", "bf16", ...), or a torch dtype. -1 with TypeError/ValueError naming
+ * `argname` on failure. */
+int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dtype *out);
+
+/* ------------------------------------------------------------------------ */
+/* Array views (view.c)                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* One description of every array the C code touches. */
+typedef struct {
+    char *data;                     /* address of element [0, ..., 0] */
+    ampc_dtype dtype;
+    int ndim;
+    int64_t numel;
+    int64_t shape[AMPC_MAX_NDIM];
+    int64_t strides[AMPC_MAX_NDIM]; /* bytes; may be negative or zero */
+    ampc_device device;
+    int readonly;
+    void *stream;                   /* CUDA: the stream its contents are ready on */
+    PyObject *owner;                /* strong: keeps the memory alive */
+    PyTypeObject *source;           /* strong: type of the object the caller gave */
+} ampc_view;
+
+typedef enum {
+    AMPC_FOR_READING = 0,
+    AMPC_FOR_WRITING = 1,  /* an out= argument: asks DLPack producers not to copy */
+} ampc_access;
+
+/* Describe `obj` (ndarray, ampc.Array, DLPack producer or capsule, Python or
+ * NumPy scalar). 0, or -1 with an exception naming `argname`. */
+int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
+                          ampc_access access, ampc_view *view);
+void ampc_view_release(ampc_view *view);
+/* The same for an ndarray; `source` is left NULL. */
+int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *view);
+/* "cpu" or "cuda:N" */
+const char *ampc_device_str(ampc_device device, char *buf, size_t size);
+/* Hand a result (an ndarray or ampc.Array, stolen) back as the type the
+ * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out. */
+PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source);
+
+/* ------------------------------------------------------------------------ */
+/* ampc.Array (array.c)                                                      */
+/* ------------------------------------------------------------------------ */
+
+int ampc_array_type_init(PyObject *module, ampc_state *st);
+int ampc_is_array(ampc_state *st, PyObject *obj);
+/* The view of an ampc.Array; owner and source are left NULL (borrowed use). */
+const ampc_view *ampc_array_view(PyObject *array);
+/* Wrap an ndarray (no copy). */
+PyObject *ampc_array_from_ndarray(ampc_state *st, PyArrayObject *ndarray);
+/* Take ownership of an imported DLPack tensor described by `view`. On
+ * failure the tensor is released. */
+PyObject *ampc_array_from_dlpack(ampc_state *st, void *managed, int versioned,
+                                 const ampc_view *view);
+/* A new uninitialised array with `like`'s shape and device, its dimension
+ * order (NumPy's order='K'), and dtype `dtype`: an ndarray on the CPU, an
+ * ampc.Array in ampc's pool on a GPU. Fills `out` with its view. */
+PyObject *ampc_empty_like(ampc_state *st, const ampc_view *like, ampc_dtype dtype, ampc_view *out);
+
+/* ------------------------------------------------------------------------ */
+/* DLPack (dlpack.c)                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Import through the protocol (__dlpack__ / __dlpack_device__) or from a bare
+ * capsule; returns a new ampc.Array owning the tensor. */
+PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname, ampc_access access);
+/* Build a capsule for `view`; `owner` is kept alive until the consumer's
+ * deleter runs. */
+PyObject *ampc_dlpack_export(const ampc_view *view, PyObject *owner, int versioned,
+                             unsigned minor, int copied);
+
+/* ------------------------------------------------------------------------ */
+/* CUDA backend (cuda_backend.c)                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Load ampc._cuda if needed; -1 with a RuntimeError saying how to build it. */
+int ampc_cuda_require(ampc_state *st);
+/* Check that a CUDA device index exists; -1 with RuntimeError/ValueError. */
+int ampc_cuda_check_device(ampc_state *st, int device);
+/* Raise the exception for a failed ampc_status; returns -1. */
+int ampc_cuda_raise(ampc_state *st, int status, const char *what);
+/* ampc's current stream for `device` (NULL: the legacy default stream), and
+ * the Python object that keeps it alive (borrowed, may be NULL). */
+void *ampc_current_stream(int device, PyObject **owner);
+/* The integer a DLPack consumer passes for a stream handle. */
+long long ampc_dlpack_stream_arg(void *stream);
+
+extern PyMethodDef ampc_cuda_methods[];
+
+/* ------------------------------------------------------------------------ */
+/* Casts (cast.c)                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* dst = src elementwise (shapes, devices, dtypes already checked); queued on
+ * the device's current stream for GPU views. */
+int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src);
+
+extern PyMethodDef ampc_cast_methods[];
+
+#endif /* AMPC_H */

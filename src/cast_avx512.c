@@ -1,0 +1,23 @@
+/*
+ * cast_avx512.c: conversion kernels for AVX-512 (F, BW, VL), 16 float32
+ * lanes; bfloat16 rounded in integer arithmetic. See simd_avx512.h.
+ */
+#include "cast_cpu.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")
+#include "simd_avx512.h"
+
+static inline void store_bf16(char *p, simd_f32 v)
+{
+    _mm256_storeu_si256((__m256i *)p, bf16_round_integer(v));
+}
+
+#define SIMD_NAME(x) avx512_##x
+#define SIMD_TABLE ampc_cast_avx512
+#define SIMD_LABEL "avx512"
+#include "simd_loops.h"
+
+#else
+const ampc_cast_table ampc_cast_avx512 = {"avx512", {{NULL}}};
+#endif

@@ -1,0 +1,80 @@
+/*
+ * cast_cpu.c: the CPU cast driver. Walks an ampc_loop in inner runs, calls
+ * the active table's contiguous kernel where both operands are contiguous
+ * and the portable strided kernel elsewhere, and splits large loops between
+ * ampc's threads.
+ */
+#include "cast_cpu.h"
+
+#include "parallel.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+/* All exceptions masked, round to nearest even, no flush-to-zero and no
+ * denormals-are-zero: the hardware float64 <-> float32 conversions are then
+ * exact IEEE, whatever another library left in the caller's MXCSR. */
+#define DEFAULT_MXCSR 0x1f80u
+#define FPENV_ENTER() const unsigned saved_mxcsr = _mm_getcsr(); _mm_setcsr(DEFAULT_MXCSR)
+#define FPENV_LEAVE() _mm_setcsr(saved_mxcsr)
+#else
+/* Elsewhere only the portable kernels run, and they use no floating point. */
+#define FPENV_ENTER() (void)0
+#define FPENV_LEAVE() (void)0
+#endif
+
+/* Below this many elements a cast stays on one thread: waking workers costs
+ * more than it saves. */
+#define MIN_ELEMENTS_PER_THREAD (1 << 16)
+/* Threads' ranges start on multiples of this, so no two threads write one
+ * cache line (64 elements are at least 128 bytes). */
+#define THREAD_ALIGN 64
+
+static const int64_t itemsize[AMPC_NUM_FLOAT_DTYPES] = {4, 2, 2, 8};
+
+typedef struct {
+    const ampc_loop *loop;
+    ampc_cast_contig_fn contig;
+    ampc_cast_strided_fn strided;
+    int64_t dst_size, src_size;
+} cast_job;
+
+static void cast_range(void *arg, int64_t begin, int64_t end)
+{
+    const cast_job *job = arg;
+    const ampc_loop *loop = job->loop;
+    const int inner = loop->ndim - 1;
+    const int contiguous = loop->ndim == 0 || (loop->strides[0][inner] == job->dst_size &&
+                                               loop->strides[1][inner] == job->src_size);
+    const int64_t dst_stride = loop->ndim ? loop->strides[0][inner] : 0;
+    const int64_t src_stride = loop->ndim ? loop->strides[1][inner] : 0;
+    ampc_cursor cursor;
+
+    FPENV_ENTER();
+    int64_t run = ampc_cursor_seek(loop, &cursor, begin);
+    for (int64_t pos = begin; pos < end;) {
+        const int64_t n = run < end - pos ? run : end - pos;
+        if (contiguous)
+            job->contig(cursor.ptrs[1], cursor.ptrs[0], n);
+        else
+            job->strided(cursor.ptrs[1], src_stride, cursor.ptrs[0], dst_stride, n);
+        pos += n;
+        if (pos < end)
+            run = ampc_cursor_step(loop, &cursor, n);
+    }
+    FPENV_LEAVE();
+}
+
+void ampc_cast_cpu(const ampc_loop *loop, ampc_dtype dst, ampc_dtype src)
+{
+    if (loop->numel == 0)
+        return;
+    const ampc_cast_table *table = ampc_isa_table(ampc_isa_active());
+    cast_job job = {
+        .loop = loop,
+        .contig = table->contig[dst][src] ? table->contig[dst][src] : ampc_cast_portable.contig[dst][src],
+        .strided = ampc_cast_strided[dst][src],
+        .dst_size = itemsize[dst],
+        .src_size = itemsize[src],
+    };
+    ampc_parallel_for(loop->numel, MIN_ELEMENTS_PER_THREAD, THREAD_ALIGN, cast_range, &job);
+}

@@ -1,0 +1,57 @@
+/*
+ * cast_cpu.h: CPU conversion kernels between the four floating dtypes.
+ *
+ * One table per instruction set. Each table holds a contiguous kernel for
+ * every (destination, source) pair it accelerates and NULL elsewhere; NULL
+ * falls back to the portable table, which has every pair. All tables compute
+ * the same function, bit for bit (fp_formats.h), which the tests check by
+ * forcing each instruction set in turn on the same inputs.
+ */
+#ifndef AMPC_CAST_CPU_H
+#define AMPC_CAST_CPU_H
+
+#include <stdint.h>
+#include "ampc_types.h"
+#include "layout.h"
+
+typedef void (*ampc_cast_contig_fn)(const void *src, void *dst, int64_t n);
+typedef void (*ampc_cast_strided_fn)(const char *src, int64_t src_stride,
+                                     char *dst, int64_t dst_stride, int64_t n);
+
+typedef struct {
+    const char *name;
+    ampc_cast_contig_fn contig[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES]; /* [dst][src] */
+} ampc_cast_table;
+
+typedef enum {
+    AMPC_ISA_PORTABLE = 0,
+    AMPC_ISA_AVX2,        /* AVX2 + F16C */
+    AMPC_ISA_AVX512,      /* AVX-512 F/BW/VL */
+    AMPC_ISA_AVX512BF16,  /* AVX-512 plus the AVX512-BF16 conversion instruction */
+    AMPC_ISA_COUNT
+} ampc_isa;
+
+/* The portable kernels: every pair, contiguous and strided. */
+extern const ampc_cast_table ampc_cast_portable;
+extern const ampc_cast_strided_fn ampc_cast_strided[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES];
+
+/* The SIMD tables (defined empty where the compiler cannot build them). */
+extern const ampc_cast_table ampc_cast_avx2;
+extern const ampc_cast_table ampc_cast_avx512;
+extern const ampc_cast_table ampc_cast_avx512bf16;
+
+/* Run-time CPU detection (cpu_features.c). */
+int ampc_isa_supported(ampc_isa isa);
+ampc_isa ampc_isa_best(void);
+const char *ampc_isa_name(ampc_isa isa);
+const ampc_cast_table *ampc_isa_table(ampc_isa isa);
+/* The instruction set casts use now: the best one, unless a test forced another. */
+ampc_isa ampc_isa_active(void);
+void ampc_isa_set_active(ampc_isa isa);
+
+/* Convert loop->data[1] (dtype src) into loop->data[0] (dtype dst). Plain C,
+ * no Python: the caller may release the GIL around it. Splits large loops
+ * across ampc's threads. */
+void ampc_cast_cpu(const ampc_loop *loop, ampc_dtype dst, ampc_dtype src);
+
+#endif /* AMPC_CAST_CPU_H */

@@ -1,0 +1,452 @@
+/*
+ * dlpack.c: the DLPack consumer and producer, following the protocol exactly
+ * (https://dmlc.github.io/dlpack/latest/python_spec.html).
+ *
+ * Consumer: ask for a versioned capsule (max_version), pass ampc's stream so
+ * the producer orders its pending work before ampc's, fall back to the
+ * legacy call on TypeError, validate every field before trusting it, then
+ * rename the capsule to "used_..." and own the tensor until the ampc.Array
+ * holding it dies. Legacy capsules cannot say whether the memory may be
+ * written, so ampc treats them as read-only (as NumPy does since 2.3).
+ *
+ * Producer: one PyMem_Raw block holds the managed tensor, its shape and its
+ * strides; the deleter takes the GIL, drops the owner and frees the block.
+ */
+#include "ampc.h"
+
+#include <string.h>
+#include "dlpack.h"
+
+/* ------------------------------------------------------------------------ */
+/* dtypes and devices                                                        */
+/* ------------------------------------------------------------------------ */
+
+static int dtype_from_dl(DLDataType t)
+{
+    if (t.lanes != 1)
+        return -1;
+    switch (t.code) {
+    case kDLFloat:
+        return t.bits == 32 ? AMPC_FLOAT32 : t.bits == 16 ? AMPC_FLOAT16 : t.bits == 64 ? AMPC_FLOAT64 : -1;
+    case kDLBfloat:
+        return t.bits == 16 ? AMPC_BFLOAT16 : -1;
+    case kDLBool:
+        return t.bits == 8 ? AMPC_BOOL : -1;
+    case kDLInt:
+    case kDLUInt: {
+        const int base = t.code == kDLInt ? AMPC_INT8 : AMPC_UINT8;
+        switch (t.bits) {
+        case 8: return base;
+        case 16: return base + 1;
+        case 32: return base + 2;
+        case 64: return base + 3;
+        default: return -1;
+        }
+    }
+    default:
+        return -1;
+    }
+}
+
+static DLDataType dtype_to_dl(ampc_dtype d)
+{
+    DLDataType t = {kDLFloat, (uint8_t)(ampc_dtype_itemsize[d] * 8), 1};
+    if (d == AMPC_BFLOAT16)
+        t.code = kDLBfloat;
+    else if (d == AMPC_BOOL)
+        t.code = kDLBool;
+    else if (d >= AMPC_INT8 && d <= AMPC_INT64)
+        t.code = kDLInt;
+    else if (d >= AMPC_UINT8)
+        t.code = kDLUInt;
+    return t;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Consumer                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Check every field of a DLTensor and describe it. BufferError on anything
+ * malformed; nothing is consumed here. */
+static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view *v)
+{
+    switch (t->device.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost:  /* pinned host memory */
+        v->device = (ampc_device){AMPC_DEVICE_CPU, 0};
+        break;
+    case kDLCUDA:
+    case kDLCUDAManaged:
+        if (t->device.device_id < 0) {
+            PyErr_Format(PyExc_BufferError, "%s: DLPack device id %d is negative", argname,
+                         (int)t->device.device_id);
+            return -1;
+        }
+        v->device = (ampc_device){AMPC_DEVICE_CUDA, t->device.device_id};
+        break;
+    default:
+        PyErr_Format(PyExc_BufferError, "%s: DLPack device type %d is not supported (ampc reads "
+                     "CPU and CUDA memory)", argname, (int)t->device.device_type);
+        return -1;
+    }
+    const int dtype = dtype_from_dl(t->dtype);
+    if (dtype < 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "%s: DLPack dtype (code %d, %d bits, %d lanes) is not supported", argname,
+                     (int)t->dtype.code, (int)t->dtype.bits, (int)t->dtype.lanes);
+        return -1;
+    }
+    v->dtype = (ampc_dtype)dtype;
+    const int64_t itemsize = ampc_dtype_itemsize[dtype];
+    if (t->ndim < 0 || t->ndim > AMPC_MAX_NDIM) {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack ndim %d is outside 0..%d", argname,
+                     (int)t->ndim, AMPC_MAX_NDIM);
+        return -1;
+    }
+    v->ndim = t->ndim;
+    if (v->ndim > 0 && t->shape == NULL) {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack shape is NULL", argname);
+        return -1;
+    }
+    for (int d = 0; d < v->ndim; d++)
+        v->shape[d] = t->shape[d];
+    v->numel = ampc_layout_numel(v->ndim, v->shape, itemsize);
+    if (v->numel < 0) {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack shape has a negative or too large dimension",
+                     argname);
+        return -1;
+    }
+    if (t->strides == NULL) {
+        int64_t step = itemsize;
+        for (int d = v->ndim - 1; d >= 0; d--) {
+            v->strides[d] = step;
+            step *= v->shape[d] ? v->shape[d] : 1;
+        }
+    }
+    else {
+        for (int d = 0; d < v->ndim; d++) {
+            int64_t span;
+            if (__builtin_mul_overflow(t->strides[d], itemsize, &v->strides[d]) ||
+                (v->shape[d] > 0 &&
+                 __builtin_mul_overflow(v->strides[d], v->shape[d] - 1, &span))) {
+                PyErr_Format(PyExc_BufferError, "%s: DLPack stride %lld is too large", argname,
+                             (long long)t->strides[d]);
+                return -1;
+            }
+        }
+    }
+    if (t->data == NULL && v->numel > 0) {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack data pointer is NULL", argname);
+        return -1;
+    }
+    uintptr_t base = (uintptr_t)t->data;
+    if (__builtin_add_overflow(base, t->byte_offset, &base)) {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack byte_offset runs past the address space",
+                     argname);
+        return -1;
+    }
+    if (v->numel > 0) {
+        /* The elements must not wrap around the address space either. */
+        int64_t lo = 0, hi = itemsize;
+        for (int d = 0; d < v->ndim; d++) {
+            const int64_t span = (v->shape[d] - 1) * v->strides[d];
+            if (__builtin_add_overflow(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi)) {
+                PyErr_Format(PyExc_BufferError, "%s: DLPack strides span too much memory", argname);
+                return -1;
+            }
+        }
+        uintptr_t first, last;
+        if (__builtin_sub_overflow(base, (uintptr_t)(-lo), &first) ||
+            __builtin_add_overflow(base, (uintptr_t)hi, &last)) {
+            PyErr_Format(PyExc_BufferError, "%s: DLPack tensor runs past the address space",
+                         argname);
+            return -1;
+        }
+        (void)first;
+        (void)last;
+    }
+    v->data = (char *)base;
+    return 0;
+}
+
+/* Take a capsule (legacy or versioned, unconsumed) and return an ampc.Array
+ * that owns its tensor. */
+static PyObject *import_capsule(ampc_state *st, PyObject *capsule, const char *argname,
+                                ampc_access access, void *stream)
+{
+    ampc_view v = {0};
+    void *managed;
+    int versioned;
+    const DLTensor *t;
+    if (PyCapsule_IsValid(capsule, DLPACK_VERSIONED_CAPSULE_NAME)) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, DLPACK_VERSIONED_CAPSULE_NAME);
+        if (m == NULL)
+            return NULL;
+        if (m->version.major != DLPACK_MAJOR_VERSION) {
+            /* Only the deleter may be touched; the capsule still owns the
+             * tensor and frees it when it dies. */
+            PyErr_Format(PyExc_BufferError, "%s: DLPack version %u.%u is not supported (ampc "
+                         "reads %d.x)", argname, m->version.major, m->version.minor,
+                         DLPACK_MAJOR_VERSION);
+            return NULL;
+        }
+        if (m->flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) {
+            PyErr_Format(PyExc_BufferError, "%s: padded sub-byte DLPack types are not supported",
+                         argname);
+            return NULL;
+        }
+        managed = m;
+        versioned = 1;
+        t = &m->dl_tensor;
+        v.readonly = (m->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+        if (access == AMPC_FOR_WRITING && (m->flags & DLPACK_FLAG_BITMASK_IS_COPIED)) {
+            PyErr_Format(PyExc_BufferError, "%s: the producer exported a copy, so writing into it "
+                         "would be lost", argname);
+            return NULL;
+        }
+    }
+    else if (PyCapsule_IsValid(capsule, DLPACK_CAPSULE_NAME)) {
+        DLManagedTensor *m = PyCapsule_GetPointer(capsule, DLPACK_CAPSULE_NAME);
+        if (m == NULL)
+            return NULL;
+        managed = m;
+        versioned = 0;
+        t = &m->dl_tensor;
+        v.readonly = 1;  /* a legacy capsule cannot say whether writing is allowed */
+    }
+    else {
+        const char *name = PyCapsule_GetName(capsule);
+        PyErr_Clear();
+        if (name && (strcmp(name, DLPACK_CAPSULE_USED_NAME) == 0 ||
+                     strcmp(name, DLPACK_VERSIONED_CAPSULE_USED_NAME) == 0))
+            PyErr_Format(PyExc_BufferError, "%s: this DLPack capsule was already consumed", argname);
+        else
+            PyErr_Format(PyExc_TypeError, "%s: a PyCapsule named %s is not a DLPack tensor",
+                         argname, name ? name : "NULL");
+        return NULL;
+    }
+    if (view_from_dltensor(t, argname, &v) < 0)
+        return NULL;
+    if (v.device.type == AMPC_DEVICE_CUDA && ampc_cuda_check_device(st, v.device.index) < 0)
+        return NULL;
+    v.stream = stream;
+    if (PyCapsule_SetName(capsule, versioned ? DLPACK_VERSIONED_CAPSULE_USED_NAME
+                                             : DLPACK_CAPSULE_USED_NAME) < 0)
+        return NULL;
+    /* From here on ampc owns the tensor; ampc_array_from_dlpack releases it
+     * on failure. */
+    return ampc_array_from_dlpack(st, managed, versioned, &v);
+}
+
+/* obj.__dlpack_device__() as (type, id); producers that predate it are CPU. */
+static int producer_device(PyObject *obj, int *type, int *id)
+{
+    *type = kDLCPU;
+    *id = 0;
+    PyObject *dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (dev == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2;
+    if (ok) {
+        const long t = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+        const long i = PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
+        ok = !PyErr_Occurred() && t >= 0 && t <= INT32_MAX && i >= INT32_MIN && i <= INT32_MAX;
+        *type = (int)t;
+        *id = (int)i;
+    }
+    Py_DECREF(dev);
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_BufferError, "__dlpack_device__() must return a (device_type, "
+                        "device_id) tuple of ints");
+        return -1;
+    }
+    return 0;
+}
+
+/* obj.__dlpack__(**kwargs); a producer older than DLPack 1.0 raises TypeError
+ * for max_version and copy, and is asked again with `stream` alone. */
+static PyObject *call_dlpack(PyObject *obj, PyObject *kwargs)
+{
+    PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
+    if (method == NULL)
+        return NULL;
+    PyObject *empty = PyTuple_New(0);
+    PyObject *capsule = NULL;
+    if (empty == NULL)
+        goto done;
+    capsule = PyObject_Call(method, empty, kwargs);
+    if (capsule == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        if ((PyDict_DelItemString(kwargs, "max_version") < 0) ||
+            (PyDict_GetItemString(kwargs, "copy") && PyDict_DelItemString(kwargs, "copy") < 0))
+            goto done;
+        capsule = PyObject_Call(method, empty, kwargs);
+    }
+done:
+    Py_XDECREF(empty);
+    Py_DECREF(method);
+    return capsule;
+}
+
+PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname, ampc_access access)
+{
+    PyObject *kwargs = NULL, *capsule = NULL, *result = NULL;
+    void *stream = NULL;
+    if (PyCapsule_CheckExact(obj))
+        return import_capsule(st, obj, argname, access, NULL);
+
+    int dev_type, dev_id;
+    if (producer_device(obj, &dev_type, &dev_id) < 0)
+        return NULL;
+    const int cuda = dev_type == kDLCUDA || dev_type == kDLCUDAManaged;
+    if (cuda) {
+        /* Before asking for the memory, make sure ampc can use it. */
+        if (ampc_cuda_check_device(st, dev_id) < 0)
+            return NULL;
+        stream = ampc_current_stream(dev_id, NULL);
+    }
+
+    kwargs = Py_BuildValue("{s:(ii)}", "max_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+    if (kwargs == NULL)
+        goto done;
+    if (cuda) {
+        PyObject *s = PyLong_FromLongLong(ampc_dlpack_stream_arg(stream));
+        if (s == NULL || PyDict_SetItemString(kwargs, "stream", s) < 0) {
+            Py_XDECREF(s);
+            goto done;
+        }
+        Py_DECREF(s);
+    }
+    if (access == AMPC_FOR_WRITING && PyDict_SetItemString(kwargs, "copy", Py_False) < 0)
+        goto done;
+
+    capsule = call_dlpack(obj, kwargs);
+    if (capsule == NULL)
+        goto done;
+    if (!PyCapsule_CheckExact(capsule)) {
+        PyErr_Format(PyExc_TypeError, "%s.__dlpack__() returned %.200s, not a capsule", argname,
+                     Py_TYPE(capsule)->tp_name);
+        goto done;
+    }
+    result = import_capsule(st, capsule, argname, access, stream);
+done:
+    Py_XDECREF(kwargs);
+    Py_XDECREF(capsule);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Producer                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* The deleters may run on any thread, with or without the GIL, and even
+ * while the interpreter shuts down, when leaking is the only safe choice. */
+static void release_export(void *block, PyObject *owner)
+{
+    if (!Py_IsInitialized())
+        return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_XDECREF(owner);
+    PyMem_RawFree(block);
+    PyGILState_Release(gil);
+}
+
+static void deleter_versioned(DLManagedTensorVersioned *self)
+{
+    release_export(self, (PyObject *)self->manager_ctx);
+}
+
+static void deleter_legacy(DLManagedTensor *self)
+{
+    release_export(self, (PyObject *)self->manager_ctx);
+}
+
+/* Called when the capsule dies: free the tensor unless a consumer took it. */
+static void capsule_destructor(PyObject *capsule)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *saved = PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+#endif
+    if (PyCapsule_IsValid(capsule, DLPACK_VERSIONED_CAPSULE_NAME)) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, DLPACK_VERSIONED_CAPSULE_NAME);
+        if (m && m->deleter)
+            m->deleter(m);
+    }
+    else if (PyCapsule_IsValid(capsule, DLPACK_CAPSULE_NAME)) {
+        DLManagedTensor *m = PyCapsule_GetPointer(capsule, DLPACK_CAPSULE_NAME);
+        if (m && m->deleter)
+            m->deleter(m);
+    }
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(capsule);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(saved);
+#else
+    PyErr_Restore(type, value, tb);
+#endif
+}
+
+PyObject *ampc_dlpack_export(const ampc_view *v, PyObject *owner, int versioned,
+                             unsigned minor, int copied)
+{
+    const int64_t itemsize = ampc_dtype_itemsize[v->dtype];
+    for (int d = 0; d < v->ndim; d++) {
+        if (v->strides[d] % itemsize != 0 && v->shape[d] > 1) {
+            PyErr_SetString(PyExc_BufferError, "cannot export through DLPack: a stride is not a "
+                            "multiple of the element size");
+            return NULL;
+        }
+    }
+    const size_t header = versioned ? sizeof(DLManagedTensorVersioned) : sizeof(DLManagedTensor);
+    char *block = PyMem_RawMalloc(header + 2 * (size_t)v->ndim * sizeof(int64_t) + 1);
+    if (block == NULL)
+        return PyErr_NoMemory();
+    int64_t *shape = (int64_t *)(block + header);
+    int64_t *strides = shape + v->ndim;
+    DLTensor *t;
+    if (versioned) {
+        DLManagedTensorVersioned *m = (DLManagedTensorVersioned *)block;
+        m->version.major = DLPACK_MAJOR_VERSION;
+        m->version.minor = minor;
+        m->manager_ctx = owner;
+        m->deleter = deleter_versioned;
+        m->flags = (v->readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) |
+                   (copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
+        t = &m->dl_tensor;
+    }
+    else {
+        DLManagedTensor *m = (DLManagedTensor *)block;
+        m->manager_ctx = owner;
+        m->deleter = deleter_legacy;
+        t = &m->dl_tensor;
+    }
+    for (int d = 0; d < v->ndim; d++) {
+        shape[d] = v->shape[d];
+        strides[d] = v->strides[d] / itemsize;
+    }
+    t->data = v->data;  /* the first element's address, byte_offset 0, as NumPy does */
+    t->byte_offset = 0;
+    t->device.device_type = v->device.type == AMPC_DEVICE_CUDA ? kDLCUDA : kDLCPU;
+    t->device.device_id = v->device.type == AMPC_DEVICE_CUDA ? v->device.index : 0;
+    t->ndim = v->ndim;
+    t->dtype = dtype_to_dl(v->dtype);
+    t->shape = shape;
+    t->strides = strides;
+
+    Py_INCREF(owner);
+    PyObject *capsule = PyCapsule_New(block, versioned ? DLPACK_VERSIONED_CAPSULE_NAME
+                                                       : DLPACK_CAPSULE_NAME, capsule_destructor);
+    if (capsule == NULL) {
+        Py_DECREF(owner);
+        PyMem_RawFree(block);
+    }
+    return capsule;
+}

@@ -1,0 +1,87 @@
+/*
+ * layout.h: shapes and byte strides, in plain C (no Python, no CUDA).
+ *
+ * An elementwise op visits the same index in each of its operands. Before
+ * running one, ampc builds an ampc_loop: it drops size-1 dimensions, orders
+ * the rest from the largest output stride to the smallest, flips dimensions
+ * that every operand walks backwards, and merges dimensions that are
+ * contiguous in every operand. A C-contiguous, Fortran-ordered, transposed or
+ * reversed array pair then becomes one contiguous run, which is what the SIMD
+ * and CUDA kernels are written for; anything else keeps its strides.
+ *
+ * Strides are in bytes and may be negative or zero. Operand 0 is the output.
+ */
+#ifndef AMPC_LAYOUT_H
+#define AMPC_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "ampc_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define AMPC_MAX_OPERANDS 4
+
+typedef struct {
+    int nop;                      /* operands, output first */
+    int ndim;                     /* after coalescing; 0 for a single element */
+    int64_t numel;
+    int64_t shape[AMPC_MAX_NDIM]; /* outermost first */
+    int64_t strides[AMPC_MAX_OPERANDS][AMPC_MAX_NDIM];
+    char *data[AMPC_MAX_OPERANDS];
+} ampc_loop;
+
+/* Number of elements, or -1 if a dimension is negative or the product (or
+ * product * itemsize) does not fit in int64. */
+int64_t ampc_layout_numel(int ndim, const int64_t *shape, int64_t itemsize);
+
+/* Lowest and one-past-highest byte, relative to the element [0,...,0], that an
+ * array with this layout touches. Not meaningful for zero-size arrays. */
+void ampc_layout_extent(int ndim, const int64_t *shape, const int64_t *strides,
+                        int64_t itemsize, int64_t *lo, int64_t *hi);
+
+/* 1 if two distinct indices can share memory (zero strides, overlapping
+ * strides). A sufficient test: after sorting by |stride| each dimension must
+ * step over everything the inner ones span. Exotic non-overlapping layouts
+ * that interleave dimensions are reported as overlapping (refused, never
+ * silently wrong). */
+int ampc_layout_has_internal_overlap(int ndim, const int64_t *shape, const int64_t *strides,
+                                     int64_t itemsize);
+
+/* Strides of a new dense array that keeps the order of an existing one's
+ * dimensions (NumPy's order='K'): dimensions sorted by |stride|, positive
+ * strides. A transposed input then gets a transposed, contiguous output and
+ * the cast runs as one contiguous pass. */
+void ampc_layout_korder_strides(int ndim, const int64_t *shape, const int64_t *strides,
+                                int64_t itemsize, int64_t *out_strides);
+
+/* 1 if the layout is C-contiguous. */
+int ampc_layout_is_c_contiguous(int ndim, const int64_t *shape, const int64_t *strides,
+                                int64_t itemsize);
+
+/* Build the loop for nop operands of one shape. */
+void ampc_loop_init(ampc_loop *loop, int nop, int ndim, const int64_t *shape,
+                    char *const *data, const int64_t *const *strides);
+
+/* A position in a loop's iteration order, advanced one inner run at a time.
+ * Threads each seek to the start of their share of the loop. */
+typedef struct {
+    int64_t index[AMPC_MAX_NDIM];
+    char *ptrs[AMPC_MAX_OPERANDS];
+} ampc_cursor;
+
+/* Put the cursor at linear position `pos` (< numel); returns how many
+ * elements are left in the inner run there. */
+int64_t ampc_cursor_seek(const ampc_loop *loop, ampc_cursor *c, int64_t pos);
+
+/* Move past `count` elements of the current run (no more than it has left);
+ * returns the length of the run the cursor is then in, 0 past the end. */
+int64_t ampc_cursor_step(const ampc_loop *loop, ampc_cursor *c, int64_t count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* AMPC_LAYOUT_H */

@@ -1,0 +1,26 @@
+/*
+ * parallel.h: ampc's CPU threads. A small persistent pool (pthreads) that
+ * splits one range of work into contiguous pieces. Plain C: callers release
+ * the GIL around it.
+ */
+#ifndef AMPC_PARALLEL_H
+#define AMPC_PARALLEL_H
+
+#include <stdint.h>
+
+typedef void (*ampc_range_fn)(void *ctx, int64_t begin, int64_t end);
+
+/* Run fn over [0, n) in contiguous ranges, one per thread, each at least
+ * min_per_thread long and starting at a multiple of `align`. The calling
+ * thread takes a share. Runs fn(ctx, 0, n) inline when n is too small for two
+ * threads, when one thread is configured, or when the pool is already busy
+ * with another caller's job (so two Python threads never wait on each other). */
+void ampc_parallel_for(int64_t n, int64_t min_per_thread, int64_t align,
+                       ampc_range_fn fn, void *ctx);
+
+/* Threads a job may use, the caller included. Defaults to the CPUs this
+ * process may run on, or AMPC_NUM_THREADS when set. */
+int ampc_get_num_threads(void);
+void ampc_set_num_threads(int n);
+
+#endif /* AMPC_PARALLEL_H */

@@ -1,0 +1,63 @@
+/*
+ * simd_avx512.h: loads and stores of 16 float32 lanes for the two AVX-512
+ * tables (cast_avx512.c, cast_avx512bf16.c), which differ only in how they
+ * round float32 to bfloat16. Include after the file's target pragma.
+ */
+#ifndef AMPC_SIMD_AVX512_H
+#define AMPC_SIMD_AVX512_H
+
+#include <immintrin.h>
+
+#define SIMD_WIDTH 16
+typedef __m512 simd_f32;
+
+static inline simd_f32 load_f32(const char *p) { return _mm512_loadu_ps((const float *)p); }
+
+static inline simd_f32 load_f16(const char *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+static inline simd_f32 load_bf16(const char *p)
+{
+    const __m512i w = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+    const __m512i mag = _mm512_and_si512(w, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+    return _mm512_castsi512_ps(_mm512_mask_or_epi32(w, nan, w, _mm512_set1_epi32(0x00400000)));
+}
+
+static inline simd_f32 load_f64(const char *p)
+{
+    const __m256 lo = _mm512_cvtpd_ps(_mm512_loadu_pd((const double *)p));
+    const __m256 hi = _mm512_cvtpd_ps(_mm512_loadu_pd((const double *)p + 8));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lo)),
+                                               _mm256_castps_pd(hi), 1));
+}
+
+static inline void store_f32(char *p, simd_f32 v) { _mm512_storeu_ps((float *)p, v); }
+
+static inline void store_f16(char *p, simd_f32 v)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+/* float32 -> bfloat16 in integer arithmetic (see cast_avx2.c), 16 lanes. */
+static inline __m256i bf16_round_integer(simd_f32 v)
+{
+    const __m512i b = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+    const __m512i r = _mm512_mask_or_epi32(rounded, nan, b, _mm512_set1_epi32(0x00400000));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
+}
+
+static inline void store_f64(char *p, simd_f32 v)
+{
+    _mm512_storeu_pd((double *)p, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    _mm512_storeu_pd((double *)p + 8,
+                     _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+}
+
+#endif /* AMPC_SIMD_AVX512_H */
