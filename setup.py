@@ -8,6 +8,7 @@ Environment knobs:
                    PTX of the newest is embedded for later GPUs)
   CUDA_HOME        the CUDA toolkit (else /usr/local/cuda, else nvcc on PATH)
   AMPC_DEBUG=1     -O0 -g, assertions on
+  AMPC_WERROR=1    warnings are errors (CI)
 """
 
 import os
@@ -22,6 +23,8 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 DEBUG = os.environ.get("AMPC_DEBUG") == "1"
 WARNINGS = ["-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+if os.environ.get("AMPC_WERROR") == "1":
+    WARNINGS.append("-Werror")
 OPT = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3"]
 
 

@@ -176,8 +176,9 @@ extern PyMethodDef ampc_cuda_methods[];
 /* ------------------------------------------------------------------------ */
 
 /* dst = src elementwise (shapes, devices, dtypes already checked); queued on
- * the device's current stream for GPU views. */
-int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src);
+ * the device's current stream for GPU views. `fresh_output`: dst was just
+ * allocated by ampc_empty_like. */
+int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src, int fresh_output);
 
 extern PyMethodDef ampc_cast_methods[];
 

@@ -274,7 +274,7 @@ static PyObject *Array_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
     if (copy == Py_True) {
         ampc_state *st = ampc_state_from_type(Py_TYPE(op));
         copy_owner = ampc_empty_like(st, &self->view, self->view.dtype, &copied);
-        if (copy_owner == NULL || ampc_cast_views(st, &copied, &self->view) < 0)
+        if (copy_owner == NULL || ampc_cast_views(st, &copied, &self->view, 1) < 0)
             goto done;
         export = &copied;
     }

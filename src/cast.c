@@ -57,7 +57,7 @@ static int overlaps(const ampc_view *a, const ampc_view *b)
     return a0 < b1 && b0 < a1;
 }
 
-int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src)
+int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src, int fresh_output)
 {
     if (dst->numel == 0)
         return 0;
@@ -69,11 +69,11 @@ int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src)
     if (dst->device.type == AMPC_DEVICE_CPU) {
         if (loop.numel >= GIL_RELEASE_ELEMENTS) {
             Py_BEGIN_ALLOW_THREADS
-            ampc_cast_cpu(&loop, dst->dtype, src->dtype);
+            ampc_cast_cpu(&loop, dst->dtype, src->dtype, fresh_output);
             Py_END_ALLOW_THREADS
         }
         else {
-            ampc_cast_cpu(&loop, dst->dtype, src->dtype);
+            ampc_cast_cpu(&loop, dst->dtype, src->dtype, fresh_output);
         }
         return 0;
     }
@@ -170,7 +170,7 @@ static PyObject *mod_cast(PyObject *module, PyObject *args, PyObject *kwargs)
 
     if (out_obj != Py_None) {
         if (ampc_view_from_object(st, out_obj, "cast: out", AMPC_FOR_WRITING, &out) < 0 ||
-            check_out(&out, &x, have_dtype, dtype) < 0 || ampc_cast_views(st, &out, &x) < 0)
+            check_out(&out, &x, have_dtype, dtype) < 0 || ampc_cast_views(st, &out, &x, 0) < 0)
             goto done;
         Py_INCREF(out_obj);
         result = out_obj;
@@ -179,7 +179,7 @@ static PyObject *mod_cast(PyObject *module, PyObject *args, PyObject *kwargs)
     PyObject *fresh = ampc_empty_like(st, &x, dtype, &out);
     if (fresh == NULL)
         goto done;
-    if (ampc_cast_views(st, &out, &x) < 0) {
+    if (ampc_cast_views(st, &out, &x, 1) < 0) {
         Py_DECREF(fresh);
         goto done;
     }

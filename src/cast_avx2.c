@@ -40,14 +40,12 @@ static inline simd_f32 load_f64(const char *p)
     return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
 }
 
-static inline void store_f32(char *p, simd_f32 v) { _mm256_storeu_ps((float *)p, v); }
-
-static inline void store_f16(char *p, simd_f32 v)
+static inline __m128i round_f16(simd_f32 v)
 {
-    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-static inline void store_bf16(char *p, simd_f32 v)
+static inline __m128i round_bf16(simd_f32 v)
 {
     const __m256i b = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
@@ -58,14 +56,27 @@ static inline void store_bf16(char *p, simd_f32 v)
     const __m256i r = _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
     /* Pack the eight 32-bit lanes (each <= 0xffff) into 16 bits; packus works
      * within 128-bit halves, so gather quadwords 0 and 2 afterwards. */
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
-    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(packed));
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
 }
+
+static inline void store_f32(char *p, simd_f32 v) { _mm256_storeu_ps((float *)p, v); }
+static inline void store_f16(char *p, simd_f32 v) { _mm_storeu_si128((__m128i *)p, round_f16(v)); }
+static inline void store_bf16(char *p, simd_f32 v) { _mm_storeu_si128((__m128i *)p, round_bf16(v)); }
 
 static inline void store_f64(char *p, simd_f32 v)
 {
     _mm256_storeu_pd((double *)p, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
     _mm256_storeu_pd((double *)p + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+}
+
+static inline void stream_f32(char *p, simd_f32 v) { _mm256_stream_ps((float *)p, v); }
+static inline void stream_f16(char *p, simd_f32 v) { _mm_stream_si128((__m128i *)p, round_f16(v)); }
+static inline void stream_bf16(char *p, simd_f32 v) { _mm_stream_si128((__m128i *)p, round_bf16(v)); }
+
+static inline void stream_f64(char *p, simd_f32 v)
+{
+    _mm256_stream_pd((double *)p, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    _mm256_stream_pd((double *)p + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
 #define SIMD_NAME(x) avx2_##x
@@ -74,5 +85,5 @@ static inline void store_f64(char *p, simd_f32 v)
 #include "simd_loops.h"
 
 #else
-const ampc_cast_table ampc_cast_avx2 = {"avx2", {{NULL}}};
+const ampc_cast_table ampc_cast_avx2 = {"avx2", {{NULL}}, {{NULL}}};
 #endif

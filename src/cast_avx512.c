@@ -8,10 +8,7 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")
 #include "simd_avx512.h"
 
-static inline void store_bf16(char *p, simd_f32 v)
-{
-    _mm256_storeu_si256((__m256i *)p, bf16_round_integer(v));
-}
+static inline __m256i round_bf16(simd_f32 v) { return bf16_round_integer(v); }
 
 #define SIMD_NAME(x) avx512_##x
 #define SIMD_TABLE ampc_cast_avx512
@@ -19,5 +16,5 @@ static inline void store_bf16(char *p, simd_f32 v)
 #include "simd_loops.h"
 
 #else
-const ampc_cast_table ampc_cast_avx512 = {"avx512", {{NULL}}};
+const ampc_cast_table ampc_cast_avx512 = {"avx512", {{NULL}}, {{NULL}}};
 #endif

@@ -11,15 +11,15 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c,fma")
 #include "simd_avx512.h"
 
-static inline void store_bf16(char *p, simd_f32 v)
+static inline __m256i round_bf16(simd_f32 v)
 {
-    __m256i r = (__m256i)_mm512_cvtneps_pbh(v);
+    const __m256i r = (__m256i)_mm512_cvtneps_pbh(v);
     const __m512i mag = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
     const __mmask16 subnormal = _mm512_cmplt_epu32_mask(mag, _mm512_set1_epi32(0x00800000)) &
                                 _mm512_test_epi32_mask(mag, mag);
     if (subnormal)
-        r = _mm256_mask_mov_epi16(r, subnormal, bf16_round_integer(v));
-    _mm256_storeu_si256((__m256i *)p, r);
+        return _mm256_mask_mov_epi16(r, subnormal, bf16_round_integer(v));
+    return r;
 }
 
 #define SIMD_NAME(x) avx512bf16_##x
@@ -28,5 +28,5 @@ static inline void store_bf16(char *p, simd_f32 v)
 #include "simd_loops.h"
 
 #else
-const ampc_cast_table ampc_cast_avx512bf16 = {"avx512bf16", {{NULL}}};
+const ampc_cast_table ampc_cast_avx512bf16 = {"avx512bf16", {{NULL}}, {{NULL}}};
 #endif

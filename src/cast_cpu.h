@@ -21,6 +21,9 @@ typedef void (*ampc_cast_strided_fn)(const char *src, int64_t src_stride,
 typedef struct {
     const char *name;
     ampc_cast_contig_fn contig[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES]; /* [dst][src] */
+    /* The same with non-temporal stores, for outputs far larger than the
+     * caches: they skip reading each destination line before writing it. */
+    ampc_cast_contig_fn streaming[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES];
 } ampc_cast_table;
 
 typedef enum {
@@ -51,7 +54,8 @@ void ampc_isa_set_active(ampc_isa isa);
 
 /* Convert loop->data[1] (dtype src) into loop->data[0] (dtype dst). Plain C,
  * no Python: the caller may release the GIL around it. Splits large loops
- * across ampc's threads. */
-void ampc_cast_cpu(const ampc_loop *loop, ampc_dtype dst, ampc_dtype src);
+ * across ampc's threads. `fresh_output`: the destination was just allocated
+ * and never touched. */
+void ampc_cast_cpu(const ampc_loop *loop, ampc_dtype dst, ampc_dtype src, int fresh_output);
 
 #endif /* AMPC_CAST_CPU_H */

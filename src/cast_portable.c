@@ -73,6 +73,7 @@ const ampc_cast_table ampc_cast_portable = {
         {f32_to_bf16_contig, f16_to_bf16_contig, copy_contig_2, f64_to_bf16_contig},
         {f32_to_f64_contig, f16_to_f64_contig, bf16_to_f64_contig, copy_contig_8},
     },
+    {{NULL}},
 };
 
 const ampc_cast_strided_fn ampc_cast_strided[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES] = {

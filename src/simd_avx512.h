@@ -1,7 +1,8 @@
 /*
- * simd_avx512.h: loads and stores of 16 float32 lanes for the two AVX-512
- * tables (cast_avx512.c, cast_avx512bf16.c), which differ only in how they
- * round float32 to bfloat16. Include after the file's target pragma.
+ * simd_avx512.h: loads, stores and streaming stores of 16 float32 lanes for
+ * the two AVX-512 tables (cast_avx512.c, cast_avx512bf16.c). They differ only
+ * in how they round float32 to bfloat16: each defines round_bf16. Include
+ * after the file's target pragma.
  */
 #ifndef AMPC_SIMD_AVX512_H
 #define AMPC_SIMD_AVX512_H
@@ -10,6 +11,8 @@
 
 #define SIMD_WIDTH 16
 typedef __m512 simd_f32;
+
+static inline __m256i round_bf16(simd_f32 v);
 
 static inline simd_f32 load_f32(const char *p) { return _mm512_loadu_ps((const float *)p); }
 
@@ -34,13 +37,6 @@ static inline simd_f32 load_f64(const char *p)
                                                _mm256_castps_pd(hi), 1));
 }
 
-static inline void store_f32(char *p, simd_f32 v) { _mm512_storeu_ps((float *)p, v); }
-
-static inline void store_f16(char *p, simd_f32 v)
-{
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-}
-
 /* float32 -> bfloat16 in integer arithmetic (see cast_avx2.c), 16 lanes. */
 static inline __m256i bf16_round_integer(simd_f32 v)
 {
@@ -53,11 +49,36 @@ static inline __m256i bf16_round_integer(simd_f32 v)
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
+static inline __m256i round_f16(simd_f32 v)
+{
+    return _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+static inline __m512d low_f64(simd_f32 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+
+static inline __m512d high_f64(simd_f32 v)
+{
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+static inline void store_f32(char *p, simd_f32 v) { _mm512_storeu_ps((float *)p, v); }
+static inline void store_f16(char *p, simd_f32 v) { _mm256_storeu_si256((__m256i *)p, round_f16(v)); }
+static inline void store_bf16(char *p, simd_f32 v) { _mm256_storeu_si256((__m256i *)p, round_bf16(v)); }
+
 static inline void store_f64(char *p, simd_f32 v)
 {
-    _mm512_storeu_pd((double *)p, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
-    _mm512_storeu_pd((double *)p + 8,
-                     _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+    _mm512_storeu_pd((double *)p, low_f64(v));
+    _mm512_storeu_pd((double *)p + 8, high_f64(v));
+}
+
+static inline void stream_f32(char *p, simd_f32 v) { _mm512_stream_ps((float *)p, v); }
+static inline void stream_f16(char *p, simd_f32 v) { _mm256_stream_si256((__m256i *)p, round_f16(v)); }
+static inline void stream_bf16(char *p, simd_f32 v) { _mm256_stream_si256((__m256i *)p, round_bf16(v)); }
+
+static inline void stream_f64(char *p, simd_f32 v)
+{
+    _mm512_stream_pd((double *)p, low_f64(v));
+    _mm512_stream_pd((double *)p + 8, high_f64(v));
 }
 
 #endif /* AMPC_SIMD_AVX512_H */

@@ -1,0 +1,59 @@
+"""Shared fixtures: a seeded RNG that reports its seed, the gpu and slow
+markers, and a fixture that runs a test once per CPU instruction set."""
+
+import os
+
+# JAX must not take three quarters of the GPU when a test first imports it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import ampc  # noqa: E402
+from ampc import _C  # noqa: E402
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", help="run tests marked slow")
+    parser.addoption(
+        "--require-gpu", action="store_true", help="fail, rather than skip, gpu tests when no GPU is usable"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = ampc.cuda.is_available()
+    for item in items:
+        if "slow" in item.keywords and not config.getoption("--run-slow"):
+            item.add_marker(pytest.mark.skip(reason="slow: use --run-slow"))
+        if "gpu" in item.keywords and not has_gpu:
+            if config.getoption("--require-gpu"):
+                item.add_marker(pytest.mark.xfail(reason="no usable GPU", strict=True, run=False))
+            else:
+                item.add_marker(pytest.mark.skip(reason="no CUDA GPU (or ampc._cuda not built)"))
+
+
+class Rng(np.random.Generator):
+    """numpy's Generator whose repr names the seed, so a failure says how to rerun it
+    (AMPC_TEST_SEED=<seed>)."""
+
+    def __init__(self, seed):
+        super().__init__(np.random.PCG64(seed))
+        self.seed = seed
+
+    def __repr__(self):
+        return f"Rng(seed={self.seed})"
+
+
+@pytest.fixture
+def rng():
+    seed = int(os.environ.get("AMPC_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
+    return Rng(seed)
+
+
+@pytest.fixture(params=_C._cpu_isas())
+def isa(request):
+    """Each instruction set this CPU supports, forced for one test."""
+    previous = _C._cpu_isa()
+    _C._set_cpu_isa(request.param)
+    yield request.param
+    _C._set_cpu_isa(previous)

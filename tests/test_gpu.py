@@ -1,0 +1,207 @@
+"""ampc on the GPU: casts bit for bit equal to the CPU's, through torch, CuPy and
+JAX without copies, ampc's pool and its statistics, streams, and bad input.
+Skipped without a GPU; run with --require-gpu on the GPU machine."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ampc
+from ampc import _reference as ref
+from cast_samples import FLOATS, PAIR_IDS, PAIRS, assert_bits_equal, samples
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+
+TORCH_DTYPES = {
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float16): torch.float16,
+    np.dtype(ml_dtypes.bfloat16): torch.bfloat16,
+    np.dtype(np.float64): torch.float64,
+}
+SIGNED = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+TORCH_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def to_torch(x):
+    """A CUDA tensor with x's bits (through a signed view: torch has no uint32/uint64 kernels)."""
+    bits = torch.from_numpy(np.ascontiguousarray(x).view(SIGNED[x.itemsize])).cuda()
+    return bits.view(TORCH_DTYPES[x.dtype])
+
+
+def from_torch(t):
+    dtype = next(k for k, v in TORCH_DTYPES.items() if v == t.dtype)
+    return t.contiguous().view(TORCH_SIGNED[t.element_size()]).cpu().numpy().view(dtype)
+
+
+def test_device_queries():
+    assert ampc.cuda.is_available() and ampc.cuda.device_count() == torch.cuda.device_count()
+    assert ampc.cuda.get_device_name() == torch.cuda.get_device_name(0)
+    assert ampc.cuda.get_device_capability() == torch.cuda.get_device_capability(0)
+    assert ampc.cuda.is_bf16_supported() == (torch.cuda.get_device_capability(0) >= (8, 0))
+    p = ampc.cuda.get_device_properties(0)
+    assert p.total_memory == torch.cuda.get_device_properties(0).total_memory
+    with pytest.raises(ValueError, match="does not exist"):
+        ampc.cuda.get_device_properties(ampc.cuda.device_count())
+
+
+@pytest.mark.parametrize("src,dst", PAIRS, ids=PAIR_IDS)
+def test_bits_equal_the_cpu(src, dst, rng):
+    x = samples(src, rng, 200_000)
+    y = ampc.cast(to_torch(x), dst)
+    assert isinstance(y, torch.Tensor) and y.is_cuda and y.dtype == TORCH_DTYPES[np.dtype(dst)]
+    assert_bits_equal(from_torch(y), ref.cast(x, dst))
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 15, 17, 33, 1000, 65539, 1 << 20])
+@pytest.mark.parametrize("offset", [0, 1, 2, 5])
+def test_sizes_and_alignments(n, offset, rng):
+    for src, dst in [(FLOATS[0], FLOATS[1]), (FLOATS[0], FLOATS[2]), (FLOATS[1], FLOATS[0]), (FLOATS[3], FLOATS[1])]:
+        x = samples(src, rng, n + offset)[: n + offset]
+        t = to_torch(x)[offset:]
+        assert_bits_equal(from_torch(ampc.cast(t, dst)), ref.cast(x[offset:], dst))
+
+
+def test_layouts(rng):
+    x = (rng.standard_normal((6, 10, 14)) * 100).astype(np.float32)
+    t = to_torch(x)
+    views = {
+        "transposed": (t.permute(2, 0, 1), x.transpose(2, 0, 1)),
+        "step": (t[:, ::3, 1::2], x[:, ::3, 1::2]),
+        "broadcast": (t[:1].expand(4, 10, 14), np.broadcast_to(x[:1], (4, 10, 14))),
+        "0d": (t[1, 2, 3], x[1, 2, 3]),
+        "empty": (t[:, :0], x[:, :0]),
+    }
+    for name, (tv, xv) in views.items():
+        for dst in (np.float16, ml_dtypes.bfloat16, np.float64):
+            y = ampc.cast(tv, dst)
+            assert tuple(y.shape) == xv.shape, name
+            assert_bits_equal(from_torch(y), ref.cast(np.ascontiguousarray(xv), dst))
+    y = ampc.cast(t.permute(2, 0, 1), np.float16)
+    assert y.stride() == t.permute(2, 0, 1).stride()  # keeps the input's order: one contiguous pass
+
+
+def test_cupy_in_cupy_out(rng):
+    cupy = pytest.importorskip("cupy")
+    x = rng.standard_normal(1001).astype(np.float32)
+    c = cupy.asarray(x)
+    y = ampc.cast(c[::-1], "float16")  # CuPy has negative strides
+    assert isinstance(y, cupy.ndarray) and y.dtype == np.float16
+    np.testing.assert_array_equal(cupy.asnumpy(y), x[::-1].astype(np.float16))
+    out = cupy.zeros(1001, np.float64)
+    assert ampc.cast(c, out=out) is out
+    np.testing.assert_array_equal(cupy.asnumpy(out), x.astype(np.float64))
+    b = ampc.cast(c, "bfloat16")
+    assert b.dtype == ampc.bfloat16
+    np.testing.assert_array_equal(cupy.asnumpy(b.view(np.uint16)), ref.bits(x.astype(ml_dtypes.bfloat16)))
+
+
+def test_jax_in_jax_out(rng):
+    jax = pytest.importorskip("jax")
+    x = rng.standard_normal(513).astype(np.float32)
+    j = jax.device_put(x, jax.devices("gpu")[0])
+    y = ampc.cast(j, "bfloat16")
+    assert isinstance(y, jax.Array) and y.dtype == ampc.bfloat16
+    assert next(iter(y.devices())).platform == "gpu"
+    np.testing.assert_array_equal(np.asarray(y).view(np.uint16), ref.bits(x.astype(ml_dtypes.bfloat16)))
+
+
+def test_results_share_memory_with_ampc_pool(rng):
+    torch.cuda.synchronize()
+    before = ampc.cuda.memory_allocated()
+    x = to_torch(rng.standard_normal(1000).astype(np.float32))
+    y = ampc.cast(x, np.float16)
+    assert ampc.cuda.memory_allocated() == before + 2048  # 2000 bytes, counted in 512-byte units
+    a = ampc.from_dlpack(y)
+    assert a.data_ptr() == y.data_ptr() and a.device == "cuda:0" and a.__dlpack_device__() == (2, 0)
+    assert torch.from_dlpack(a).data_ptr() == y.data_ptr()
+    peak = ampc.cuda.max_memory_allocated()
+    assert peak >= before + 2048
+    del a, y
+    assert ampc.cuda.memory_allocated() == before
+    ampc.cuda.reset_peak_memory_stats()
+    assert ampc.cuda.max_memory_allocated() == before
+    assert ampc.cuda.memory_reserved() >= 2048
+
+
+def test_unknown_producer_gets_an_ampc_array(rng):
+    x = rng.standard_normal(64).astype(np.float32)
+    t = to_torch(x)
+
+    class Wrapper:
+        def __dlpack_device__(self):
+            return t.__dlpack_device__()
+
+        def __dlpack__(self, **kw):
+            return t.__dlpack__(**kw)
+
+    y = ampc.cast(Wrapper(), np.float16)
+    assert isinstance(y, ampc.Array) and y.device == "cuda:0"
+    with pytest.raises(TypeError, match="cuda:0"):
+        np.asarray(y)
+    np.testing.assert_array_equal(torch.from_dlpack(y).cpu().numpy(), x.astype(np.float16))
+
+
+def test_out_torch_and_device_mismatch(rng):
+    x = rng.standard_normal((8, 9)).astype(np.float32)
+    t = to_torch(x)
+    out = torch.full((8, 9), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert ampc.cast(t, out=out) is out
+    assert_bits_equal(from_torch(out), ref.cast(x, ml_dtypes.bfloat16))
+    host = np.zeros((8, 9), np.float16)
+    with pytest.raises(ValueError, match="x is on cuda:0 but out is on cpu"):
+        ampc.cast(t, out=host)
+    assert (host == 0).all()
+    with pytest.raises(BufferError):  # torch refuses to export what requires grad
+        ampc.cast(t.clone().requires_grad_(), np.float16)
+
+
+def test_more_than_2_31_elements():
+    n = 2**31 + 19
+    bits = torch.randint(-(2**15), 2**15, (n,), dtype=torch.int16, device="cuda")
+    y = ampc.cast(bits.view(torch.bfloat16), np.float16)
+    idx = torch.cat([torch.tensor([0, 2**31 - 1, 2**31, 2**31 + 7, n - 1], device="cuda"),
+                     torch.randint(0, n, (100_000,), device="cuda")])
+    x = bits[idx].cpu().numpy().view(ml_dtypes.bfloat16)
+    assert_bits_equal(from_torch(y[idx]), ref.cast(x, np.float16))
+    del y, bits
+
+
+def test_streams_order_producer_and_consumer():
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        # A long computation on torch's side stream, read by ampc on its default stream
+        # and handed back to torch on the side stream: no explicit synchronisation.
+        a = torch.ones(1 << 24, device="cuda")
+        for _ in range(20):
+            a = a * 1.5 - 0.25
+        y = ampc.cast(a, np.float16)
+        expected = a.to(torch.float16)
+        assert torch.equal(y, expected)
+
+
+def test_ampc_runs_on_the_stream_it_is_given(rng):
+    x = to_torch(rng.standard_normal(1 << 16).astype(np.float32))
+    for make in (lambda: torch.cuda.Stream(), lambda: pytest.importorskip("cupy").cuda.Stream()):
+        s = make()
+        handle = getattr(s, "cuda_stream", None) or s.ptr
+        with ampc.cuda.stream(s):
+            assert ampc.cuda.current_stream().cuda_stream == handle
+            assert ampc.cuda.current_stream().device == 0
+            before = ampc.cuda.memory_allocated()
+            y = ampc.cast(x, np.float16)
+        assert ampc.cuda.current_stream().cuda_stream == 0
+        del s  # y keeps its stream alive until it is freed on it
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy().astype(np.float16))
+        del y
+        assert ampc.cuda.memory_allocated() == before
+    with ampc.cuda.stream(torch.cuda.Stream().cuda_stream):  # a raw handle
+        assert ampc.cuda.current_stream().device == 0
+
+
+def test_synchronize_and_zero_size():
+    y = ampc.cast(torch.empty(0, 5, device="cuda"), np.float16)
+    assert isinstance(y, torch.Tensor) and tuple(y.shape) == (0, 5)
+    ampc.cuda.synchronize()
