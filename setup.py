@@ -12,9 +12,11 @@ Environment knobs:
 """
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 import numpy
 from setuptools import Extension, setup
@@ -51,11 +53,17 @@ def find_cuda():
 
 
 def cuda_layout(home):
-    """Include and library folders holding what ampc._cuda needs, or a reason it can't be built."""
-    include_dirs = [d for d in (os.path.join(home, "include"), "/usr/include") if os.path.isdir(d)]
+    """Include and library folders holding what ampc._cuda needs, or a reason it can't be built.
+
+    cuDNN may come with the toolkit or from the distribution's packages, which
+    Debian and Ubuntu put under the multiarch folders."""
+    multiarch = sysconfig.get_config_var("MULTIARCH") or f"{platform.machine()}-linux-gnu"
+    include_dirs = [
+        d for d in (os.path.join(home, "include"), "/usr/include", f"/usr/include/{multiarch}") if os.path.isdir(d)
+    ]
     library_dirs = [
         d
-        for d in (os.path.join(home, "lib64"), os.path.join(home, "lib"), "/usr/lib/x86_64-linux-gnu")
+        for d in (os.path.join(home, "lib64"), os.path.join(home, "lib"), f"/usr/lib/{multiarch}")
         if os.path.isdir(d)
     ]
     needs = {
