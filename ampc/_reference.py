@@ -1,11 +1,13 @@
 """Slow, obviously correct NumPy versions of ampc's kernels: the oracles that
 tests and benchmarks compare against.
 
-cast: NumPy's own float16 conversion and ml_dtypes' bfloat16 conversion round
-finite values to nearest even directly from the source format (no double
-rounding through float32); only NaN bits differ between libraries, so NaNs
-are rewritten to ampc's rule: a quiet NaN with the input's sign and leading
-payload bits.
+cast: narrowing is done in float64 arithmetic, which holds every input
+exactly: scale by the destination's unit in the last place, np.rint (nearest,
+ties to even), scale back, send values beyond the largest finite one to
++-inf. The exact result is then stored with astype, which cannot round it
+again. This owes nothing to NumPy's or ml_dtypes' own rounding (ml_dtypes 0.6
+rounds float64 -> bfloat16 through float32, i.e. twice). NaNs follow ampc's
+rule: a quiet NaN with the input's sign and leading payload bits.
 """
 
 import ml_dtypes
@@ -38,6 +40,20 @@ def nan_bits(x, dtype):
     return (sign | inf | quiet | payload).astype(dst_uint)
 
 
+def round_to(x, dtype):
+    """x (any floating dtype) rounded once to nearest even in dtype's format, as float64."""
+    exp_bits, mant_bits, _ = FORMATS[np.dtype(dtype)]
+    emax = 2 ** (exp_bits - 1) - 1
+    emin = 1 - emax
+    v = np.asarray(x, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        _, e = np.frexp(v)  # |v| in [2^(e-1), 2^e)
+        ulp_exp = np.maximum(e - 1, emin) - mant_bits  # subnormals share the smallest normal's ulp
+        r = np.ldexp(np.rint(np.ldexp(v, -ulp_exp)), ulp_exp)
+        largest = np.ldexp(2.0 - 2.0**-mant_bits, emax)
+        return np.where(np.abs(r) > largest, np.copysign(np.inf, v), r)
+
+
 def cast(x, dtype):
     """x converted to dtype, bit for bit as ampc.cast does it."""
     dtype = np.dtype(dtype)
@@ -45,10 +61,10 @@ def cast(x, dtype):
     if x.dtype == dtype:
         return x.copy()  # a copy keeps every bit, signalling NaNs included
     with np.errstate(all="ignore"):
-        if np.dtype(ml_dtypes.bfloat16) in (x.dtype, dtype) and np.dtype(np.float16) in (x.dtype, dtype):
-            out = x.astype(np.float32).astype(dtype)  # exact through float32: one rounding
+        if FORMATS[dtype][1] < FORMATS[x.dtype][1]:
+            out = round_to(x, dtype).astype(dtype)  # exact: nothing left to round
         else:
-            out = x.astype(dtype)
+            out = x.astype(dtype)  # widening is exact
     nan = np.isnan(x)
     if nan.any():
         out_bits = out.view(FORMATS[dtype][2])

@@ -18,9 +18,17 @@ def test_bits_match_reference_on_every_isa(isa, src, dst, rng):
     assert_bits_equal(ampc.cast(x, dst), ref.cast(x, dst))
 
 
+def ml_dtypes_rounds_float64_twice():
+    """ml_dtypes 0.6 and older round float64 -> bfloat16 through float32."""
+    just_above_a_tie = np.array([1 + 2**-8 + 2**-40])
+    return int(ref.bits(just_above_a_tie.astype(ml_dtypes.bfloat16))[0]) == 0x3F80
+
+
 @pytest.mark.parametrize("src,dst", PAIRS, ids=PAIR_IDS)
 def test_matches_numpy_and_ml_dtypes_except_nan_bits(src, dst, rng):
     """Against the libraries themselves: equal bits on every non-NaN, NaN exactly where they give NaN."""
+    if (src, dst) == (FLOATS[3], FLOATS[2]) and ml_dtypes_rounds_float64_twice():
+        pytest.skip(f"ml_dtypes {ml_dtypes.__version__} rounds float64 -> bfloat16 twice; ampc rounds once")
     x = samples(src, rng)
     with np.errstate(all="ignore"):
         theirs = x.astype(np.float32).astype(dst) if {src, dst} == {FLOATS[1], FLOATS[2]} else x.astype(dst)
@@ -49,6 +57,13 @@ KNOWN = [
 def test_known_results(isa, f32_bits, dtype, expected):
     x = np.full(37, f32_bits, np.uint32).view(np.float32)  # long enough for the vector path and a tail
     assert (ref.bits(ampc.cast(x, dtype)) == expected).all()
+
+
+def test_float64_rounds_once(isa):
+    """Just above a bfloat16 tie: rounding through float32 would land on the tie and round to even."""
+    x = np.array([1 + 2**-8 + 2**-40, -(1 + 2**-8 + 2**-40), 1 + 2**-11 + 2**-45] * 11)
+    assert ref.bits(ampc.cast(x, ml_dtypes.bfloat16))[:2].tolist() == [0x3F81, 0xBF81]
+    assert ref.bits(ampc.cast(x, np.float16))[2] == 0x3C01
 
 
 def test_widening_quiets_nan_and_keeps_payload(isa):
