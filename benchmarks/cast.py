@@ -126,6 +126,14 @@ def cpu(n, repeat):
             row("cpu", f"{label} ampc.cast, 1 thread", ours_new, nbytes, peer=theirs_new / ours_new)
             row("cpu", f"{label} ampc.cast out=, 1 thread", ours_out, nbytes, peer=theirs_out / ours_out)
             row("cpu", f"{label} ampc.cast out=, {threads} threads", ours_all, nbytes, peer=theirs_out / ours_all)
+            ampc.set_num_threads(1)
+            best = ampc._C._cpu_isa()
+            for isa in ampc._C._cpu_isas():  # each instruction set's kernels, for the record
+                ampc._C._set_cpu_isa(isa)
+                t = timed(lambda: ampc.cast(x, out=out))
+                row("cpu", f"{label} out=, 1 thread, {isa} kernels", t, nbytes, peer=theirs_out / t)
+            ampc._C._set_cpu_isa(best)
+            ampc.set_num_threads(threads)
     finally:
         ampc.set_num_threads(threads)
 
