@@ -110,6 +110,8 @@ class BuildExt(build_ext):
         cmd += ["-O0", "-g", "-G"] if DEBUG else ["-O3", "-lineinfo"]
         cmd += ["-Xcompiler", "-fPIC," + ",".join(WARNINGS), "-Xfatbin=-compress-all"]
         cmd += ["--threads", "0"] + gencode_flags()
+        if "-Werror" in WARNINGS:
+            cmd += ["-Werror", "all-warnings"]
         cmd += [f"-I{d}" for d in ext.include_dirs]
         print(" ".join(cmd))
         subprocess.check_call(cmd, cwd=ROOT)

@@ -34,38 +34,35 @@ struct F16 { typedef uint16_t bits; };
 struct BF16 { typedef uint16_t bits; };
 struct F64 { typedef uint64_t bits; };
 
-/* Exact widening of the 32/16-bit formats to float32. */
-__device__ __forceinline__ float to_f32(F32, uint32_t b) { return __uint_as_float(b); }
-
+/* Exact widening of the 32/16-bit formats to float32, and rounding float32
+ * to them: the hardware, with NaN lanes selected from fp_formats.h (a select,
+ * not a branch: no divergence, few instructions). */
 __device__ __forceinline__ float to_f32(F16, uint16_t h)
 {
-    if (ampc_f16_bits_isnan(h))
-        return __uint_as_float(ampc_f16_to_f32_bits(h));
-    return __half2float(__ushort_as_half(h));
+    const float f = __half2float(__ushort_as_half(h));
+    return ampc_f16_bits_isnan(h) ? __uint_as_float(ampc_f16_nan_to_f32(h)) : f;
 }
 
 __device__ __forceinline__ float to_f32(BF16, uint16_t h)
 {
-    return __uint_as_float(ampc_bf16_to_f32_bits(h));  /* a shift, and quieting a NaN */
+    const uint32_t w = (uint32_t)h << 16;
+    return __uint_as_float(ampc_bf16_bits_isnan(h) ? (w | 0x00400000u) : w);  /* quiet a NaN */
 }
 
-/* Rounding float32 to each of them. */
 __device__ __forceinline__ uint32_t from_f32(F32, float f) { return __float_as_uint(f); }
 
 __device__ __forceinline__ uint16_t from_f32(F16, float f)
 {
     const uint32_t b = __float_as_uint(f);
-    if (ampc_f32_bits_isnan(b))
-        return ampc_f32_to_f16_bits(b);
-    return __half_as_ushort(__float2half_rn(f));
+    const uint16_t h = __half_as_ushort(__float2half_rn(f));
+    return ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_f16(b) : h;
 }
 
 __device__ __forceinline__ uint16_t from_f32(BF16, float f)
 {
     const uint32_t b = __float_as_uint(f);
-    if (ampc_f32_bits_isnan(b))
-        return ampc_f32_to_bf16_bits(b);
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    const uint16_t h = __bfloat16_as_ushort(__float2bfloat16_rn(f));
+    return ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_bf16(b) : h;
 }
 
 template <class D, class S>
@@ -74,16 +71,68 @@ struct Convert {
     {
         return from_f32(D(), to_f32(S(), x));
     }
+    /* Two elements at once; the float32 -> 16-bit pairs below use the packed
+     * conversion instructions (cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32). */
+    static __device__ __forceinline__ void run2(typename S::bits a, typename S::bits b,
+                                                typename D::bits &x, typename D::bits &y)
+    {
+        x = run(a);
+        y = run(b);
+    }
 };
 
-/* float64 pairs: fp_formats.h directly. */
-template <> struct Convert<F64, F64> { static __device__ __forceinline__ uint64_t run(uint64_t x) { return x; } };
-template <> struct Convert<F64, F32> { static __device__ __forceinline__ uint64_t run(uint32_t x) { return ampc_f32_to_f64_bits(x); } };
-template <> struct Convert<F64, F16> { static __device__ __forceinline__ uint64_t run(uint16_t x) { return ampc_f16_to_f64_bits(x); } };
-template <> struct Convert<F64, BF16> { static __device__ __forceinline__ uint64_t run(uint16_t x) { return ampc_bf16_to_f64_bits(x); } };
-template <> struct Convert<F32, F64> { static __device__ __forceinline__ uint32_t run(uint64_t x) { return ampc_f64_to_f32_bits(x); } };
-template <> struct Convert<F16, F64> { static __device__ __forceinline__ uint16_t run(uint64_t x) { return ampc_f64_to_f16_bits(x); } };
-template <> struct Convert<BF16, F64> { static __device__ __forceinline__ uint16_t run(uint64_t x) { return ampc_f64_to_bf16_bits(x); } };
+/* Same dtype: a copy, every bit kept (signalling NaNs too), as on the CPU. */
+template <class T>
+struct Convert<T, T> {
+    static __device__ __forceinline__ typename T::bits run(typename T::bits x) { return x; }
+    static __device__ __forceinline__ void run2(typename T::bits a, typename T::bits b,
+                                                typename T::bits &x, typename T::bits &y)
+    {
+        x = a;
+        y = b;
+    }
+};
+
+template <>
+struct Convert<F16, F32> {
+    static __device__ __forceinline__ uint16_t run(uint32_t x) { return from_f32(F16(), __uint_as_float(x)); }
+    static __device__ __forceinline__ void run2(uint32_t a, uint32_t b, uint16_t &x, uint16_t &y)
+    {
+        const __half2 h = __floats2half2_rn(__uint_as_float(a), __uint_as_float(b));
+        x = ampc_f32_bits_isnan(a) ? ampc_f32_nan_to_f16(a) : __half_as_ushort(__low2half(h));
+        y = ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_f16(b) : __half_as_ushort(__high2half(h));
+    }
+};
+
+template <>
+struct Convert<BF16, F32> {
+    static __device__ __forceinline__ uint16_t run(uint32_t x) { return from_f32(BF16(), __uint_as_float(x)); }
+    static __device__ __forceinline__ void run2(uint32_t a, uint32_t b, uint16_t &x, uint16_t &y)
+    {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(a), __uint_as_float(b));
+        x = ampc_f32_bits_isnan(a) ? ampc_f32_nan_to_bf16(a) : __bfloat16_as_ushort(__low2bfloat16(h));
+        y = ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_bf16(b) : __bfloat16_as_ushort(__high2bfloat16(h));
+    }
+};
+
+/* float64 pairs: fp_formats.h directly, which rounds float64 to 16 bits once. */
+#define FP64_PAIR(D, S, FN)                                                                           \
+    template <>                                                                                       \
+    struct Convert<D, S> {                                                                            \
+        static __device__ __forceinline__ D::bits run(S::bits x) { return FN(x); }                  \
+        static __device__ __forceinline__ void run2(S::bits a, S::bits b, D::bits &x, D::bits &y)  \
+        {                                                                                             \
+            x = FN(a);                                                                                \
+            y = FN(b);                                                                                \
+        }                                                                                             \
+    };
+FP64_PAIR(F64, F32, ampc_f32_to_f64_bits)
+FP64_PAIR(F64, F16, ampc_f16_to_f64_bits)
+FP64_PAIR(F64, BF16, ampc_bf16_to_f64_bits)
+FP64_PAIR(F32, F64, ampc_f64_to_f32_bits)
+FP64_PAIR(F16, F64, ampc_f64_to_f16_bits)
+FP64_PAIR(BF16, F64, ampc_f64_to_bf16_bits)
+#undef FP64_PAIR
 
 /* Elements per vector thread, and the vectors they move: 16-byte aligned
  * groups of 8 (two or four 16-byte accesses for 4- and 8-byte types). */
@@ -105,8 +154,8 @@ __global__ void cast_contiguous_kernel(typename D::bits *__restrict__ dst,
         const Vec<typename S::bits> in = *reinterpret_cast<const Vec<typename S::bits> *>(src + base);
         Vec<typename D::bits> out;
 #pragma unroll
-        for (int k = 0; k < VEC; k++)
-            out.v[k] = Convert<D, S>::run(in.v[k]);
+        for (int k = 0; k < VEC; k += 2)
+            Convert<D, S>::run2(in.v[k], in.v[k + 1], out.v[k], out.v[k + 1]);
         *reinterpret_cast<Vec<typename D::bits> *>(dst + base) = out;
         return;
     }

@@ -139,6 +139,19 @@ AMPC_FP_FN uint64_t ampc_bf16_to_f64_bits(uint16_t h) { return ampc_fp_widen(h, 
 AMPC_FP_FN uint16_t ampc_f16_to_bf16_bits(uint16_t h) { return ampc_f32_to_bf16_bits(ampc_f16_to_f32_bits(h)); }
 AMPC_FP_FN uint16_t ampc_bf16_to_f16_bits(uint16_t h) { return ampc_f32_to_f16_bits(ampc_bf16_to_f32_bits(h)); }
 
+/* ampc's NaN results for the hot pairs, as the few bit operations they are
+ * (equal to ampc_fp_narrow / ampc_fp_widen on NaN inputs): fast paths that
+ * convert with the hardware select these for their NaN lanes. */
+AMPC_FP_FN uint16_t ampc_f32_nan_to_f16(uint32_t b)
+{
+    return (uint16_t)(((b >> 16) & 0x8000u) | 0x7e00u | ((b >> 13) & 0x3ffu));
+}
+AMPC_FP_FN uint16_t ampc_f32_nan_to_bf16(uint32_t b) { return (uint16_t)((b >> 16) | 0x40u); }
+AMPC_FP_FN uint32_t ampc_f16_nan_to_f32(uint16_t h)
+{
+    return ((uint32_t)(h & 0x8000u) << 16) | 0x7fc00000u | ((uint32_t)(h & 0x3ffu) << 13);
+}
+
 /* NaN tests on bit patterns, for the fast paths that fix up NaN lanes. */
 AMPC_FP_FN int ampc_f32_bits_isnan(uint32_t b)  { return (b & 0x7fffffffu) > 0x7f800000u; }
 AMPC_FP_FN int ampc_f16_bits_isnan(uint16_t h)  { return (h & 0x7fffu) > 0x7c00u; }

@@ -87,15 +87,17 @@ def test_sizes_and_alignments(isa, n, offset, rng):
 
 @pytest.mark.parametrize("offset", [0, 1])
 def test_large_outputs_use_streaming_stores(isa, offset, rng):
-    """Outputs of 8 MiB and more into existing memory are written with non-temporal stores."""
+    """Outputs of 8 MiB and more are written with non-temporal stores."""
     n = 2**22 + 13
     for src, dst in [(FLOATS[0], FLOATS[1]), (FLOATS[0], FLOATS[2]), (FLOATS[1], FLOATS[0]), (FLOATS[2], FLOATS[3])]:
         x = samples(src, rng, n)[:n]
         big = poisoned(n + offset, dst)
         out = big[offset:]
         assert ampc.cast(x, out=out) is out
-        assert_bits_equal(out, ref.cast(x, dst))
+        expected = ref.cast(x, dst)
+        assert_bits_equal(out, expected)
         assert ref.bits(big[:offset]).tolist() == [POISON16] * offset
+        assert_bits_equal(ampc.cast(x[offset:], dst), expected[offset:])  # fresh output: populated first
 
 
 def test_unaligned_data_pointer(rng):
