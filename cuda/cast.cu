@@ -34,105 +34,113 @@ struct F16 { typedef uint16_t bits; };
 struct BF16 { typedef uint16_t bits; };
 struct F64 { typedef uint64_t bits; };
 
-/* Exact widening of the 32/16-bit formats to float32, and rounding float32
- * to them: the hardware, with NaN lanes selected from fp_formats.h (a select,
- * not a branch: no divergence, few instructions). */
-__device__ __forceinline__ float to_f32(F16, uint16_t h)
+/* The hardware conversions (cvt.rn: nearest even, subnormals kept, overflow
+ * to inf), right for every input but NaN; float32 -> 16 bits two at a time
+ * with the packed instructions (cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32). */
+__device__ __forceinline__ float hw_to_f32(F32, uint32_t b) { return __uint_as_float(b); }
+__device__ __forceinline__ float hw_to_f32(F16, uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float hw_to_f32(BF16, uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+__device__ __forceinline__ void hw_from_f32x2(F32, float a, float b, uint32_t &x, uint32_t &y)
 {
-    const float f = __half2float(__ushort_as_half(h));
-    return ampc_f16_bits_isnan(h) ? __uint_as_float(ampc_f16_nan_to_f32(h)) : f;
+    x = __float_as_uint(a);
+    y = __float_as_uint(b);
 }
 
-__device__ __forceinline__ float to_f32(BF16, uint16_t h)
+__device__ __forceinline__ void hw_from_f32x2(F16, float a, float b, uint16_t &x, uint16_t &y)
 {
-    const uint32_t w = (uint32_t)h << 16;
-    return __uint_as_float(ampc_bf16_bits_isnan(h) ? (w | 0x00400000u) : w);  /* quiet a NaN */
+    const __half2 h = __floats2half2_rn(a, b);
+    x = __half_as_ushort(__low2half(h));
+    y = __half_as_ushort(__high2half(h));
 }
 
-__device__ __forceinline__ uint32_t from_f32(F32, float f) { return __float_as_uint(f); }
-
-__device__ __forceinline__ uint16_t from_f32(F16, float f)
+__device__ __forceinline__ void hw_from_f32x2(BF16, float a, float b, uint16_t &x, uint16_t &y)
 {
-    const uint32_t b = __float_as_uint(f);
-    const uint16_t h = __half_as_ushort(__float2half_rn(f));
-    return ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_f16(b) : h;
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    x = __bfloat16_as_ushort(__low2bfloat16(h));
+    y = __bfloat16_as_ushort(__high2bfloat16(h));
 }
 
-__device__ __forceinline__ uint16_t from_f32(BF16, float f)
+/* The same one element at a time, NaN included (fp_formats.h's rule). */
+__device__ __forceinline__ uint32_t exact_to_f32(F32, uint32_t b) { return b; }
+__device__ __forceinline__ uint32_t exact_to_f32(F16, uint16_t h)
 {
-    const uint32_t b = __float_as_uint(f);
-    const uint16_t h = __bfloat16_as_ushort(__float2bfloat16_rn(f));
-    return ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_bf16(b) : h;
+    return ampc_f16_bits_isnan(h) ? ampc_f16_nan_to_f32(h) : __float_as_uint(hw_to_f32(F16(), h));
+}
+__device__ __forceinline__ uint32_t exact_to_f32(BF16, uint16_t h) { return ampc_bf16_to_f32_bits(h); }
+
+__device__ __forceinline__ uint32_t exact_from_f32(F32, uint32_t b) { return b; }
+__device__ __forceinline__ uint16_t exact_from_f32(F16, uint32_t b)
+{
+    return ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_f16(b) : __half_as_ushort(__float2half_rn(__uint_as_float(b)));
+}
+__device__ __forceinline__ uint16_t exact_from_f32(BF16, uint32_t b)
+{
+    return ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_bf16(b)
+                                  : __bfloat16_as_ushort(__float2bfloat16_rn(__uint_as_float(b)));
 }
 
+__device__ __forceinline__ bool is_nan(F32, uint32_t b) { return ampc_f32_bits_isnan(b); }
+__device__ __forceinline__ bool is_nan(F16, uint16_t h) { return ampc_f16_bits_isnan(h); }
+__device__ __forceinline__ bool is_nan(BF16, uint16_t h) { return ampc_bf16_bits_isnan(h); }
+__device__ __forceinline__ bool is_nan(F64, uint64_t b) { return (b & 0x7fffffffffffffffull) > 0x7ff0000000000000ull; }
+
+/*
+ * Convert<D, S>: S bits -> D bits, for the float32 and 16-bit formats.
+ *   exact(x)      one element, NaN included;
+ *   fast2(a, b)   two elements with the hardware, right except where an input is NaN;
+ *   fix_nan       whether fast2's NaN lanes must be redone with exact().
+ * The vector kernel runs fast2 over its 8 elements, tests them for NaN once
+ * and redoes the NaN lanes only then: a branch a warp almost never takes
+ * costs fewer instructions than a select on every lane.
+ */
 template <class D, class S>
 struct Convert {
-    static __device__ __forceinline__ typename D::bits run(typename S::bits x)
+    static constexpr bool fix_nan = true;
+    static __device__ __forceinline__ typename D::bits exact(typename S::bits x)
     {
-        return from_f32(D(), to_f32(S(), x));
+        return exact_from_f32(D(), exact_to_f32(S(), x));  /* float32 holds both 16-bit formats */
     }
-    /* Two elements at once; the float32 -> 16-bit pairs below use the packed
-     * conversion instructions (cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32). */
-    static __device__ __forceinline__ void run2(typename S::bits a, typename S::bits b,
-                                                typename D::bits &x, typename D::bits &y)
+    static __device__ __forceinline__ void fast2(typename S::bits a, typename S::bits b,
+                                                 typename D::bits &x, typename D::bits &y)
     {
-        x = run(a);
-        y = run(b);
+        hw_from_f32x2(D(), hw_to_f32(S(), a), hw_to_f32(S(), b), x, y);
     }
 };
 
 /* Same dtype: a copy, every bit kept (signalling NaNs too), as on the CPU. */
 template <class T>
 struct Convert<T, T> {
-    static __device__ __forceinline__ typename T::bits run(typename T::bits x) { return x; }
-    static __device__ __forceinline__ void run2(typename T::bits a, typename T::bits b,
-                                                typename T::bits &x, typename T::bits &y)
+    static constexpr bool fix_nan = false;
+    static __device__ __forceinline__ typename T::bits exact(typename T::bits x) { return x; }
+    static __device__ __forceinline__ void fast2(typename T::bits a, typename T::bits b,
+                                                 typename T::bits &x, typename T::bits &y)
     {
         x = a;
         y = b;
     }
 };
 
-template <>
-struct Convert<F16, F32> {
-    static __device__ __forceinline__ uint16_t run(uint32_t x) { return from_f32(F16(), __uint_as_float(x)); }
-    static __device__ __forceinline__ void run2(uint32_t a, uint32_t b, uint16_t &x, uint16_t &y)
-    {
-        const __half2 h = __floats2half2_rn(__uint_as_float(a), __uint_as_float(b));
-        x = ampc_f32_bits_isnan(a) ? ampc_f32_nan_to_f16(a) : __half_as_ushort(__low2half(h));
-        y = ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_f16(b) : __half_as_ushort(__high2half(h));
-    }
-};
-
-template <>
-struct Convert<BF16, F32> {
-    static __device__ __forceinline__ uint16_t run(uint32_t x) { return from_f32(BF16(), __uint_as_float(x)); }
-    static __device__ __forceinline__ void run2(uint32_t a, uint32_t b, uint16_t &x, uint16_t &y)
-    {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(__uint_as_float(a), __uint_as_float(b));
-        x = ampc_f32_bits_isnan(a) ? ampc_f32_nan_to_bf16(a) : __bfloat16_as_ushort(__low2bfloat16(h));
-        y = ampc_f32_bits_isnan(b) ? ampc_f32_nan_to_bf16(b) : __bfloat16_as_ushort(__high2bfloat16(h));
-    }
-};
-
-/* float64 pairs: fp_formats.h directly, which rounds float64 to 16 bits once. */
-#define FP64_PAIR(D, S, FN)                                                                           \
-    template <>                                                                                       \
-    struct Convert<D, S> {                                                                            \
-        static __device__ __forceinline__ D::bits run(S::bits x) { return FN(x); }                  \
-        static __device__ __forceinline__ void run2(S::bits a, S::bits b, D::bits &x, D::bits &y)  \
-        {                                                                                             \
-            x = FN(a);                                                                                \
-            y = FN(b);                                                                                \
-        }                                                                                             \
+/* float64 pairs: fp_formats.h directly (exact on every input, NaN included),
+ * which rounds float64 to 16 bits once. */
+#define EXACT_PAIR(D, S, FN)                                                                             \
+    template <>                                                                                          \
+    struct Convert<D, S> {                                                                               \
+        static constexpr bool fix_nan = false;                                                           \
+        static __device__ __forceinline__ D::bits exact(S::bits x) { return FN(x); }                   \
+        static __device__ __forceinline__ void fast2(S::bits a, S::bits b, D::bits &x, D::bits &y)    \
+        {                                                                                                \
+            x = FN(a);                                                                                   \
+            y = FN(b);                                                                                   \
+        }                                                                                                \
     };
-FP64_PAIR(F64, F32, ampc_f32_to_f64_bits)
-FP64_PAIR(F64, F16, ampc_f16_to_f64_bits)
-FP64_PAIR(F64, BF16, ampc_bf16_to_f64_bits)
-FP64_PAIR(F32, F64, ampc_f64_to_f32_bits)
-FP64_PAIR(F16, F64, ampc_f64_to_f16_bits)
-FP64_PAIR(BF16, F64, ampc_f64_to_bf16_bits)
-#undef FP64_PAIR
+EXACT_PAIR(F64, F32, ampc_f32_to_f64_bits)
+EXACT_PAIR(F64, F16, ampc_f16_to_f64_bits)
+EXACT_PAIR(F64, BF16, ampc_bf16_to_f64_bits)
+EXACT_PAIR(F32, F64, ampc_f64_to_f32_bits)
+EXACT_PAIR(F16, F64, ampc_f64_to_f16_bits)
+EXACT_PAIR(BF16, F64, ampc_f64_to_bf16_bits)
+#undef EXACT_PAIR
 
 /* Elements per vector thread, and the vectors they move: 16-byte aligned
  * groups of 8 (two or four 16-byte accesses for 4- and 8-byte types). */
@@ -155,7 +163,18 @@ __global__ void cast_contiguous_kernel(typename D::bits *__restrict__ dst,
         Vec<typename D::bits> out;
 #pragma unroll
         for (int k = 0; k < VEC; k += 2)
-            Convert<D, S>::run2(in.v[k], in.v[k + 1], out.v[k], out.v[k + 1]);
+            Convert<D, S>::fast2(in.v[k], in.v[k + 1], out.v[k], out.v[k + 1]);
+        if (Convert<D, S>::fix_nan) {
+            bool any_nan = false;
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                any_nan |= is_nan(S(), in.v[k]);
+            if (any_nan) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++)
+                    out.v[k] = Convert<D, S>::exact(in.v[k]);
+            }
+        }
         *reinterpret_cast<Vec<typename D::bits> *>(dst + base) = out;
         return;
     }
@@ -163,7 +182,7 @@ __global__ void cast_contiguous_kernel(typename D::bits *__restrict__ dst,
     if (i >= head)
         i += nvec * VEC;
     if (i < n)
-        dst[i] = Convert<D, S>::run(src[i]);
+        dst[i] = Convert<D, S>::exact(src[i]);
 }
 
 struct StridedLayout {
@@ -187,7 +206,7 @@ __global__ void cast_strided_kernel(char *dst, const char *src, int64_t n, const
         }
         typename S::bits x;
         memcpy(&x, src + src_off, sizeof x);
-        const typename D::bits y = Convert<D, S>::run(x);
+        const typename D::bits y = Convert<D, S>::exact(x);
         memcpy(dst + dst_off, &y, sizeof y);
     }
 }
