@@ -230,20 +230,28 @@ static PyObject *mod_cuda_versions(PyObject *module, PyObject *Py_UNUSED(ignored
                          v.cudnn, "cudnn_built", v.cudnn_built);
 }
 
+/* For the memory statistics, which answer quietly (nothing was ever
+ * allocated) without a GPU: 1 with no GPU, 0 with a valid device, -1 with an
+ * exception. */
+static int no_gpu_or_valid(ampc_state *st, PyObject *args, const char *fmt, int *device)
+{
+    if (!PyArg_ParseTuple(args, fmt, device))
+        return -1;
+    const int count = device_count(st);
+    if (count <= 0)
+        return count < 0 ? -1 : 1;
+    return ampc_cuda_check_device(st, *device);
+}
+
 static PyObject *mod_cuda_memory_stats(PyObject *module, PyObject *args)
 {
     ampc_state *st = ampc_state_of(module);
     int device;
-    if (!PyArg_ParseTuple(args, "i:_cuda_memory_stats", &device))
+    const int rc = no_gpu_or_valid(st, args, "i:_cuda_memory_stats", &device);
+    if (rc < 0)
         return NULL;
-    /* Without a GPU nothing was ever allocated. */
-    if (device_count(st) <= 0) {
-        if (PyErr_Occurred())
-            return NULL;
+    if (rc == 1)
         return Py_BuildValue("{s:i,s:i,s:i}", "allocated", 0, "peak", 0, "reserved", 0);
-    }
-    if (ampc_cuda_check_device(st, device) < 0)
-        return NULL;
     ampc_cuda_memory_stats m;
     const int status = st->cuda->memory_stats(device, &m);
     if (status != AMPC_OK) {
@@ -258,15 +266,11 @@ static PyObject *mod_cuda_reset_peak_memory(PyObject *module, PyObject *args)
 {
     ampc_state *st = ampc_state_of(module);
     int device;
-    if (!PyArg_ParseTuple(args, "i:_cuda_reset_peak_memory", &device))
+    const int rc = no_gpu_or_valid(st, args, "i:_cuda_reset_peak_memory", &device);
+    if (rc < 0)
         return NULL;
-    if (device_count(st) <= 0) {
-        if (PyErr_Occurred())
-            return NULL;
+    if (rc == 1)
         Py_RETURN_NONE;
-    }
-    if (ampc_cuda_check_device(st, device) < 0)
-        return NULL;
     const int status = st->cuda->reset_peak_memory(device);
     if (status != AMPC_OK) {
         ampc_cuda_raise(st, status, "resetting memory statistics");

@@ -53,75 +53,84 @@ AMPC_FP_FN int ampc_fp_msb(uint64_t v)
 #endif
 }
 
+/* The fields of a (se, sm) pattern on its way to a (de, dm) format. */
+typedef struct {
+    uint64_t sign;      /* the sign bit, already at the destination's position */
+    uint64_t mag;       /* the pattern without its sign */
+    uint64_t mant;      /* the source mantissa field */
+    uint64_t src_inf;   /* magnitude of the source's infinity */
+    uint64_t dst_inf;   /* ... and of the destination's */
+    int exp;            /* the source's biased exponent field */
+    int rebias;         /* destination bias minus source bias */
+} ampc_fp_fields;
+
+AMPC_FP_FN ampc_fp_fields ampc_fp_split(uint64_t bits, int se, int sm, int de, int dm)
+{
+    ampc_fp_fields f;
+    const uint64_t src_sign = 1ull << (se + sm);
+    f.sign = (bits & src_sign) ? (1ull << (de + dm)) : 0;
+    f.mag = bits & (src_sign - 1);
+    f.mant = f.mag & ((1ull << sm) - 1);
+    f.src_inf = ((1ull << se) - 1) << sm;
+    f.dst_inf = ((1ull << de) - 1) << dm;
+    f.exp = (int)(f.mag >> sm);
+    f.rebias = ((1 << (de - 1)) - 1) - ((1 << (se - 1)) - 1);
+    return f;
+}
+
 /*
  * Round a (se, sm) pattern to a (de, dm) format with de <= se and dm < sm.
  * The destination may be subnormal, or overflow to infinity.
  */
 AMPC_FP_FN uint64_t ampc_fp_narrow(uint64_t bits, int se, int sm, int de, int dm)
 {
-    const uint64_t src_sign = 1ull << (se + sm);
-    const uint64_t src_inf = ((1ull << se) - 1) << sm;
-    const uint64_t dst_inf = ((1ull << de) - 1) << dm;
-    const uint64_t sign = (bits & src_sign) ? (1ull << (de + dm)) : 0;
-    const uint64_t mag = bits & (src_sign - 1);
-    const uint64_t mant = mag & ((1ull << sm) - 1);
-    const int src_bias = (1 << (se - 1)) - 1;
-    const int dst_bias = (1 << (de - 1)) - 1;
+    const ampc_fp_fields f = ampc_fp_split(bits, se, sm, de, dm);
     const int drop = sm - dm;  /* mantissa bits that do not fit */
 
-    if (mag >= src_inf) {
-        if (mag == src_inf)
-            return sign | dst_inf;
-        return sign | dst_inf | (1ull << (dm - 1)) | (mant >> drop);  /* quiet NaN */
+    if (f.mag >= f.src_inf) {
+        if (f.mag == f.src_inf)
+            return f.sign | f.dst_inf;
+        return f.sign | f.dst_inf | (1ull << (dm - 1)) | (f.mant >> drop);  /* quiet NaN */
     }
-    const int exp = (int)(mag >> sm);
     /* Biased destination exponent of a normal source value. */
-    const int dst_exp = exp - src_bias + dst_bias;
-    if (exp != 0 && dst_exp >= 1) {
+    const int dst_exp = f.exp + f.rebias;
+    if (f.exp != 0 && dst_exp >= 1) {
         if (dst_exp >= (1 << de) - 1)
-            return sign | dst_inf;
+            return f.sign | f.dst_inf;
         /* Rebias, then round the mantissa. A carry out of the mantissa bumps
          * the exponent, which is exactly right, up to and including inf. */
-        return sign | ampc_fp_round_shift(((uint64_t)dst_exp << sm) | mant, drop);
+        return f.sign | ampc_fp_round_shift(((uint64_t)dst_exp << sm) | f.mant, drop);
     }
     /* The result is subnormal or zero in the destination (or rounds up to its
      * smallest normal, whose encoding the same arithmetic produces). */
-    const uint64_t significand = exp ? (mant | (1ull << sm)) : mant;
-    const int shift = drop + 1 - ((exp ? exp : 1) - src_bias + dst_bias);
+    const uint64_t significand = f.exp ? (f.mant | (1ull << sm)) : f.mant;
+    const int shift = drop + 1 - ((f.exp ? f.exp : 1) + f.rebias);
     if (shift > sm + 1)  /* below half the smallest subnormal: rounds to zero */
-        return sign;
-    return sign | ampc_fp_round_shift(significand, shift);
+        return f.sign;
+    return f.sign | ampc_fp_round_shift(significand, shift);
 }
 
 /* Exact conversion of a (se, sm) pattern to a wider (de, dm) format: de >= se, dm > sm. */
 AMPC_FP_FN uint64_t ampc_fp_widen(uint64_t bits, int se, int sm, int de, int dm)
 {
-    const uint64_t src_sign = 1ull << (se + sm);
-    const uint64_t src_inf = ((1ull << se) - 1) << sm;
-    const uint64_t dst_inf = ((1ull << de) - 1) << dm;
-    const uint64_t sign = (bits & src_sign) ? (1ull << (de + dm)) : 0;
-    const uint64_t mag = bits & (src_sign - 1);
-    const uint64_t mant = mag & ((1ull << sm) - 1);
-    const int src_bias = (1 << (se - 1)) - 1;
-    const int dst_bias = (1 << (de - 1)) - 1;
-    const int exp = (int)(mag >> sm);
+    const ampc_fp_fields f = ampc_fp_split(bits, se, sm, de, dm);
 
-    if (mag >= src_inf) {
-        if (mag == src_inf)
-            return sign | dst_inf;
-        return sign | dst_inf | (1ull << (dm - 1)) | (mant << (dm - sm));  /* quiet NaN */
+    if (f.mag >= f.src_inf) {
+        if (f.mag == f.src_inf)
+            return f.sign | f.dst_inf;
+        return f.sign | f.dst_inf | (1ull << (dm - 1)) | (f.mant << (dm - sm));  /* quiet NaN */
     }
-    if (exp == 0) {
-        if (mant == 0)
-            return sign;
+    if (f.exp == 0) {
+        if (f.mant == 0)
+            return f.sign;
         if (de == se)  /* same exponent range: a subnormal stays subnormal */
-            return sign | (mant << (dm - sm));
+            return f.sign | (f.mant << (dm - sm));
         /* Normalise: the value is 2^p * 1.f * 2^(1 - src_bias - sm). */
-        const int p = ampc_fp_msb(mant);
-        const uint64_t e = (uint64_t)(p + 1 - src_bias - sm + dst_bias);
-        return sign | (e << dm) | ((mant ^ (1ull << p)) << (dm - p));
+        const int p = ampc_fp_msb(f.mant);
+        const uint64_t e = (uint64_t)(p + 1 - sm + f.rebias);
+        return f.sign | (e << dm) | ((f.mant ^ (1ull << p)) << (dm - p));
     }
-    return sign | ((uint64_t)(exp - src_bias + dst_bias) << dm) | (mant << (dm - sm));
+    return f.sign | ((uint64_t)(f.exp + f.rebias) << dm) | (f.mant << (dm - sm));
 }
 
 /* The named pairs. 16-bit <-> 16-bit goes through float32, which holds both

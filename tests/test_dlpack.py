@@ -36,6 +36,14 @@ def test_bfloat16_round_trip_without_copy():
     assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (4, 16, 1)  # kDLBfloat
 
 
+def test_numpy_bfloat16_reaches_torch_through_ampc():
+    torch = pytest.importorskip("torch")
+    x = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    t = torch.from_dlpack(ampc.from_dlpack(x))
+    assert t.dtype == torch.bfloat16 and t.data_ptr() == x.ctypes.data
+    assert t.float().tolist() == [0, 1, 2, 3, 4, 5]
+
+
 def test_capsule_kinds_follow_max_version():
     a = ampc.from_dlpack(np.zeros(3, np.float32))
     assert capsule_name(a.__dlpack__()) == "dltensor"  # JAX asks without max_version

@@ -93,7 +93,9 @@ def test_cupy_in_cupy_out(rng):
     out = cupy.zeros(1001, np.float64)
     assert ampc.cast(c, out=out) is out
     np.testing.assert_array_equal(cupy.asnumpy(out), x.astype(np.float64))
+    before = ampc.cuda.memory_allocated()
     b = ampc.cast(c, "bfloat16")
+    assert ampc.cuda.memory_allocated() == before + 2048  # CuPy kept ampc's buffer: no copy
     assert b.dtype == ampc.bfloat16
     np.testing.assert_array_equal(cupy.asnumpy(b.view(np.uint16)), ref.bits(x.astype(ml_dtypes.bfloat16)))
 
@@ -102,7 +104,10 @@ def test_jax_in_jax_out(rng):
     jax = pytest.importorskip("jax")
     x = rng.standard_normal(513).astype(np.float32)
     j = jax.device_put(x, jax.devices("gpu")[0])
+    j.block_until_ready()
+    before = ampc.cuda.memory_allocated()
     y = ampc.cast(j, "bfloat16")
+    assert ampc.cuda.memory_allocated() == before + 1536  # JAX kept ampc's buffer: no copy
     assert isinstance(y, jax.Array) and y.dtype == ampc.bfloat16
     assert next(iter(y.devices())).platform == "gpu"
     np.testing.assert_array_equal(np.asarray(y).view(np.uint16), ref.bits(x.astype(ml_dtypes.bfloat16)))
