@@ -341,11 +341,31 @@ static PyObject *Array_array(PyObject *op, PyObject *args, PyObject *kwargs)
         Py_DECREF(a);
         return NULL;
     }
-    if (dtype == Py_None && copy != Py_True)
-        return a;
-    PyObject *res = PyObject_CallMethod(a, "astype", "OO", dtype == Py_None ? (PyObject *)descr : dtype,
-                                        copy == Py_True ? Py_True : Py_False);
-    Py_DECREF(a);
+    /* NumPy 2's protocol: copy=True always copies, copy=False never does
+     * (ValueError if the dtype asks for a conversion), None copies if needed. */
+    PyArray_Descr *want = NULL;
+    if (dtype != Py_None && PyArray_DescrConverter(dtype, &want) != NPY_SUCCEED) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    PyObject *res = a;
+    if (want != NULL && !PyArray_EquivTypes(want, descr)) {
+        if (copy == Py_False) {
+            PyErr_SetString(PyExc_ValueError, "__array__: converting the dtype needs a copy, but "
+                            "copy=False was asked for");
+            res = NULL;
+        }
+        else {
+            Py_INCREF(want);
+            res = PyArray_CastToType((PyArrayObject *)a, want, 0);
+        }
+        Py_DECREF(a);
+    }
+    else if (copy == Py_True) {
+        res = PyArray_NewCopy((PyArrayObject *)a, NPY_KEEPORDER);
+        Py_DECREF(a);
+    }
+    Py_XDECREF(want);
     return res;
 }
 

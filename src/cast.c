@@ -88,6 +88,12 @@ int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src, int fr
         status = st->cuda->stream_wait(device, stream, dst->stream);
     if (status == AMPC_OK)
         status = st->cuda->cast(device, stream, &loop, dst->dtype, src->dtype);
+    /* Each array's contents are ready on its own stream, and its memory is
+     * returned on that stream: order both after the cast. */
+    if (status == AMPC_OK && dst->stream != stream)
+        status = st->cuda->stream_wait(device, dst->stream, stream);
+    if (status == AMPC_OK && src->stream != stream && src->stream != dst->stream)
+        status = st->cuda->stream_wait(device, src->stream, stream);
     if (status != AMPC_OK)
         return ampc_cuda_raise(st, status, "cast");
     return 0;

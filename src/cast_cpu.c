@@ -62,9 +62,7 @@ typedef struct {
 static int populate(char *p, int64_t nbytes)
 {
 #ifdef __linux__
-    static long page;
-    if (page == 0)
-        page = sysconf(_SC_PAGESIZE);
+    const long page = sysconf(_SC_PAGESIZE);
     const uintptr_t start = (uintptr_t)p & ~(uintptr_t)(page - 1);
     const uintptr_t end = ((uintptr_t)p + (uintptr_t)nbytes + (uintptr_t)page - 1) & ~(uintptr_t)(page - 1);
     return madvise((void *)start, end - start, MADV_POPULATE_WRITE) == 0;

@@ -44,6 +44,17 @@ def test_numpy_bfloat16_reaches_torch_through_ampc():
     assert t.float().tolist() == [0, 1, 2, 3, 4, 5]
 
 
+def test_array_protocol_copy_and_dtype(rng):
+    x = rng.standard_normal(5).astype(np.float32)
+    a = ampc.from_dlpack(x)
+    assert np.asarray(a).ctypes.data == x.ctypes.data
+    assert np.array(a, copy=True).ctypes.data != x.ctypes.data
+    np.testing.assert_array_equal(np.asarray(a, dtype=np.float64), x.astype(np.float64))
+    assert np.asarray(a, dtype=np.float32).ctypes.data == x.ctypes.data
+    with pytest.raises(ValueError, match="copy"):
+        a.__array__(np.float64, copy=False)
+
+
 def test_capsule_kinds_follow_max_version():
     a = ampc.from_dlpack(np.zeros(3, np.float32))
     assert capsule_name(a.__dlpack__()) == "dltensor"  # JAX asks without max_version

@@ -207,6 +207,30 @@ def test_ampc_runs_on_the_stream_it_is_given(rng):
         assert ampc.cuda.current_stream().device == 0
 
 
+def test_writing_an_ampc_array_on_another_stream(rng):
+    """An ampc.Array's contents are ready on its own stream even when written on another."""
+    x = rng.standard_normal(1 << 20).astype(np.float32)
+    t = to_torch(x)
+
+    class Wrapper:  # an unknown producer: the results are ampc.Arrays
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+    out = ampc.cast(Wrapper(t), np.float16)  # allocated on the default stream
+    assert isinstance(out, ampc.Array)
+    s = torch.cuda.Stream()
+    with ampc.cuda.stream(s):
+        ampc.cast(Wrapper(t * 2), out=out)
+    got = torch.from_dlpack(out)  # read on torch's default stream, no explicit synchronisation
+    assert torch.equal(got, (t * 2).to(torch.float16))
+
+
 def test_synchronize_and_zero_size():
     y = ampc.cast(torch.empty(0, 5, device="cuda"), np.float16)
     assert isinstance(y, torch.Tensor) and tuple(y.shape) == (0, 5)
