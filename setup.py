@@ -11,6 +11,7 @@ Environment knobs:
   AMPC_WERROR=1    warnings are errors (CI)
 """
 
+import glob
 import os
 import platform
 import shutil
@@ -92,6 +93,14 @@ def gencode_flags():
 
 class BuildExt(build_ext):
     """Compiles .cu sources with nvcc; everything else goes through setuptools as usual."""
+
+    def run(self):
+        if not any(ext.name == "ampc._cuda" for ext in self.extensions):
+            # An ampc._cuda left by an earlier build of this tree must not ship.
+            for folder in {os.path.join(self.build_lib, "ampc"), os.path.join(ROOT, "ampc")}:
+                for stale in glob.glob(os.path.join(folder, "_cuda.*")):
+                    os.remove(stale)
+        super().run()
 
     def build_extension(self, ext):
         cu = [s for s in ext.sources if s.endswith(".cu")]
