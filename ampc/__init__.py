@@ -5,8 +5,10 @@ in ampc._cuda, loaded the first time a GPU array is seen.
 """
 
 from ampc._C import (
+    ArgumentError,
     Array,
     CudaError,
+    GradScaler,
     OutOfMemoryError,
     as_dtype,
     bfloat16,
@@ -18,16 +20,19 @@ from ampc._C import (
     get_num_threads,
     set_num_threads,
 )
-from ampc import cuda
+from ampc import amp, cuda
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentError",
     "Array",
     "CudaError",
+    "GradScaler",
     "OutOfMemoryError",
     "as_dtype",
     "bfloat16",
+    "amp",
     "cast",
     "cuda",
     "float16",

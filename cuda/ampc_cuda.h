@@ -23,12 +23,14 @@
 #include <stdint.h>
 #include "ampc_types.h"
 #include "layout.h"
+#include "scaler_rule.h"
+#include "unscale.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 1
+#define AMPC_CUDA_ABI_VERSION 2
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 
 typedef enum {
@@ -90,6 +92,32 @@ typedef struct ampc_cuda_api {
     /* Elementwise conversion: loop->data[0] (dtype dst) = loop->data[1]
      * (dtype src), for the four floating dtypes. Queued on `stream`. */
     int (*cast)(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src);
+
+    /* --- ABI 2 --- */
+
+    /* Copy between the host (device -1) and a device, or within a device.
+     * A copy to the host returns once the data has arrived. */
+    int (*copy)(int dst_device, void *dst, int src_device, const void *src, size_t nbytes, void *stream);
+
+    /* GradScaler (cuda/scaler.cu). `block` points to an ampc_scaler_block in
+     * the device's memory; the grads are on `device`.
+     * unscale: block->flags[slot] = 1 if any element is inf or NaN, else 0;
+     *   unless check_only, every element *= float32(1 / (double)block->scale).
+     * update_scale: the rule of scaler_rule.h with the sum of flags[0 .. nflags).
+     * sum_flags: flags[out] = sum of flags[first .. first + n).
+     * scale_mul: loop->data[0] (dst) = loop->data[1] (src) * *scale, in float32
+     *   (float64 for float64), rounded to dst.
+     * count_nonfinite: counts[i] = inf and NaN elements of grads[i]; counts is
+     *   host memory, filled before the call returns. */
+    int (*unscale)(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
+                   ampc_scaler_block *block, int slot, int check_only);
+    int (*update_scale)(int device, void *stream, ampc_scaler_block *block, int nflags,
+                        const ampc_scale_rule *rule);
+    int (*sum_flags)(int device, void *stream, ampc_scaler_block *block, int first, int n, int out);
+    int (*scale_mul)(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src,
+                     const float *scale);
+    int (*count_nonfinite)(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
+                           int64_t *counts);
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

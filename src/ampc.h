@@ -35,6 +35,8 @@ typedef struct {
     PyObject *converters;                      /* dict: type -> callable(ampc.Array) or None */
     PyObject *converter_for;                   /* ampc._interop.converter_for, once imported */
     PyObject *cuda_error;                      /* ampc.CudaError */
+    PyObject *argument_error;                  /* ampc.ArgumentError */
+    PyTypeObject *scaler_type;                 /* ampc.GradScaler */
     PyObject *oom_error;                       /* ampc.OutOfMemoryError */
     /* ampc._cuda, loaded on first use (cuda_backend.c) */
     const ampc_cuda_api *cuda;
@@ -44,6 +46,16 @@ typedef struct {
 } ampc_state;
 
 extern PyModuleDef ampc_module_def;
+
+/* Raise an exception taken by ampc_take_exception (stolen). */
+static inline void ampc_restore_exception(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(exc)), exc, PyException_GetTraceback(exc));
+#endif
+}
 
 /* Take the raised exception (normalised), clearing it; NULL if none. */
 static inline PyObject *ampc_take_exception(void)
@@ -75,7 +87,6 @@ static inline ampc_state *ampc_state_of(PyObject *module)
 /* ------------------------------------------------------------------------ */
 
 extern const char *const ampc_dtype_names[AMPC_NUM_DTYPES];
-extern const int64_t ampc_dtype_itemsize[AMPC_NUM_DTYPES];
 
 int ampc_dtype_init(ampc_state *st);
 /* ampc's dtype for a NumPy descriptor, or -1 (no exception set). */
@@ -140,6 +151,11 @@ PyObject *ampc_array_from_dlpack(ampc_state *st, void *managed, int versioned,
  * order (NumPy's order='K'), and dtype `dtype`: an ndarray on the CPU, an
  * ampc.Array in ampc's pool on a GPU. Fills `out` with its view. */
 PyObject *ampc_empty_like(ampc_state *st, const ampc_view *like, ampc_dtype dtype, ampc_view *out);
+/* The same for a given shape (strides in bytes, or NULL for C order). */
+PyObject *ampc_array_empty(ampc_state *st, ampc_device device, ampc_dtype dtype, int ndim,
+                           const int64_t *shape, const int64_t *strides, ampc_view *out);
+/* An ampc.Array over memory `owner` keeps alive (view->owner is ignored). */
+PyObject *ampc_array_view_into(ampc_state *st, PyObject *owner, const ampc_view *view);
 
 /* ------------------------------------------------------------------------ */
 /* DLPack (dlpack.c)                                                         */
@@ -170,6 +186,12 @@ void *ampc_current_stream(int device, PyObject **owner);
 long long ampc_dlpack_stream_arg(void *stream);
 
 extern PyMethodDef ampc_cuda_methods[];
+
+/* ------------------------------------------------------------------------ */
+/* GradScaler (scaler.c)                                                     */
+/* ------------------------------------------------------------------------ */
+
+int ampc_scaler_type_init(PyObject *module, ampc_state *st);
 
 /* ------------------------------------------------------------------------ */
 /* Casts (cast.c)                                                            */

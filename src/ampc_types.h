@@ -37,6 +37,17 @@ typedef enum {
 #define AMPC_NUM_FLOAT_DTYPES 4
 #define AMPC_DTYPE_IS_FLOAT(d) ((unsigned)(d) < AMPC_NUM_FLOAT_DTYPES)
 
+/* Bytes per element. */
+static inline int64_t ampc_dtype_size(ampc_dtype d)
+{
+    switch (d) {
+    case AMPC_FLOAT64: case AMPC_INT64: case AMPC_UINT64: return 8;
+    case AMPC_FLOAT32: case AMPC_INT32: case AMPC_UINT32: return 4;
+    case AMPC_FLOAT16: case AMPC_BFLOAT16: case AMPC_INT16: case AMPC_UINT16: return 2;
+    default: return 1;
+    }
+}
+
 typedef enum {
     AMPC_DEVICE_CPU = 0,
     AMPC_DEVICE_CUDA = 1,

@@ -90,25 +90,49 @@ PyObject *ampc_array_from_dlpack(ampc_state *st, void *managed, int versioned, c
 
 PyObject *ampc_empty_like(ampc_state *st, const ampc_view *like, ampc_dtype dtype, ampc_view *out)
 {
-    const int64_t itemsize = ampc_dtype_itemsize[dtype];
-    ampc_view v = *like;
-    v.dtype = dtype;
-    v.readonly = 0;
-    v.owner = NULL;
-    v.source = NULL;
-    ampc_layout_korder_strides(like->ndim, like->shape, like->strides, itemsize, v.strides);
+    int64_t strides[AMPC_MAX_NDIM];
+    ampc_layout_korder_strides(like->ndim, like->shape, like->strides, ampc_dtype_size(dtype), strides);
+    return ampc_array_empty(st, like->device, dtype, like->ndim, like->shape, strides, out);
+}
 
-    if (like->device.type == AMPC_DEVICE_CPU) {
-        npy_intp dims[AMPC_MAX_NDIM], strides[AMPC_MAX_NDIM];
+PyObject *ampc_array_empty(ampc_state *st, ampc_device device, ampc_dtype dtype, int ndim,
+                           const int64_t *shape, const int64_t *strides, ampc_view *out)
+{
+    const int64_t itemsize = ampc_dtype_size(dtype);
+    ampc_view v = {0};
+    v.dtype = dtype;
+    v.ndim = ndim;
+    v.device = device;
+    v.numel = ampc_layout_numel(ndim, shape, itemsize);
+    if (v.numel < 0) {
+        PyErr_SetString(PyExc_ValueError, "array too large");
+        return NULL;
+    }
+    for (int d = 0; d < ndim; d++)
+        v.shape[d] = shape[d];
+    if (strides != NULL) {
+        for (int d = 0; d < ndim; d++)
+            v.strides[d] = strides[d];
+    }
+    else {
+        int64_t step = itemsize;
+        for (int d = ndim - 1; d >= 0; d--) {
+            v.strides[d] = step;
+            step *= shape[d] > 0 ? shape[d] : 1;
+        }
+    }
+
+    if (device.type == AMPC_DEVICE_CPU) {
+        npy_intp dims[AMPC_MAX_NDIM], npy_strides[AMPC_MAX_NDIM];
         for (int d = 0; d < v.ndim; d++) {
             dims[d] = (npy_intp)v.shape[d];
-            strides[d] = (npy_intp)v.strides[d];
+            npy_strides[d] = (npy_intp)v.strides[d];
         }
         PyArray_Descr *descr = st->descr[dtype];
         Py_INCREF(descr);
         /* With data == NULL, NumPy allocates numel * itemsize bytes and keeps
          * the given (dense) strides. */
-        PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, v.ndim, dims, strides, NULL, 0, NULL);
+        PyObject *a = PyArray_NewFromDescr(&PyArray_Type, descr, v.ndim, dims, npy_strides, NULL, 0, NULL);
         if (a == NULL)
             return NULL;
         v.data = PyArray_BYTES((PyArrayObject *)a);
@@ -118,12 +142,12 @@ PyObject *ampc_empty_like(ampc_state *st, const ampc_view *like, ampc_dtype dtyp
     }
 
     PyObject *stream_owner = NULL;
-    const int device = like->device.index;
-    v.stream = ampc_current_stream(device, &stream_owner);
+    const int index = device.index;
+    v.stream = ampc_current_stream(index, &stream_owner);
     const size_t nbytes = (size_t)(v.numel * itemsize);
     void *ptr = NULL;
     if (nbytes > 0) {
-        const int status = st->cuda->alloc(device, nbytes, v.stream, &ptr);
+        const int status = st->cuda->alloc(index, nbytes, v.stream, &ptr);
         if (status != AMPC_OK) {
             ampc_cuda_raise(st, status, "allocating GPU memory");
             return NULL;
@@ -133,7 +157,7 @@ PyObject *ampc_empty_like(ampc_state *st, const ampc_view *like, ampc_dtype dtyp
     ArrayObject *self = array_alloc(st, &v);
     if (self == NULL) {
         if (ptr)
-            st->cuda->free(device, ptr, nbytes, v.stream);
+            st->cuda->free(index, ptr, nbytes, v.stream);
         return NULL;
     }
     self->cuda = st->cuda;
@@ -142,6 +166,18 @@ PyObject *ampc_empty_like(ampc_state *st, const ampc_view *like, ampc_dtype dtyp
     Py_XINCREF(stream_owner);
     self->stream_owner = stream_owner;
     *out = v;
+    return (PyObject *)self;
+}
+
+PyObject *ampc_array_view_into(ampc_state *st, PyObject *owner, const ampc_view *view)
+{
+    ArrayObject *self = array_alloc(st, view);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(owner);
+    self->base = owner;
+    if (view->device.type == AMPC_DEVICE_CUDA)
+        self->cuda = st->cuda;
     return (PyObject *)self;
 }
 
@@ -414,12 +450,12 @@ static PyObject *Array_get_size(PyObject *op, void *Py_UNUSED(c))
 
 static PyObject *Array_get_itemsize(PyObject *op, void *Py_UNUSED(c))
 {
-    return PyLong_FromLongLong(ampc_dtype_itemsize[ARRAY(op)->view.dtype]);
+    return PyLong_FromLongLong(ampc_dtype_size(ARRAY(op)->view.dtype));
 }
 
 static PyObject *Array_get_nbytes(PyObject *op, void *Py_UNUSED(c))
 {
-    return PyLong_FromLongLong(ARRAY(op)->view.numel * ampc_dtype_itemsize[ARRAY(op)->view.dtype]);
+    return PyLong_FromLongLong(ARRAY(op)->view.numel * ampc_dtype_size(ARRAY(op)->view.dtype));
 }
 
 static PyObject *Array_get_device(PyObject *op, void *Py_UNUSED(c))

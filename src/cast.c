@@ -50,8 +50,8 @@ static int overlaps(const ampc_view *a, const ampc_view *b)
             return 0;
     }
     int64_t alo, ahi, blo, bhi;
-    ampc_layout_extent(a->ndim, a->shape, a->strides, ampc_dtype_itemsize[a->dtype], &alo, &ahi);
-    ampc_layout_extent(b->ndim, b->shape, b->strides, ampc_dtype_itemsize[b->dtype], &blo, &bhi);
+    ampc_layout_extent(a->ndim, a->shape, a->strides, ampc_dtype_size(a->dtype), &alo, &ahi);
+    ampc_layout_extent(b->ndim, b->shape, b->strides, ampc_dtype_size(b->dtype), &blo, &bhi);
     const uintptr_t a0 = (uintptr_t)a->data + (uintptr_t)alo, a1 = (uintptr_t)a->data + (uintptr_t)ahi;
     const uintptr_t b0 = (uintptr_t)b->data + (uintptr_t)blo, b1 = (uintptr_t)b->data + (uintptr_t)bhi;
     return a0 < b1 && b0 < a1;
@@ -136,7 +136,7 @@ static int check_out(const ampc_view *out, const ampc_view *x, int have_dtype, a
         return -1;
     }
     if (ampc_layout_has_internal_overlap(out->ndim, out->shape, out->strides,
-                                         ampc_dtype_itemsize[out->dtype])) {
+                                         ampc_dtype_size(out->dtype))) {
         PyErr_SetString(PyExc_ValueError, "cast: out has elements that share memory (zero or "
                         "overlapping strides)");
         return -1;

@@ -16,19 +16,7 @@
 #endif
 #endif
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>
-/* All exceptions masked, round to nearest even, no flush-to-zero and no
- * denormals-are-zero: the hardware float64 <-> float32 conversions are then
- * exact IEEE, whatever another library left in the caller's MXCSR. */
-#define DEFAULT_MXCSR 0x1f80u
-#define FPENV_ENTER() const unsigned saved_mxcsr = _mm_getcsr(); _mm_setcsr(DEFAULT_MXCSR)
-#define FPENV_LEAVE() _mm_setcsr(saved_mxcsr)
-#else
-/* Elsewhere only the portable kernels run, and they use no floating point. */
-#define FPENV_ENTER() (void)0
-#define FPENV_LEAVE() (void)0
-#endif
+#include "fpenv.h"
 
 /* Below this many elements a cast stays on one thread: waking workers costs
  * more than it saves. */
@@ -45,8 +33,6 @@
  * stores, streaming into populated pages is faster than either (measured
  * with and without transparent huge pages). */
 #define STREAMING_MIN_BYTES (8 << 20)
-
-static const int64_t itemsize[AMPC_NUM_FLOAT_DTYPES] = {4, 2, 2, 8};
 
 typedef struct {
     const ampc_loop *loop;
@@ -85,7 +71,7 @@ static void cast_range(void *arg, int64_t begin, int64_t end)
     ampc_cursor cursor;
     ampc_cast_contig_fn contig = job->streaming ? job->streaming : job->contig;
 
-    FPENV_ENTER();
+    AMPC_FPENV_ENTER();
     int64_t run = ampc_cursor_seek(loop, &cursor, begin);
     /* A fresh output is dense in the loop's order: this range's bytes are contiguous. */
     if (job->populate && !populate(cursor.ptrs[0], (end - begin) * job->dst_size))
@@ -100,7 +86,7 @@ static void cast_range(void *arg, int64_t begin, int64_t end)
         if (pos < end)
             run = ampc_cursor_step(loop, &cursor, n);
     }
-    FPENV_LEAVE();
+    AMPC_FPENV_LEAVE();
 }
 
 void ampc_cast_cpu(const ampc_loop *loop, ampc_dtype dst, ampc_dtype src, int fresh_output)
@@ -109,15 +95,15 @@ void ampc_cast_cpu(const ampc_loop *loop, ampc_dtype dst, ampc_dtype src, int fr
         return;
     const ampc_cast_table *table = ampc_isa_table(ampc_isa_active());
     const ampc_cast_contig_fn contig = table->contig[dst][src];
-    const int large = loop->numel * itemsize[dst] >= STREAMING_MIN_BYTES;
+    const int large = loop->numel * ampc_dtype_size(dst) >= STREAMING_MIN_BYTES;
     cast_job job = {
         .loop = loop,
         .contig = contig ? contig : ampc_cast_portable.contig[dst][src],
         .streaming = large ? table->streaming[dst][src] : NULL,
         .strided = ampc_cast_strided[dst][src],
         .populate = large && fresh_output && table->streaming[dst][src],
-        .dst_size = itemsize[dst],
-        .src_size = itemsize[src],
+        .dst_size = ampc_dtype_size(dst),
+        .src_size = ampc_dtype_size(src),
     };
     ampc_parallel_for(loop->numel, MIN_ELEMENTS_PER_THREAD, THREAD_ALIGN, cast_range, &job);
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include "ampc_types.h"
 #include "layout.h"
+#include "unscale.h"
 
 typedef void (*ampc_cast_contig_fn)(const void *src, void *dst, int64_t n);
 typedef void (*ampc_cast_strided_fn)(const char *src, int64_t src_stride,
@@ -48,6 +49,8 @@ int ampc_isa_supported(ampc_isa isa);
 ampc_isa ampc_isa_best(void);
 const char *ampc_isa_name(ampc_isa isa);
 const ampc_cast_table *ampc_isa_table(ampc_isa isa);
+/* The unscale kernels that go with an instruction set. */
+const ampc_unscale_table *ampc_isa_unscale_table(ampc_isa isa);
 /* The instruction set casts use now: the best one, unless a test forced another. */
 ampc_isa ampc_isa_active(void);
 void ampc_isa_set_active(ampc_isa isa);

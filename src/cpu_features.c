@@ -80,6 +80,14 @@ const char *ampc_isa_name(ampc_isa isa) { return tables[isa]->name; }
 
 const ampc_cast_table *ampc_isa_table(ampc_isa isa) { return tables[isa]; }
 
+/* AVX512-BF16 changes only how casts round to bfloat16; unscale rounds the
+ * same way with the AVX-512 kernels. */
+static const ampc_unscale_table *const unscale_tables[AMPC_ISA_COUNT] = {
+    &ampc_unscale_portable, &ampc_unscale_avx2, &ampc_unscale_avx512, &ampc_unscale_avx512,
+};
+
+const ampc_unscale_table *ampc_isa_unscale_table(ampc_isa isa) { return unscale_tables[isa]; }
+
 int ampc_isa_from_name(const char *name)
 {
     for (int isa = 0; isa < AMPC_ISA_COUNT; isa++)

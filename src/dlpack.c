@@ -50,7 +50,7 @@ static int dtype_from_dl(DLDataType t)
 
 static DLDataType dtype_to_dl(ampc_dtype d)
 {
-    DLDataType t = {kDLFloat, (uint8_t)(ampc_dtype_itemsize[d] * 8), 1};
+    DLDataType t = {kDLFloat, (uint8_t)(ampc_dtype_size(d) * 8), 1};
     if (d == AMPC_BFLOAT16)
         t.code = kDLBfloat;
     else if (d == AMPC_BOOL)
@@ -97,7 +97,7 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
         return -1;
     }
     v->dtype = (ampc_dtype)dtype;
-    const int64_t itemsize = ampc_dtype_itemsize[dtype];
+    const int64_t itemsize = ampc_dtype_size(dtype);
     if (t->ndim < 0 || t->ndim > AMPC_MAX_NDIM) {
         PyErr_Format(PyExc_BufferError, "%s: DLPack ndim %d is outside 0..%d", argname,
                      (int)t->ndim, AMPC_MAX_NDIM);
@@ -397,7 +397,7 @@ static void capsule_destructor(PyObject *capsule)
 PyObject *ampc_dlpack_export(const ampc_view *v, PyObject *owner, int versioned,
                              unsigned minor, int copied)
 {
-    const int64_t itemsize = ampc_dtype_itemsize[v->dtype];
+    const int64_t itemsize = ampc_dtype_size(v->dtype);
     for (int d = 0; d < v->ndim; d++) {
         if (v->strides[d] % itemsize != 0 && v->shape[d] > 1) {
             PyErr_SetString(PyExc_BufferError, "cannot export through DLPack: a stride is not a "

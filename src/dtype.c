@@ -16,8 +16,6 @@ const char *const ampc_dtype_names[AMPC_NUM_DTYPES] = {
     "int32", "int64", "uint8", "uint16", "uint32", "uint64",
 };
 
-const int64_t ampc_dtype_itemsize[AMPC_NUM_DTYPES] = {4, 2, 2, 8, 1, 1, 2, 4, 8, 1, 2, 4, 8};
-
 /* Accepted names; torch dtypes are read through their names too
  * (str(torch.half) == "torch.float16"). */
 static const struct {

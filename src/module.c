@@ -157,6 +157,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->converters);
     Py_VISIT(st->converter_for);
     Py_VISIT(st->cuda_error);
+    Py_VISIT(st->argument_error);
+    Py_VISIT(st->scaler_type);
     Py_VISIT(st->oom_error);
     Py_VISIT(st->cuda_module);
     Py_VISIT(st->cuda_load_error);
@@ -172,6 +174,8 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->converters);
     Py_CLEAR(st->converter_for);
     Py_CLEAR(st->cuda_error);
+    Py_CLEAR(st->argument_error);
+    Py_CLEAR(st->scaler_type);
     Py_CLEAR(st->oom_error);
     Py_CLEAR(st->cuda_module);
     Py_CLEAR(st->cuda_load_error);
@@ -205,6 +209,19 @@ static int module_exec(PyObject *module)
         "ampc.OutOfMemoryError", "ampc could not allocate GPU memory.", bases, NULL);
     Py_DECREF(bases);
     if (st->oom_error == NULL || PyModule_AddObjectRef(module, "OutOfMemoryError", st->oom_error) < 0)
+        return -1;
+    /* Where torch asserts on an argument: catchable as either, and unlike an
+     * assert it survives python -O. */
+    bases = PyTuple_Pack(2, PyExc_ValueError, PyExc_AssertionError);
+    if (bases == NULL)
+        return -1;
+    st->argument_error = PyErr_NewExceptionWithDoc(
+        "ampc.ArgumentError", "A bad argument where PyTorch asserts: both a ValueError and an AssertionError.",
+        bases, NULL);
+    Py_DECREF(bases);
+    if (st->argument_error == NULL || PyModule_AddObjectRef(module, "ArgumentError", st->argument_error) < 0)
+        return -1;
+    if (ampc_scaler_type_init(module, st) < 0)
         return -1;
     if (PyModule_AddFunctions(module, module_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cast_methods) < 0 ||

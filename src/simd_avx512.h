@@ -1,6 +1,6 @@
 /*
  * simd_avx512.h: loads, stores and streaming stores of 16 float32 lanes for
- * the two AVX-512 tables (cast_avx512.c, cast_avx512bf16.c). They differ only
+ * the two AVX-512 files (kernels_avx512.c, kernels_avx512bf16.c). Their casts differ only
  * in how they round float32 to bfloat16: each defines round_bf16. Include
  * after the file's target pragma.
  */
@@ -37,7 +37,7 @@ static inline simd_f32 load_f64(const char *p)
                                                _mm256_castps_pd(hi), 1));
 }
 
-/* float32 -> bfloat16 in integer arithmetic (see cast_avx2.c), 16 lanes. */
+/* float32 -> bfloat16 in integer arithmetic (see kernels_avx2.c), 16 lanes. */
 static inline __m256i bf16_round_integer(simd_f32 v)
 {
     const __m512i b = _mm512_castps_si512(v);
@@ -80,5 +80,28 @@ static inline void stream_f64(char *p, simd_f32 v)
     _mm512_stream_pd((double *)p, low_f64(v));
     _mm512_stream_pd((double *)p + 8, high_f64(v));
 }
+
+/* For simd_unscale.h. */
+typedef __mmask16 simd_acc;
+static inline simd_acc simd_acc_zero(void) { return 0; }
+static inline simd_acc simd_nonfinite(simd_acc acc, simd_f32 v)
+{
+    const __m512i exponent = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7f800000));
+    return acc | _mm512_cmpeq_epi32_mask(exponent, _mm512_set1_epi32(0x7f800000));
+}
+static inline int simd_any(simd_acc acc) { return acc != 0; }
+
+typedef struct {
+    __m512d lo, hi;
+} simd_dacc;
+static inline simd_dacc simd_dacc_zero(void) { return (simd_dacc){_mm512_setzero_pd(), _mm512_setzero_pd()}; }
+static inline simd_dacc simd_sumsq(simd_dacc a, simd_f32 v)
+{
+    const __m512d lo = low_f64(v), hi = high_f64(v);
+    return (simd_dacc){_mm512_fmadd_pd(lo, lo, a.lo), _mm512_fmadd_pd(hi, hi, a.hi)};
+}
+static inline double simd_dacc_sum(simd_dacc a) { return _mm512_reduce_add_pd(_mm512_add_pd(a.lo, a.hi)); }
+static inline simd_f32 simd_mul(simd_f32 a, simd_f32 b) { return _mm512_mul_ps(a, b); }
+static inline simd_f32 simd_set1(float x) { return _mm512_set1_ps(x); }
 
 #endif /* AMPC_SIMD_AVX512_H */

@@ -1,6 +1,6 @@
 /*
  * simd_loops.h: the contiguous conversion loops, written once for every
- * instruction set. Included by one cast_<isa>.c file per table, after that
+ * instruction set. Included by one kernels_<isa>.c file per table, after that
  * file has defined, for its vector width SIMD_WIDTH of float32 lanes:
  *
  *   simd_f32 load_<t>(const char *p)       SIMD_WIDTH elements of type t, as float32

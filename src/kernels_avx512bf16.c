@@ -1,9 +1,10 @@
 /*
- * cast_avx512bf16.c: the AVX-512 kernels with float32 -> bfloat16 done by the
+ * kernels_avx512bf16.c: the AVX-512 casts with float32 -> bfloat16 done by the
  * AVX512-BF16 instruction (VCVTNEPS2BF16): nearest even and quiet NaNs as in
  * fp_formats.h, but it treats float32 subnormal inputs as zero whatever the
  * MXCSR says. Lanes holding a subnormal are therefore redone in integer
  * arithmetic; real data almost never has one, so that branch is rarely taken.
+ * (Unscale uses kernels_avx512.c's table: the rounding is the same.)
  */
 #include "cast_cpu.h"
 

@@ -1,5 +1,6 @@
 /*
- * cast_avx2.c: conversion kernels for AVX2 + F16C, 8 float32 lanes.
+ * kernels_avx2.c: the CPU kernels for AVX2 + F16C, 8 float32 lanes: casts
+ * (simd_loops.h) and unscale (simd_unscale.h).
  *
  * float16 uses the F16C instructions, which round to nearest even, keep
  * subnormals and quiet NaNs exactly as fp_formats.h does. bfloat16 has no
@@ -9,6 +10,7 @@
  * driver runs under the default MXCSR (nearest even, no flush to zero).
  */
 #include "cast_cpu.h"
+#include "unscale.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC target("avx2,f16c,fma")
@@ -79,11 +81,42 @@ static inline void stream_f64(char *p, simd_f32 v)
     _mm256_stream_pd((double *)p + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
 }
 
+typedef __m256i simd_acc;
+static inline simd_acc simd_acc_zero(void) { return _mm256_setzero_si256(); }
+static inline simd_acc simd_nonfinite(simd_acc acc, simd_f32 v)
+{
+    const __m256i exponent = _mm256_and_si256(_mm256_castps_si256(v), _mm256_set1_epi32(0x7f800000));
+    return _mm256_or_si256(acc, _mm256_cmpeq_epi32(exponent, _mm256_set1_epi32(0x7f800000)));
+}
+static inline int simd_any(simd_acc acc) { return !_mm256_testz_si256(acc, acc); }
+
+typedef struct {
+    __m256d lo, hi;
+} simd_dacc;
+static inline simd_dacc simd_dacc_zero(void) { return (simd_dacc){_mm256_setzero_pd(), _mm256_setzero_pd()}; }
+static inline simd_dacc simd_sumsq(simd_dacc a, simd_f32 v)
+{
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    return (simd_dacc){_mm256_fmadd_pd(lo, lo, a.lo), _mm256_fmadd_pd(hi, hi, a.hi)};
+}
+static inline double simd_dacc_sum(simd_dacc a)
+{
+    const __m256d s = _mm256_add_pd(a.lo, a.hi);
+    const __m128d t = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(t, _mm_unpackhi_pd(t, t)));
+}
+static inline simd_f32 simd_mul(simd_f32 a, simd_f32 b) { return _mm256_mul_ps(a, b); }
+static inline simd_f32 simd_set1(float x) { return _mm256_set1_ps(x); }
+
 #define SIMD_NAME(x) avx2_##x
 #define SIMD_TABLE ampc_cast_avx2
 #define SIMD_LABEL "avx2"
+#define SIMD_UNSCALE_TABLE ampc_unscale_avx2
 #include "simd_loops.h"
+#include "simd_unscale.h"
 
 #else
 const ampc_cast_table ampc_cast_avx2 = {"avx2", {{NULL}}, {{NULL}}};
+const ampc_unscale_table ampc_unscale_avx2 = {{NULL}, {NULL}};
 #endif

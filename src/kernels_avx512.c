@@ -1,8 +1,10 @@
 /*
- * cast_avx512.c: conversion kernels for AVX-512 (F, BW, VL), 16 float32
- * lanes; bfloat16 rounded in integer arithmetic. See simd_avx512.h.
+ * kernels_avx512.c: the CPU kernels for AVX-512 (F, BW, VL), 16 float32
+ * lanes: casts (bfloat16 rounded in integer arithmetic) and unscale. See
+ * simd_avx512.h.
  */
 #include "cast_cpu.h"
+#include "unscale.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")
@@ -13,8 +15,11 @@ static inline __m256i round_bf16(simd_f32 v) { return bf16_round_integer(v); }
 #define SIMD_NAME(x) avx512_##x
 #define SIMD_TABLE ampc_cast_avx512
 #define SIMD_LABEL "avx512"
+#define SIMD_UNSCALE_TABLE ampc_unscale_avx512
 #include "simd_loops.h"
+#include "simd_unscale.h"
 
 #else
 const ampc_cast_table ampc_cast_avx512 = {"avx512", {{NULL}}, {{NULL}}};
+const ampc_unscale_table ampc_unscale_avx512 = {{NULL}, {NULL}};
 #endif

@@ -1,0 +1,175 @@
+/*
+ * grads.c: an optimizer's gradients as kernels see them.
+ *
+ * An optimizer is anything with `param_groups` (a list of dicts whose
+ * "params" is an iterable of parameters) whose parameters have a `.grad`:
+ * None, a NumPy array, or any DLPack buffer (torch, CuPy, ampc). All of
+ * them are read and checked before any kernel runs, so a bad gradient
+ * leaves every gradient untouched: wrong dtype (TypeError), float16 where
+ * torch refuses it, read-only or self-overlapping (ValueError).
+ */
+#include "ampc.h"
+
+#include <string.h>
+#include "grads.h"
+
+static void describe(char *buf, size_t size, int group, int index)
+{
+    snprintf(buf, size, "optimizer.param_groups[%d]['params'][%d].grad", group, index);
+}
+
+void ampc_grads_release(ampc_grads *g)
+{
+    for (int64_t i = 0; i < g->n; i++) {
+        ampc_view_release(&g->entries[i].view);
+        Py_XDECREF(g->entries[i].param);
+    }
+    PyMem_Free(g->entries);
+    PyMem_Free(g->refs);
+    memset(g, 0, sizeof *g);
+}
+
+static int grow(ampc_grads *g)
+{
+    if (g->n < g->capacity)
+        return 0;
+    const int64_t capacity = g->capacity ? 2 * g->capacity : 64;
+    ampc_grad_entry *entries = PyMem_Realloc(g->entries, (size_t)capacity * sizeof *entries);
+    if (entries == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->entries = entries;
+    g->capacity = capacity;
+    return 0;
+}
+
+/* Check one gradient and describe it for the kernels. */
+static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *grad, int group, int index,
+                    int allow_fp16, int for_writing)
+{
+    char name[96];
+    describe(name, sizeof name, group, index);
+    if (grow(g) < 0)
+        return -1;
+    ampc_grad_entry *e = &g->entries[g->n];
+    memset(e, 0, sizeof *e);
+    if (ampc_view_from_object(st, grad, name, for_writing ? AMPC_FOR_WRITING : AMPC_FOR_READING, &e->view) < 0)
+        return -1;
+    g->n++;  /* from here on released with the list */
+    Py_INCREF(param);
+    e->param = param;
+    e->group = group;
+    e->index = index;
+    const ampc_view *v = &e->view;
+    if (!AMPC_DTYPE_IS_FLOAT(v->dtype)) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %s; gradients must be float32, float16, bfloat16 "
+                     "or float64", name, ampc_dtype_names[v->dtype]);
+        return -1;
+    }
+    if (v->dtype == AMPC_FLOAT16 && !allow_fp16) {
+        PyErr_SetString(PyExc_ValueError, "Attempting to unscale FP16 gradients.");
+        return -1;
+    }
+    if (for_writing && v->readonly) {
+        PyErr_Format(PyExc_ValueError, "%s is read-only", name);
+        return -1;
+    }
+    if (for_writing && ampc_layout_has_internal_overlap(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype))) {
+        PyErr_Format(PyExc_ValueError, "%s has elements that share memory (zero or overlapping "
+                     "strides); unscaling it would scale them twice", name);
+        return -1;
+    }
+    char *data[1] = {v->data};
+    const int64_t *strides[1] = {v->strides};
+    ampc_loop_init(&e->loop, 1, v->ndim, v->shape, data, strides);
+    e->dense = e->loop.ndim == 0 || (e->loop.ndim == 1 && e->loop.strides[0][0] == ampc_dtype_size(v->dtype));
+    return 0;
+}
+
+int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int for_writing, ampc_grads *g)
+{
+    PyObject *groups = NULL, *group_iter = NULL, *group = NULL, *params = NULL, *param_iter = NULL,
+             *param = NULL, *grad = NULL;
+    int rc = -1;
+    memset(g, 0, sizeof *g);
+    groups = PyObject_GetAttrString(optimizer, "param_groups");
+    if (groups == NULL)
+        goto done;
+    group_iter = PyObject_GetIter(groups);
+    if (group_iter == NULL)
+        goto done;
+    for (int gi = 0; (group = PyIter_Next(group_iter)) != NULL; gi++) {
+        params = PyMapping_GetItemString(group, "params");
+        if (params == NULL)
+            goto done;
+        param_iter = PyObject_GetIter(params);
+        if (param_iter == NULL)
+            goto done;
+        for (int pi = 0; (param = PyIter_Next(param_iter)) != NULL; pi++) {
+            grad = PyObject_GetAttrString(param, "grad");
+            if (grad == NULL)
+                goto done;
+            if (grad != Py_None && add_grad(st, g, param, grad, gi, pi, allow_fp16, for_writing) < 0)
+                goto done;
+            Py_CLEAR(grad);
+            Py_CLEAR(param);
+        }
+        if (PyErr_Occurred())
+            goto done;
+        Py_CLEAR(param_iter);
+        Py_CLEAR(params);
+        Py_CLEAR(group);
+    }
+    if (PyErr_Occurred())
+        goto done;
+
+    /* Devices, and the refs the kernels take, grouped by device. */
+    g->refs = PyMem_Malloc((size_t)(g->n > 0 ? g->n : 1) * sizeof *g->refs);
+    if (g->refs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int64_t i = 0; i < g->n; i++) {
+        const ampc_device dev = g->entries[i].view.device;
+        int d = 0;
+        while (d < g->ndevices && !(g->devices[d].type == dev.type && g->devices[d].index == dev.index))
+            d++;
+        if (d == g->ndevices) {
+            if (g->ndevices == AMPC_GRADS_MAX_DEVICES) {
+                PyErr_SetString(PyExc_ValueError, "the optimizer's gradients are on more devices than "
+                                "ampc's GradScaler handles at once");
+                goto done;
+            }
+            g->devices[g->ndevices++] = dev;
+        }
+        g->entries[i].device_slot = d;
+    }
+    int64_t k = 0;
+    for (int d = 0; d < g->ndevices; d++) {
+        g->first[d] = k;
+        for (int64_t i = 0; i < g->n; i++) {
+            ampc_grad_entry *e = &g->entries[i];
+            if (e->device_slot != d)
+                continue;
+            ampc_grad_ref *r = &g->refs[k++];
+            r->data = e->dense ? e->loop.data[0] : e->view.data;
+            r->numel = e->view.numel;
+            r->dtype = e->view.dtype;
+            r->loop = e->dense ? NULL : &e->loop;
+        }
+        g->count[d] = k - g->first[d];
+    }
+    rc = 0;
+done:
+    Py_XDECREF(grad);
+    Py_XDECREF(param);
+    Py_XDECREF(param_iter);
+    Py_XDECREF(params);
+    Py_XDECREF(group);
+    Py_XDECREF(group_iter);
+    Py_XDECREF(groups);
+    if (rc < 0)
+        ampc_grads_release(g);
+    return rc;
+}

@@ -1,0 +1,1749 @@
+/*
+ * scaler.c: ampc.GradScaler, torch.amp.GradScaler's behaviour in C.
+ *
+ * The scale, its growth tracker and the found_inf flags live in one block of
+ * memory (scaler_rule.h) on the device of the first tensor scale() meets,
+ * created then, as torch creates its scale tensors lazily. Gradients on one
+ * other device (the CPU beside a GPU, or the reverse) get a second block
+ * holding a copy of the scale and their own flags. On a GPU nothing waits
+ * for the device until step() must decide whether to step (or never, for
+ * optimizers that take found_inf themselves); update() is a one-thread kernel.
+ *
+ * Per optimizer (keyed by id(), as torch does): a stage, READY -> UNSCALED ->
+ * STEPPED, and which flag slots hold its inf checks. Error texts, assertion
+ * texts and the order of the checks are torch's (spec/torch-amp.md 1.x), so
+ * that code written against torch.cuda.amp reads the same.
+ *
+ * Beyond torch, all off by default: min_scale / max_scale, hysteresis,
+ * stats(), overflow_report(), and unscale_(..., max_norm=) which clips in the
+ * same pass.
+ */
+#include "ampc.h"
+
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+#include "grads.h"
+#include "scaler_rule.h"
+#include "unscale.h"
+
+enum { READY = 0, UNSCALED = 1, STEPPED = 2 };
+
+typedef struct {
+    ampc_device device;
+    PyObject *owner;            /* the array holding the block */
+    ampc_scaler_block *block;   /* host or device address */
+    void *stream;               /* the stream its contents are ready on (CUDA) */
+    int nflags;                 /* flag slots taken since the last update */
+} scaler_memory;
+
+typedef struct {
+    int stage;
+    int nfound;
+    struct {
+        int memory;             /* index into ScalerObject.memory */
+        int slot;
+    } found[AMPC_GRADS_MAX_DEVICES];
+} opt_state;
+
+typedef struct {
+    PyObject_HEAD
+    int enabled;
+    int cuda;                   /* the `device` argument is "cuda" (else "cpu") */
+    double init_scale;
+    double growth_factor;
+    double backoff_factor;
+    int64_t growth_interval;
+    int64_t init_growth_tracker;
+    double min_scale;           /* 0: none */
+    double max_scale;           /* inf: none */
+    int hysteresis;
+    /* carried over by pickling into the next lazily created block */
+    int init_hysteresis_left;
+    int64_t init_steps, init_skipped;
+    int nmemory;                /* 0 until the first scale() */
+    scaler_memory memory[AMPC_GRADS_MAX_DEVICES];  /* [0]: the scale's own device */
+    PyObject *states;           /* dict: id(optimizer) -> capsule of opt_state */
+} ScalerObject;
+
+#define SCALER(o) ((ScalerObject *)(o))
+#define HEADER_BYTES offsetof(ampc_scaler_block, flags)
+#define OPT_STATE_CAPSULE "ampc.GradScaler.opt_state"
+
+static const char *const SCALE_IS_NONE =
+    "Attempted %s but _scale is None.  This may indicate your script did not use "
+    "scaler.scale(loss or outputs) earlier in the iteration.";
+
+static ampc_state *state_of(PyObject *self) { return ampc_state_from_type(Py_TYPE(self)); }
+
+static int same_device(ampc_device a, ampc_device b) { return a.type == b.type && a.index == b.index; }
+
+static ampc_scale_rule rule_of(const ScalerObject *s)
+{
+    ampc_scale_rule r = {s->growth_factor, s->backoff_factor, s->min_scale, s->max_scale,
+                         s->growth_interval, s->hysteresis};
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The memory blocks                                                         */
+/* ------------------------------------------------------------------------ */
+
+static void *stream_for(const scaler_memory *m)
+{
+    return m->device.type == AMPC_DEVICE_CUDA ? ampc_current_stream(m->device.index, NULL) : NULL;
+}
+
+/* Copy between a block and host memory. */
+static int block_copy(ampc_state *st, scaler_memory *m, void *host, void *device_addr, size_t nbytes,
+                      int to_host)
+{
+    if (m->device.type == AMPC_DEVICE_CPU) {
+        if (to_host)
+            memcpy(host, device_addr, nbytes);
+        else
+            memcpy(device_addr, host, nbytes);
+        return 0;
+    }
+    const int d = m->device.index;
+    const int status = to_host ? st->cuda->copy(-1, host, d, device_addr, nbytes, stream_for(m))
+                               : st->cuda->copy(d, device_addr, -1, host, nbytes, stream_for(m));
+    return status == AMPC_OK ? 0 : ampc_cuda_raise(st, status, "GradScaler");
+}
+
+static int read_header(ampc_state *st, ScalerObject *self, ampc_scaler_block *out)
+{
+    return block_copy(st, &self->memory[0], out, self->memory[0].block, HEADER_BYTES, 1);
+}
+
+static int write_header(ampc_state *st, ScalerObject *self, ampc_scaler_block *in)
+{
+    return block_copy(st, &self->memory[0], in, self->memory[0].block, HEADER_BYTES, 0);
+}
+
+/* A new block on `device`; the scale's own (master) block when master. */
+static int add_memory(ampc_state *st, ScalerObject *self, ampc_device device, int master)
+{
+    const int64_t shape[1] = {(int64_t)sizeof(ampc_scaler_block)};
+    ampc_view v;
+    PyObject *owner = ampc_array_empty(st, device, AMPC_UINT8, 1, shape, NULL, &v);
+    if (owner == NULL)
+        return -1;
+    scaler_memory *m = &self->memory[self->nmemory];
+    m->device = device;
+    m->owner = owner;
+    m->block = (ampc_scaler_block *)v.data;
+    m->stream = v.stream;
+    m->nflags = 0;
+    ampc_scaler_block init;
+    memset(&init, 0, sizeof init);
+    if (master) {
+        init.scale = (float)self->init_scale;
+        init.growth_tracker = (int32_t)self->init_growth_tracker;
+        init.hysteresis_left = self->init_hysteresis_left;
+        init.steps = self->init_steps;
+        init.skipped = self->init_skipped;
+    }
+    self->nmemory++;
+    if (block_copy(st, m, &init, m->block, sizeof init, 0) < 0) {
+        self->nmemory--;
+        Py_CLEAR(m->owner);
+        return -1;
+    }
+    return 0;
+}
+
+static void drop_memory(ScalerObject *self)
+{
+    for (int i = 0; i < self->nmemory; i++)
+        Py_CLEAR(self->memory[i].owner);
+    self->nmemory = 0;
+}
+
+/* The block for gradients on `device`, creating a second block if needed;
+ * -1 with ValueError when the devices cannot be combined. */
+static int memory_for(ampc_state *st, ScalerObject *self, ampc_device device)
+{
+    for (int i = 0; i < self->nmemory; i++)
+        if (same_device(self->memory[i].device, device))
+            return i;
+    const ampc_device master = self->memory[0].device;
+    if (self->nmemory == AMPC_GRADS_MAX_DEVICES ||
+        (master.type == AMPC_DEVICE_CUDA && device.type == AMPC_DEVICE_CUDA)) {
+        char a[32], b[32];
+        PyErr_Format(PyExc_ValueError, "GradScaler: gradients on %s cannot be combined with the scale "
+                     "on %s (ampc combines the CPU and one GPU)",
+                     ampc_device_str(device, a, sizeof a), ampc_device_str(master, b, sizeof b));
+        return -1;
+    }
+    if (add_memory(st, self, device, 0) < 0)
+        return -1;
+    return self->nmemory - 1;
+}
+
+/* Copy the master scale into a second block before its kernels read it. */
+static int refresh_scale(ampc_state *st, ScalerObject *self, int m)
+{
+    if (m == 0)
+        return 0;
+    float scale;
+    if (block_copy(st, &self->memory[0], &scale, &self->memory[0].block->scale, sizeof scale, 1) < 0)
+        return -1;
+    return block_copy(st, &self->memory[m], &scale, &self->memory[m].block->scale, sizeof scale, 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Per-optimizer states                                                      */
+/* ------------------------------------------------------------------------ */
+
+static void opt_state_free(PyObject *capsule)
+{
+    PyMem_Free(PyCapsule_GetPointer(capsule, OPT_STATE_CAPSULE));
+}
+
+/* The optimizer's state, created READY when `create`; NULL without an
+ * exception when absent and not created. */
+static opt_state *get_opt_state(ScalerObject *self, PyObject *optimizer, int create)
+{
+    PyObject *key = PyLong_FromVoidPtr(optimizer);
+    if (key == NULL)
+        return NULL;
+    PyObject *capsule = PyDict_GetItemWithError(self->states, key);
+    opt_state *s = NULL;
+    if (capsule != NULL) {
+        s = PyCapsule_GetPointer(capsule, OPT_STATE_CAPSULE);
+    }
+    else if (!PyErr_Occurred() && create) {
+        s = PyMem_Calloc(1, sizeof *s);
+        if (s == NULL) {
+            PyErr_NoMemory();
+        }
+        else {
+            capsule = PyCapsule_New(s, OPT_STATE_CAPSULE, opt_state_free);
+            if (capsule == NULL || PyDict_SetItem(self->states, key, capsule) < 0) {
+                if (capsule == NULL)
+                    PyMem_Free(s);
+                s = NULL;
+            }
+            Py_XDECREF(capsule);
+        }
+    }
+    Py_DECREF(key);
+    return s;
+}
+
+static int check_scale(ScalerObject *self, const char *funcname)
+{
+    if (self->nmemory > 0)
+        return 0;
+    PyErr_Format(PyExc_AssertionError, SCALE_IS_NONE, funcname);
+    return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Unscaling                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* Where `n` flags per device can go, checked before any kernel runs. */
+static int reserve_flags(ScalerObject *self, const int *mem, int ndevices)
+{
+    for (int d = 0; d < ndevices; d++) {
+        if (self->memory[mem[d]].nflags >= AMPC_SCALER_MAX_FLAGS) {
+            PyErr_Format(PyExc_RuntimeError, "GradScaler: more than %d inf checks on one device since "
+                         "the last update()", AMPC_SCALER_MAX_FLAGS);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *float32_scalar(ampc_state *st, ampc_device device, float value)
+{
+    const int64_t shape0[1] = {0};
+    ampc_view v;
+    PyObject *a = ampc_array_empty(st, device, AMPC_FLOAT32, 0, shape0, NULL, &v);
+    if (a == NULL)
+        return NULL;
+    if (device.type == AMPC_DEVICE_CPU) {
+        memcpy(v.data, &value, sizeof value);
+        return a;
+    }
+    const int status = st->cuda->copy(device.index, v.data, -1, &value, sizeof value, v.stream);
+    if (status != AMPC_OK) {
+        Py_DECREF(a);
+        ampc_cuda_raise(st, status, "GradScaler");
+        return NULL;
+    }
+    return a;
+}
+
+/* CPU gradients: check and unscale, or with max_norm > 0 also clip in the
+ * same pass (the norm read first, then one read and write per element with
+ * inv_scale times the clipping coefficient), the norm returned in *norm_out. */
+static int cpu_unscale(ampc_state *st, const ampc_grad_ref *refs, int64_t count, float inv, int check_only,
+                       double max_norm, double norm_type, int *nonfinite, PyObject **norm_out)
+{
+    int status;
+    double norm = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (max_norm > 0) {
+        status = ampc_grad_norm_cpu(refs, count, inv, norm_type, nonfinite, &norm);
+        if (status == 0) {
+            /* torch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6),
+             * at most 1. Where the norm is not finite the step is skipped
+             * anyway; the gradients are then only unscaled. */
+            double coef = max_norm / (norm + 1e-6);
+            if (!(coef < 1.0) || !isfinite(norm))
+                coef = 1.0;
+            int unused;
+            status = ampc_unscale_cpu(refs, count, (float)((double)inv * coef), 0, &unused);
+        }
+    }
+    else {
+        status = ampc_unscale_cpu(refs, count, inv, check_only, nonfinite);
+    }
+    Py_END_ALLOW_THREADS
+    if (status < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (max_norm > 0) {
+        *norm_out = float32_scalar(st, (ampc_device){AMPC_DEVICE_CPU, 0}, (float)norm);
+        if (*norm_out == NULL)
+            return -1;
+    }
+    return 0;
+}
+
+/* unscale_(max_norm=) on a disabled scaler: clip only. */
+static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, double max_norm, double norm_type)
+{
+    ampc_grads g;
+    PyObject *norm = NULL;
+    if (ampc_grads_collect(st, optimizer, 1, 1, &g) < 0)
+        return NULL;
+    if (g.ndevices > 1 || (g.ndevices == 1 && g.devices[0].type == AMPC_DEVICE_CUDA)) {
+        PyErr_SetString(PyExc_NotImplementedError, "unscale_(max_norm=...) of GPU gradients is not built yet");
+    }
+    else {
+        int nonfinite;
+        if (cpu_unscale(st, g.refs, g.n, 1.0f, 0, max_norm, norm_type, &nonfinite, &norm) == 0 && norm == NULL)
+            norm = float32_scalar(st, (ampc_device){AMPC_DEVICE_CPU, 0}, 0.0f);
+    }
+    ampc_grads_release(&g);
+    return norm;
+}
+
+/* Check (and unless check_only, unscale) the optimizer's gradients, device
+ * by device, recording a flag slot per device in `os`. With max_norm > 0,
+ * clip to the total norm in the same pass and return it in *norm_out. */
+static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer, opt_state *os,
+                         int check_only, int allow_fp16, double max_norm, double norm_type,
+                         PyObject **norm_out)
+{
+    ampc_grads g;
+    int mem[AMPC_GRADS_MAX_DEVICES];
+    int rc = -1;
+    if (ampc_grads_collect(st, optimizer, allow_fp16, !check_only, &g) < 0)
+        return -1;
+    for (int d = 0; d < g.ndevices; d++)
+        if ((mem[d] = memory_for(st, self, g.devices[d])) < 0)
+            goto done;
+    if (reserve_flags(self, mem, g.ndevices) < 0)
+        goto done;
+    if (max_norm > 0 && g.ndevices > 1) {
+        PyErr_SetString(PyExc_ValueError, "unscale_(max_norm=...): the gradients must be on one device");
+        goto done;
+    }
+    if (max_norm > 0 && g.ndevices == 1 && g.devices[0].type == AMPC_DEVICE_CUDA) {
+        PyErr_SetString(PyExc_NotImplementedError, "unscale_(max_norm=...) on a GPU is not built yet");
+        goto done;
+    }
+
+    os->nfound = 0;
+    for (int d = 0; d < g.ndevices; d++) {
+        scaler_memory *m = &self->memory[mem[d]];
+        const ampc_grad_ref *refs = g.refs + g.first[d];
+        const int64_t count = g.count[d];
+        if (!check_only && refresh_scale(st, self, mem[d]) < 0)
+            goto done;
+        const int slot = m->nflags++;
+        os->found[os->nfound].memory = mem[d];
+        os->found[os->nfound].slot = slot;
+        os->nfound++;
+        if (m->device.type == AMPC_DEVICE_CUDA) {
+            void *stream = stream_for(m);
+            const int status = st->cuda->unscale(m->device.index, stream, refs, count, m->block, slot, check_only);
+            if (status != AMPC_OK) {
+                ampc_cuda_raise(st, status, "unscale_");
+                goto done;
+            }
+            m->stream = stream;
+            continue;
+        }
+        const float inv = check_only ? 1.0f : ampc_inv_scale(m->block->scale);
+        int nonfinite = 0;
+        if (cpu_unscale(st, refs, count, inv, check_only, max_norm, norm_type, &nonfinite, norm_out) < 0)
+            goto done;
+        m->block->flags[slot] = nonfinite ? 1.0f : 0.0f;
+    }
+    if (max_norm > 0 && *norm_out == NULL) {  /* no gradients: the norm of nothing */
+        *norm_out = float32_scalar(st, self->memory[0].device, 0.0f);
+        if (*norm_out == NULL)
+            goto done;
+    }
+    rc = 0;
+done:
+    ampc_grads_release(&g);
+    return rc;
+}
+
+/* The value of one flag, read on the host (waits for a GPU). */
+static int read_flag(ampc_state *st, ScalerObject *self, int m, int slot, float *out)
+{
+    scaler_memory *mem = &self->memory[m];
+    return block_copy(st, mem, out, &mem->block->flags[slot], sizeof *out, 1);
+}
+
+/* A 0-d float32 array over one float of a block, as the type `like` (NULL:
+ * ndarray / ampc.Array). */
+static PyObject *float_view(ampc_state *st, ScalerObject *self, int m, float *addr, PyTypeObject *like)
+{
+    scaler_memory *mem = &self->memory[m];
+    ampc_view v = {0};
+    v.data = (char *)addr;
+    v.dtype = AMPC_FLOAT32;
+    v.numel = 1;
+    v.device = mem->device;
+    v.stream = mem->stream;
+    PyObject *out;
+    if (mem->device.type == AMPC_DEVICE_CPU) {
+        Py_INCREF(st->descr[AMPC_FLOAT32]);
+        out = PyArray_NewFromDescr(&PyArray_Type, st->descr[AMPC_FLOAT32], 0, NULL, NULL, addr,
+                                   NPY_ARRAY_WRITEABLE, NULL);
+        if (out != NULL && PyArray_SetBaseObject((PyArrayObject *)out, Py_NewRef(mem->owner)) < 0)
+            Py_CLEAR(out);
+    }
+    else {
+        out = ampc_array_view_into(st, mem->owner, &v);
+    }
+    if (out == NULL || like == NULL)
+        return out;
+    return ampc_return_as(st, out, like);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Construction                                                              */
+/* ------------------------------------------------------------------------ */
+
+static void set_defaults(ScalerObject *self)
+{
+    self->enabled = 1;
+    self->cuda = 1;
+    self->init_scale = 65536.0;
+    self->growth_factor = 2.0;
+    self->backoff_factor = 0.5;
+    self->growth_interval = 2000;
+    self->init_growth_tracker = 0;
+    self->min_scale = 0.0;
+    self->max_scale = INFINITY;
+    self->hysteresis = 1;
+    self->init_hysteresis_left = 1;
+    self->init_steps = 0;
+    self->init_skipped = 0;
+}
+
+static PyObject *Scaler_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwargs))
+{
+    ScalerObject *self = (ScalerObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    set_defaults(self);
+    self->states = PyDict_New();
+    if (self->states == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+/* A Python number as a double; TypeError naming `name` otherwise. */
+static int as_double(PyObject *obj, const char *name, double *out)
+{
+    if (!PyNumber_Check(obj) || PyBool_Check(obj) || PyComplex_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "GradScaler: %s must be a number, got %.200s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    *out = PyFloat_AsDouble(obj);
+    return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int as_int64(PyObject *obj, const char *name, int64_t *out)
+{
+    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "GradScaler: %s must be an int, got %.200s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Checks of the hyperparameters shared by the constructor, pickling and
+ * load_state_dict. The two of torch's own are assertions there, so their
+ * error is both an AssertionError and a ValueError (and survives python -O). */
+static int check_config(ampc_state *st, double init_scale, double growth_factor, double backoff_factor,
+                        int64_t growth_interval, double min_scale, double max_scale, int64_t hysteresis)
+{
+    if (!(growth_factor > 1.0)) {
+        PyErr_SetString(st->argument_error, "The growth factor must be > 1.0.");
+        return -1;
+    }
+    if (!(backoff_factor < 1.0)) {
+        PyErr_SetString(st->argument_error, "The backoff factor must be < 1.0.");
+        return -1;
+    }
+    if (!(backoff_factor > 0.0) || !isfinite(growth_factor)) {
+        PyErr_Format(PyExc_ValueError, "GradScaler: growth_factor must be finite and backoff_factor "
+                     "positive, got %g and %g", growth_factor, backoff_factor);
+        return -1;
+    }
+    if (!(init_scale > 0.0) || !isfinite(init_scale) || init_scale > FLT_MAX) {
+        PyErr_Format(PyExc_ValueError, "GradScaler: the scale must be a positive finite float32, got %g",
+                     init_scale);
+        return -1;
+    }
+    if (growth_interval < 1) {
+        PyErr_Format(PyExc_ValueError, "GradScaler: growth_interval must be at least 1, got %lld",
+                     (long long)growth_interval);
+        return -1;
+    }
+    if (!(min_scale >= 0.0) || !(max_scale >= min_scale) || isnan(max_scale)) {
+        PyErr_Format(PyExc_ValueError, "GradScaler: need 0 <= min_scale <= max_scale, got %g and %g",
+                     min_scale, max_scale);
+        return -1;
+    }
+    if (init_scale < min_scale || init_scale > max_scale) {
+        PyErr_Format(PyExc_ValueError, "GradScaler: the scale %g is outside [min_scale, max_scale] = "
+                     "[%g, %g]", init_scale, min_scale, max_scale);
+        return -1;
+    }
+    if (hysteresis < 1 || hysteresis > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "GradScaler: hysteresis must be at least 1, got %lld",
+                     (long long)hysteresis);
+        return -1;
+    }
+    return 0;
+}
+
+static int Scaler_init(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"device", "init_scale", "growth_factor", "backoff_factor", "growth_interval",
+                             "enabled", "min_scale", "max_scale", "hysteresis", NULL};
+    ScalerObject *self = SCALER(op);
+    ampc_state *st = state_of(op);
+    PyObject *device = NULL, *init_scale = NULL, *growth = NULL, *backoff = NULL, *interval = NULL,
+             *min_scale = Py_None, *max_scale = Py_None, *hysteresis = NULL;
+    int enabled = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OOOOOp$OOO:GradScaler", kwlist, &device, &init_scale,
+                                     &growth, &backoff, &interval, &enabled, &min_scale, &max_scale,
+                                     &hysteresis))
+        return -1;
+    ScalerObject c = *self;  /* parsed into a copy: a failure leaves self as it was */
+    set_defaults(&c);
+    if (device != NULL) {
+        if (!PyUnicode_Check(device)) {
+            PyErr_Format(PyExc_TypeError, "GradScaler: device must be a str such as 'cuda' or 'cpu', got "
+                         "%.200s", Py_TYPE(device)->tp_name);
+            return -1;
+        }
+        if (PyUnicode_CompareWithASCIIString(device, "cpu") == 0)
+            c.cuda = 0;
+        else if (PyUnicode_CompareWithASCIIString(device, "cuda") != 0) {
+            PyErr_Format(PyExc_ValueError, "GradScaler: device must be 'cuda' or 'cpu', got %R", device);
+            return -1;
+        }
+    }
+    if ((init_scale && as_double(init_scale, "init_scale", &c.init_scale) < 0) ||
+        (growth && as_double(growth, "growth_factor", &c.growth_factor) < 0) ||
+        (backoff && as_double(backoff, "backoff_factor", &c.backoff_factor) < 0) ||
+        (interval && as_int64(interval, "growth_interval", &c.growth_interval) < 0) ||
+        (min_scale != Py_None && as_double(min_scale, "min_scale", &c.min_scale) < 0) ||
+        (max_scale != Py_None && as_double(max_scale, "max_scale", &c.max_scale) < 0))
+        return -1;
+    int64_t hyst = 1;
+    if (hysteresis && as_int64(hysteresis, "hysteresis", &hyst) < 0)
+        return -1;
+    c.hysteresis = (int)(hyst > 0 && hyst <= INT32_MAX ? hyst : 1);
+    c.init_hysteresis_left = c.hysteresis;
+    c.enabled = enabled;
+    if (c.enabled && c.cuda) {
+        PyObject *cuda = PyImport_ImportModule("ampc.cuda");
+        PyObject *avail = cuda ? PyObject_CallMethod(cuda, "is_available", NULL) : NULL;
+        Py_XDECREF(cuda);
+        if (avail == NULL)
+            return -1;
+        const int available = PyObject_IsTrue(avail);
+        Py_DECREF(avail);
+        if (!available) {
+            if (PyErr_WarnEx(PyExc_UserWarning, "ampc.GradScaler is enabled, but CUDA is not available.  "
+                             "Disabling.", 1) < 0)
+                return -1;
+            c.enabled = 0;
+        }
+    }
+    if (c.enabled && check_config(st, c.init_scale, c.growth_factor, c.backoff_factor, c.growth_interval,
+                                  c.min_scale, c.max_scale, hyst) < 0)
+        return -1;
+    drop_memory(self);
+    PyDict_Clear(self->states);
+    self->enabled = c.enabled;
+    self->cuda = c.cuda;
+    self->init_scale = c.init_scale;
+    self->growth_factor = c.growth_factor;
+    self->backoff_factor = c.backoff_factor;
+    self->growth_interval = c.growth_interval;
+    self->init_growth_tracker = 0;
+    self->min_scale = c.min_scale;
+    self->max_scale = c.max_scale;
+    self->hysteresis = c.hysteresis;
+    self->init_hysteresis_left = c.hysteresis;
+    self->init_steps = self->init_skipped = 0;
+    return 0;
+}
+
+static int Scaler_traverse(PyObject *op, visitproc visit, void *arg)
+{
+    ScalerObject *self = SCALER(op);
+    Py_VISIT(Py_TYPE(op));
+    Py_VISIT(self->states);
+    for (int i = 0; i < self->nmemory; i++)
+        Py_VISIT(self->memory[i].owner);
+    return 0;
+}
+
+static int Scaler_clear(PyObject *op)
+{
+    ScalerObject *self = SCALER(op);
+    Py_CLEAR(self->states);
+    drop_memory(self);
+    return 0;
+}
+
+static void Scaler_dealloc(PyObject *op)
+{
+    PyTypeObject *type = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    Scaler_clear(op);
+    type->tp_free(op);
+    Py_DECREF(type);
+}
+
+/* ------------------------------------------------------------------------ */
+/* scale                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static int is_torch(PyObject *obj)
+{
+    PyObject *module = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
+    if (module == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *name = PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : NULL;
+    const int torch = name != NULL && strncmp(name, "torch", 5) == 0 && (name[5] == '\0' || name[5] == '.');
+    if (name == NULL)
+        PyErr_Clear();
+    Py_DECREF(module);
+    return torch;
+}
+
+static int is_array(ampc_state *st, PyObject *obj)
+{
+    return PyArray_Check(obj) || PyArray_IsScalar(obj, Generic) || ampc_is_array(st, obj) ||
+           PyObject_HasAttrString(obj, "__dlpack_device__");
+}
+
+/* The device an array lives on, without asking for its memory (a torch loss
+ * that requires grad refuses to be exported). */
+static int array_device(ampc_state *st, PyObject *obj, ampc_device *dev)
+{
+    *dev = (ampc_device){AMPC_DEVICE_CPU, 0};
+    if (PyArray_Check(obj) || PyArray_IsScalar(obj, Generic))
+        return 0;
+    if (ampc_is_array(st, obj)) {
+        *dev = ampc_array_view(obj)->device;
+        return 0;
+    }
+    PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (d == NULL)
+        return -1;
+    int type, id;
+    const int ok = PyArg_ParseTuple(d, "ii", &type, &id);
+    Py_DECREF(d);
+    if (!ok)
+        return -1;
+    if (type == 2 || type == 13)
+        *dev = (ampc_device){AMPC_DEVICE_CUDA, id};
+    return 0;
+}
+
+/* outputs * scale for one array. torch tensors multiply with torch's own
+ * operator, so the result still backpropagates; other arrays with ampc's
+ * kernel, in torch's result dtype: a 0-d float16/bfloat16 loss becomes
+ * float32, an N-d tensor keeps its dtype. */
+static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs)
+{
+    ampc_device dev;
+    if (array_device(st, outputs, &dev) < 0)
+        return NULL;
+    if (self->nmemory == 0 && add_memory(st, self, dev, 1) < 0)
+        return NULL;
+    const int m = memory_for(st, self, dev);
+    if (m < 0 || refresh_scale(st, self, m) < 0)
+        return NULL;
+    float *scale_addr = &self->memory[m].block->scale;
+    if (is_torch(outputs)) {
+        PyObject *scale = float_view(st, self, m, scale_addr, Py_TYPE(outputs));
+        if (scale == NULL)
+            return NULL;
+        PyObject *r = PyNumber_Multiply(outputs, scale);
+        Py_DECREF(scale);
+        return r;
+    }
+    ampc_view x, out;
+    if (ampc_view_from_object(st, outputs, "scale: outputs", AMPC_FOR_READING, &x) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    if (!AMPC_DTYPE_IS_FLOAT(x.dtype)) {
+        PyErr_Format(PyExc_TypeError, "scale: outputs has dtype %s; a loss is floating",
+                     ampc_dtype_names[x.dtype]);
+        goto done;
+    }
+    ampc_dtype dtype = x.dtype;
+    if (x.ndim == 0 && (dtype == AMPC_FLOAT16 || dtype == AMPC_BFLOAT16))
+        dtype = AMPC_FLOAT32;
+    PyObject *fresh = ampc_empty_like(st, &x, dtype, &out);
+    if (fresh == NULL)
+        goto done;
+    char *data[2] = {out.data, x.data};
+    const int64_t *strides[2] = {out.strides, x.strides};
+    ampc_loop loop;
+    ampc_loop_init(&loop, 2, x.ndim, x.shape, data, strides);
+    if (dev.type == AMPC_DEVICE_CPU) {
+        ampc_scale_mul_cpu(&loop, dtype, x.dtype, *scale_addr);
+    }
+    else {
+        const int status = st->cuda->scale_mul(dev.index, stream_for(&self->memory[m]), &loop, dtype, x.dtype,
+                                               scale_addr);
+        if (status != AMPC_OK) {
+            Py_DECREF(fresh);
+            ampc_cuda_raise(st, status, "scale");
+            goto done;
+        }
+    }
+    result = ampc_return_as(st, fresh, x.source);
+    if (result != NULL && PyArray_IsScalar(outputs, Generic) && PyArray_Check(result))
+        result = PyArray_Return((PyArrayObject *)result);  /* a NumPy scalar in, a NumPy scalar out */
+done:
+    ampc_view_release(&x);
+    return result;
+}
+
+static PyObject *scale_nested(ampc_state *st, PyObject *op, PyObject *outputs)
+{
+    ScalerObject *self = SCALER(op);
+    if (is_array(st, outputs))
+        return scale_one(st, self, outputs);
+    if (PyList_Check(outputs) || PyTuple_Check(outputs)) {
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(outputs);
+        PyObject *items = PyList_New(n);
+        if (items == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *v = scale_nested(st, op, PySequence_Fast_GET_ITEM(outputs, i));
+            if (v == NULL) {
+                Py_DECREF(items);
+                return NULL;
+            }
+            PyList_SET_ITEM(items, i, v);
+        }
+        if (PyList_Check(outputs))
+            return items;
+        PyObject *t = PyList_AsTuple(items);
+        Py_DECREF(items);
+        return t;
+    }
+    /* Any other iterable comes back as a lazy map, as in torch. */
+    PyObject *iter = PyObject_GetIter(outputs);
+    if (iter == NULL) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "outputs must be a Tensor or an iterable of Tensors");
+        return NULL;
+    }
+    Py_DECREF(iter);
+    PyObject *method = PyObject_GetAttrString(op, "scale");
+    if (method == NULL)
+        return NULL;
+    PyObject *map = PyObject_CallFunctionObjArgs((PyObject *)&PyMap_Type, method, outputs, NULL);
+    Py_DECREF(method);
+    return map;
+}
+
+static PyObject *Scaler_scale(PyObject *op, PyObject *outputs)
+{
+    if (!SCALER(op)->enabled)
+        return Py_NewRef(outputs);
+    return scale_nested(state_of(op), op, outputs);
+}
+
+/* ------------------------------------------------------------------------ */
+/* unscale_, step, update                                                    */
+/* ------------------------------------------------------------------------ */
+
+static PyTypeObject *param_type(PyObject *optimizer);
+
+static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"optimizer", "max_norm", "norm_type", NULL};
+    ScalerObject *self = SCALER(op);
+    ampc_state *st = state_of(op);
+    PyObject *optimizer, *max_norm_obj = Py_None, *norm_type_obj = NULL, *norm = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OO:unscale_", kwlist, &optimizer, &max_norm_obj,
+                                     &norm_type_obj))
+        return NULL;
+    double max_norm = 0, norm_type = 2.0;
+    if (max_norm_obj != Py_None) {
+        if (as_double(max_norm_obj, "max_norm", &max_norm) < 0)
+            return NULL;
+        if (!(max_norm > 0) || !isfinite(max_norm)) {
+            PyErr_Format(PyExc_ValueError, "unscale_: max_norm must be positive and finite, got %R", max_norm_obj);
+            return NULL;
+        }
+    }
+    if (norm_type_obj != NULL) {
+        if (as_double(norm_type_obj, "norm_type", &norm_type) < 0)
+            return NULL;
+        if (!(norm_type > 0)) {
+            PyErr_Format(PyExc_ValueError, "unscale_: norm_type must be positive (or inf), got %R", norm_type_obj);
+            return NULL;
+        }
+    }
+    if (!self->enabled) {
+        if (max_norm == 0)
+            Py_RETURN_NONE;
+        /* Disabled, the gradients are not scaled, but clipping still clips:
+         * the same user code runs with and without mixed precision. */
+        return clip_unscaled(st, optimizer, max_norm, norm_type);
+    }
+    if (check_scale(self, "unscale_") < 0)
+        return NULL;
+    opt_state *os = get_opt_state(self, optimizer, 1);
+    if (os == NULL)
+        return NULL;
+    if (os->stage == UNSCALED) {
+        PyErr_SetString(PyExc_RuntimeError, "unscale_() has already been called on this optimizer since the "
+                        "last update().");
+        return NULL;
+    }
+    if (os->stage == STEPPED) {
+        PyErr_SetString(PyExc_RuntimeError, "unscale_() is being called after step().");
+        return NULL;
+    }
+    if (unscale_grads(st, self, optimizer, os, 0, 0, max_norm, norm_type, &norm) < 0)
+        return NULL;
+    os->stage = UNSCALED;
+    if (norm == NULL)
+        Py_RETURN_NONE;
+    /* The norm comes back as the gradients' own array type, as clip_grad_norm_'s does. */
+    PyTypeObject *like = param_type(optimizer);
+    return like ? ampc_return_as(st, norm, like) : norm;
+}
+
+/* Whether any inf check recorded for this optimizer found an inf or NaN
+ * (waits for a GPU). */
+static int any_found(ampc_state *st, ScalerObject *self, const opt_state *os, int *found)
+{
+    *found = 0;
+    for (int i = 0; i < os->nfound; i++) {
+        float f;
+        if (read_flag(st, self, os->found[i].memory, os->found[i].slot, &f) < 0)
+            return -1;
+        if (f != 0.0f)
+            *found = 1;
+    }
+    return 0;
+}
+
+/* The optimizer's first parameter's type: grad_scale and found_inf are
+ * handed over in its library's array type (torch for torch optimizers). */
+static PyTypeObject *param_type(PyObject *optimizer)
+{
+    PyObject *groups = PyObject_GetAttrString(optimizer, "param_groups");
+    PyTypeObject *type = NULL;
+    if (groups && PySequence_Check(groups) && PySequence_Size(groups) > 0) {
+        PyObject *g = PySequence_GetItem(groups, 0);
+        PyObject *params = g ? PyMapping_GetItemString(g, "params") : NULL;
+        PyObject *p = params && PySequence_Check(params) && PySequence_Size(params) > 0 ? PySequence_GetItem(params, 0)
+                                                                                       : NULL;
+        if (p != NULL) {
+            PyObject *data = PyObject_HasAttrString(p, "__dlpack__") ? Py_NewRef(p) : PyObject_GetAttrString(p, "data");
+            if (data != NULL) {
+                type = Py_TYPE(data);
+                Py_DECREF(data);
+            }
+        }
+        Py_XDECREF(p);
+        Py_XDECREF(params);
+        Py_XDECREF(g);
+    }
+    Py_XDECREF(groups);
+    PyErr_Clear();
+    return type;
+}
+
+/* found_inf for an optimizer that takes it: one 0-d float32 on the scale's
+ * device holding the sum of its checks (or the int 0 without any). */
+static PyObject *combined_found(ampc_state *st, ScalerObject *self, const opt_state *os, PyTypeObject *like)
+{
+    if (os->nfound == 0)
+        return PyLong_FromLong(0);
+    if (os->nfound == 1 && os->found[0].memory == 0)
+        return float_view(st, self, 0, &self->memory[0].block->flags[os->found[0].slot], like);
+    /* Several devices: gather the flags into fresh master slots and sum them there. */
+    scaler_memory *master = &self->memory[0];
+    if (master->nflags + os->nfound + 1 > AMPC_SCALER_MAX_FLAGS) {
+        PyErr_SetString(PyExc_RuntimeError, "GradScaler: too many inf checks since the last update()");
+        return NULL;
+    }
+    float sum = 0;
+    for (int i = 0; i < os->nfound; i++) {
+        float f;
+        if (read_flag(st, self, os->found[i].memory, os->found[i].slot, &f) < 0)
+            return NULL;
+        sum += f;
+    }
+    const int out = master->nflags++;
+    if (block_copy(st, master, &sum, &master->block->flags[out], sizeof sum, 0) < 0)
+        return NULL;
+    return float_view(st, self, 0, &master->block->flags[out], like);
+}
+
+static PyObject *call_step(PyObject *optimizer, PyObject *args, PyObject *kwargs)
+{
+    PyObject *step = PyObject_GetAttrString(optimizer, "step");
+    if (step == NULL)
+        return NULL;
+    PyObject *r = PyObject_Call(step, args, kwargs);
+    Py_DECREF(step);
+    return r;
+}
+
+static PyObject *with_found(PyObject *retval, int return_found_inf, PyObject *found)
+{
+    if (retval == NULL || !return_found_inf)
+        return retval;
+    PyObject *t = PyTuple_Pack(2, retval, found);
+    Py_DECREF(retval);
+    return t;
+}
+
+/* The legacy fused-optimizer contract: step(..., grad_scaler=self). */
+static int takes_grad_scaler(PyObject *optimizer)
+{
+    PyObject *amp = PyImport_ImportModule("ampc.amp");
+    PyObject *r = amp ? PyObject_CallMethod(amp, "_step_takes_grad_scaler", "O", optimizer) : NULL;
+    Py_XDECREF(amp);
+    if (r == NULL)
+        return -1;
+    const int yes = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return yes;
+}
+
+static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    ScalerObject *self = SCALER(op);
+    ampc_state *st = state_of(op);
+    PyObject *optimizer, *rest = NULL, *kw = NULL, *retval = NULL, *result = NULL, *found = NULL;
+    if (PyTuple_GET_SIZE(args) < 1) {
+        PyErr_SetString(PyExc_TypeError, "step() missing required argument: 'optimizer'");
+        return NULL;
+    }
+    optimizer = PyTuple_GET_ITEM(args, 0);
+    rest = PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args));
+    kw = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
+    if (rest == NULL || kw == NULL)
+        goto done;
+    int return_found_inf = 0;
+    PyObject *rfi = PyDict_GetItemString(kw, "return_found_inf");
+    if (rfi != NULL) {
+        return_found_inf = PyObject_IsTrue(rfi);
+        if (return_found_inf < 0 || PyDict_DelItemString(kw, "return_found_inf") < 0)
+            goto done;
+    }
+    if (!self->enabled) {
+        result = with_found(call_step(optimizer, rest, kw), return_found_inf, Py_False);
+        goto done;
+    }
+    if (PyDict_GetItemString(kw, "closure") != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Closure use is not currently supported if GradScaler is enabled.");
+        goto done;
+    }
+    if (check_scale(self, "step") < 0)
+        goto done;
+    opt_state *os = get_opt_state(self, optimizer, 1);
+    if (os == NULL)
+        goto done;
+    if (os->stage == STEPPED) {
+        PyErr_SetString(PyExc_RuntimeError, "step() has already been called since the last update().");
+        goto done;
+    }
+
+    PyObject *supports = PyObject_GetAttrString(optimizer, "_step_supports_amp_scaling");
+    const int fused = supports != NULL && PyObject_IsTrue(supports) == 1;
+    Py_XDECREF(supports);
+    PyErr_Clear();
+    if (fused) {
+        const int legacy = takes_grad_scaler(optimizer);
+        if (legacy < 0)
+            goto done;
+        if (legacy) {
+            if (PyErr_WarnEx(PyExc_FutureWarning,
+                             "GradScaler is going to stop passing itself as a keyword argument to the passed "
+                             "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                             "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
+                             "directly.", 1) < 0 ||
+                PyDict_SetItemString(kw, "grad_scaler", op) < 0)
+                goto done;
+            retval = call_step(optimizer, rest, kw);
+            if (retval != NULL)
+                os->stage = STEPPED;
+            result = with_found(retval, return_found_inf, Py_False);
+            goto done;
+        }
+        if (os->stage == READY && unscale_grads(st, self, optimizer, os, 1, 1, 0, 0, NULL) < 0)
+            goto done;
+        PyTypeObject *like = param_type(optimizer);
+        found = combined_found(st, self, os, like);
+        if (found == NULL)
+            goto done;
+        PyObject *grad_scale;
+        if (os->stage == UNSCALED) {
+            /* Already unscaled: the optimizer must not divide again. */
+            grad_scale = PyObject_HasAttrString(optimizer, "grad_scale")
+                             ? PyObject_GetAttrString(optimizer, "grad_scale") : Py_NewRef(Py_None);
+        }
+        else {
+            grad_scale = float_view(st, self, 0, &self->memory[0].block->scale, like);
+            if (grad_scale != NULL && PyObject_HasAttrString(optimizer, "grad_scale")) {
+                PyObject *user = PyObject_GetAttrString(optimizer, "grad_scale");
+                PyObject *product = user ? PyNumber_Multiply(grad_scale, user) : NULL;
+                Py_XDECREF(user);
+                Py_SETREF(grad_scale, product);
+            }
+        }
+        if (grad_scale == NULL)
+            goto done;
+        const int set = PyObject_SetAttrString(optimizer, "grad_scale", grad_scale) == 0 &&
+                        PyObject_SetAttrString(optimizer, "found_inf", found) == 0;
+        Py_DECREF(grad_scale);
+        if (!set)
+            goto done;
+        retval = call_step(optimizer, rest, kw);
+        /* Whatever step() did, take the attributes back off. */
+        PyObject *exc = retval ? NULL : ampc_take_exception();
+        if (PyObject_DelAttrString(optimizer, "grad_scale") < 0 || PyObject_DelAttrString(optimizer, "found_inf") < 0)
+            PyErr_Clear();
+        if (exc != NULL) {
+            ampc_restore_exception(exc);
+            goto done;
+        }
+        os->stage = STEPPED;
+        result = with_found(retval, return_found_inf, found);
+        goto done;
+    }
+
+    if (os->stage == READY) {
+        if (unscale_grads(st, self, optimizer, os, 0, 0, 0, 0, NULL) < 0)
+            goto done;
+        os->stage = UNSCALED;
+    }
+    if (os->nfound == 0) {
+        PyErr_SetString(PyExc_AssertionError, "No inf checks were recorded for this optimizer.");
+        goto done;
+    }
+    int any;
+    if (any_found(st, self, os, &any) < 0)
+        goto done;
+    retval = any ? Py_NewRef(Py_None) : call_step(optimizer, rest, kw);
+    if (retval == NULL)
+        goto done;
+    os->stage = STEPPED;
+    result = with_found(retval, return_found_inf, any ? Py_True : Py_False);
+done:
+    Py_XDECREF(found);
+    Py_XDECREF(rest);
+    Py_XDECREF(kw);
+    return result;
+}
+
+static int reset_states(ScalerObject *self)
+{
+    PyDict_Clear(self->states);
+    for (int i = 0; i < self->nmemory; i++)
+        self->memory[i].nflags = 0;
+    return 0;
+}
+
+static int set_scale_from(ampc_state *st, ScalerObject *self, PyObject *new_scale)
+{
+    static const char *const NEW_SCALE =
+        "new_scale should be a float or a 1-element torch.cuda.FloatTensor or torch.FloatTensor with "
+        "requires_grad=False.";
+    double value;
+    if (PyFloat_Check(new_scale) || (PyLong_Check(new_scale) && !PyBool_Check(new_scale))) {
+        value = PyFloat_AsDouble(new_scale);
+        if (value == -1.0 && PyErr_Occurred())
+            return -1;
+    }
+    else if (PyArray_Check(new_scale) || PyArray_IsScalar(new_scale, Generic) || ampc_is_array(st, new_scale) ||
+             PyObject_HasAttrString(new_scale, "__dlpack__")) {
+        ampc_device dev;
+        if (array_device(st, new_scale, &dev) < 0)
+            return -1;
+        PyObject *rg = PyObject_GetAttrString(new_scale, "requires_grad");
+        const int requires_grad = rg != NULL && PyObject_IsTrue(rg) == 1;
+        Py_XDECREF(rg);
+        PyErr_Clear();
+        if ((dev.type == AMPC_DEVICE_CUDA) != self->cuda || requires_grad) {
+            PyErr_SetString(PyExc_AssertionError, NEW_SCALE);
+            return -1;
+        }
+        ampc_view v;
+        if (ampc_view_from_object(st, new_scale, "update: new_scale", AMPC_FOR_READING, &v) < 0)
+            return -1;
+        int rc = -1;
+        if (v.numel != 1) {
+            PyErr_SetString(PyExc_AssertionError, NEW_SCALE);
+            goto done;
+        }
+        if (!AMPC_DTYPE_IS_FLOAT(v.dtype)) {
+            PyErr_Format(PyExc_TypeError, "update: new_scale has dtype %s; it must be floating",
+                         ampc_dtype_names[v.dtype]);
+            goto done;
+        }
+        /* Read the one element as float64, on the host. */
+        ampc_view host;
+        const int64_t shape0[1] = {0};
+        PyObject *h = ampc_array_empty(st, (ampc_device){AMPC_DEVICE_CPU, 0}, AMPC_FLOAT64, 0, shape0, NULL, &host);
+        if (h == NULL)
+            goto done;
+        char raw[8];
+        if (v.device.type == AMPC_DEVICE_CUDA) {
+            const int status = st->cuda->copy(-1, raw, v.device.index, v.data, (size_t)ampc_dtype_size(v.dtype),
+                                              ampc_current_stream(v.device.index, NULL));
+            if (status != AMPC_OK) {
+                Py_DECREF(h);
+                ampc_cuda_raise(st, status, "update");
+                goto done;
+            }
+        }
+        else {
+            memcpy(raw, v.data, (size_t)ampc_dtype_size(v.dtype));
+        }
+        ampc_view src = host;
+        src.data = raw;
+        src.dtype = v.dtype;
+        rc = ampc_cast_views(st, &host, &src, 0);
+        memcpy(&value, host.data, sizeof value);
+        Py_DECREF(h);
+    done:
+        ampc_view_release(&v);
+        if (rc < 0)
+            return -1;
+    }
+    else {
+        PyErr_Format(PyExc_TypeError, "update: new_scale must be a float or a 1-element array, got %.200s",
+                     Py_TYPE(new_scale)->tp_name);
+        return -1;
+    }
+    if (!(value > 0) || !isfinite(value) || value > FLT_MAX) {
+        PyErr_Format(PyExc_ValueError, "update: new_scale must be a positive finite float32, got %g", value);
+        return -1;
+    }
+    const float f = (float)value;
+    return block_copy(st, &self->memory[0], (void *)&f, &self->memory[0].block->scale, sizeof f, 0);
+}
+
+static PyObject *Scaler_update(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"new_scale", NULL};
+    ScalerObject *self = SCALER(op);
+    ampc_state *st = state_of(op);
+    PyObject *new_scale = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:update", kwlist, &new_scale))
+        return NULL;
+    if (!self->enabled)
+        Py_RETURN_NONE;
+    if (check_scale(self, "update") < 0)
+        return NULL;
+    if (new_scale != Py_None) {
+        if (set_scale_from(st, self, new_scale) < 0)
+            return NULL;
+        reset_states(self);
+        Py_RETURN_NONE;
+    }
+    /* Gather every check since the last update into the master's flags. */
+    scaler_memory *master = &self->memory[0];
+    int recorded = 0;
+    for (int i = 0; i < self->nmemory; i++)
+        recorded += self->memory[i].nflags;
+    if (recorded == 0) {
+        PyErr_SetString(PyExc_AssertionError, "No inf checks were recorded prior to update.");
+        return NULL;
+    }
+    for (int i = 1; i < self->nmemory; i++) {
+        scaler_memory *m = &self->memory[i];
+        if (m->nflags == 0)
+            continue;
+        if (master->nflags + m->nflags > AMPC_SCALER_MAX_FLAGS) {
+            PyErr_SetString(PyExc_RuntimeError, "GradScaler: too many inf checks since the last update()");
+            return NULL;
+        }
+        float flags[AMPC_SCALER_MAX_FLAGS];
+        if (block_copy(st, m, flags, m->block->flags, (size_t)m->nflags * sizeof(float), 1) < 0 ||
+            block_copy(st, master, flags, &master->block->flags[master->nflags], (size_t)m->nflags * sizeof(float), 0) < 0)
+            return NULL;
+        master->nflags += m->nflags;
+        m->nflags = 0;
+    }
+    const ampc_scale_rule rule = rule_of(self);
+    if (master->device.type == AMPC_DEVICE_CUDA) {
+        void *stream = stream_for(master);
+        const int status = st->cuda->update_scale(master->device.index, stream, master->block, master->nflags, &rule);
+        if (status != AMPC_OK)
+            return ampc_cuda_raise(st, status, "update"), NULL;
+        master->stream = stream;
+    }
+    else {
+        float found = 0;
+        for (int i = 0; i < master->nflags; i++)
+            found += master->block->flags[i];
+        ampc_update_scale(master->block, found, &rule);
+    }
+    reset_states(self);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Getters, setters, state                                                   */
+/* ------------------------------------------------------------------------ */
+
+static PyObject *Scaler_get_scale(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    ScalerObject *self = SCALER(op);
+    if (!self->enabled)
+        return PyFloat_FromDouble(1.0);
+    if (self->nmemory == 0)
+        return PyFloat_FromDouble(self->init_scale);
+    ampc_scaler_block h;
+    if (read_header(state_of(op), self, &h) < 0)
+        return NULL;
+    return PyFloat_FromDouble(h.scale);
+}
+
+static PyObject *Scaler_get_growth_tracker(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    ScalerObject *self = SCALER(op);
+    if (!self->enabled)
+        return PyLong_FromLong(0);
+    if (self->nmemory == 0)
+        return PyLong_FromLongLong(self->init_growth_tracker);
+    ampc_scaler_block h;
+    if (read_header(state_of(op), self, &h) < 0)
+        return NULL;
+    return PyLong_FromLong(h.growth_tracker);
+}
+
+static PyObject *Scaler_is_enabled(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    return PyBool_FromLong(SCALER(op)->enabled);
+}
+
+#define GETTER_SETTER(NAME, FIELD, KIND)                                                        \
+    static PyObject *Scaler_get_##NAME(PyObject *op, PyObject *Py_UNUSED(ignored))             \
+    {                                                                                           \
+        return KIND == 'f' ? PyFloat_FromDouble((double)SCALER(op)->FIELD)                    \
+                           : PyLong_FromLongLong((long long)SCALER(op)->FIELD);               \
+    }                                                                                           \
+    static PyObject *Scaler_set_##NAME(PyObject *op, PyObject *value)                          \
+    {                                                                                           \
+        if (KIND == 'f') {                                                                      \
+            double v;                                                                           \
+            if (as_double(value, #NAME, &v) < 0)                                                \
+                return NULL;                                                                    \
+            SCALER(op)->FIELD = v;                                                              \
+        }                                                                                       \
+        else {                                                                                  \
+            int64_t v;                                                                          \
+            if (as_int64(value, #NAME, &v) < 0)                                                 \
+                return NULL;                                                                    \
+            SCALER(op)->FIELD = v;                                                              \
+        }                                                                                       \
+        Py_RETURN_NONE;                                                                         \
+    }
+/* Plain attribute writes, unchecked, as in torch. */
+GETTER_SETTER(growth_factor, growth_factor, 'f')
+GETTER_SETTER(backoff_factor, backoff_factor, 'f')
+GETTER_SETTER(growth_interval, growth_interval, 'i')
+#undef GETTER_SETTER
+
+/* d[key] = value, stealing value. */
+static int set_item(PyObject *d, const char *key, PyObject *value)
+{
+    if (value == NULL)
+        return -1;
+    const int rc = PyDict_SetItemString(d, key, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static PyObject *Scaler_state_dict(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    ScalerObject *self = SCALER(op);
+    if (!self->enabled)
+        return PyDict_New();
+    PyObject *scale = Scaler_get_scale(op, NULL);
+    PyObject *tracker = scale ? Scaler_get_growth_tracker(op, NULL) : NULL;
+    PyObject *d = tracker ? Py_BuildValue("{s:O,s:d,s:d,s:L,s:O}", "scale", scale, "growth_factor",
+                                          self->growth_factor, "backoff_factor", self->backoff_factor,
+                                          "growth_interval", (long long)self->growth_interval,
+                                          "_growth_tracker", tracker)
+                          : NULL;
+    Py_XDECREF(scale);
+    Py_XDECREF(tracker);
+    if (d == NULL)
+        return NULL;
+    /* ampc's own options appear only when used, so a default scaler's state
+     * dict is exactly torch's. */
+    if ((self->min_scale > 0 && set_item(d, "min_scale", PyFloat_FromDouble(self->min_scale)) < 0) ||
+        (isfinite(self->max_scale) && set_item(d, "max_scale", PyFloat_FromDouble(self->max_scale)) < 0) ||
+        (self->hysteresis != 1 && set_item(d, "hysteresis", PyLong_FromLong(self->hysteresis)) < 0))
+        Py_CLEAR(d);
+    return d;
+}
+
+/* sd[key], KeyError (as torch) when missing. */
+static PyObject *required(PyObject *sd, const char *key)
+{
+    PyObject *v = PyMapping_GetItemString(sd, key);
+    if (v == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_KeyError, key);
+    }
+    return v;
+}
+
+static int required_double(PyObject *sd, const char *key, double *out)
+{
+    PyObject *v = required(sd, key);
+    if (v == NULL)
+        return -1;
+    const int rc = as_double(v, key, out);
+    Py_DECREF(v);
+    return rc;
+}
+
+static int required_int64(PyObject *sd, const char *key, int64_t *out)
+{
+    PyObject *v = required(sd, key);
+    if (v == NULL)
+        return -1;
+    const int rc = as_int64(v, key, out);
+    Py_DECREF(v);
+    return rc;
+}
+
+/* An optional key into *out; 0 if absent. */
+static int optional_double(PyObject *sd, const char *key, double *out)
+{
+    PyObject *v = PyMapping_GetItemString(sd, key);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_KeyError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    const int rc = as_double(v, key, out);
+    Py_DECREF(v);
+    return rc;
+}
+
+static PyObject *Scaler_load_state_dict(PyObject *op, PyObject *sd)
+{
+    ScalerObject *self = SCALER(op);
+    ampc_state *st = state_of(op);
+    if (!self->enabled)
+        Py_RETURN_NONE;
+    if (!PyMapping_Check(sd)) {
+        PyErr_Format(PyExc_TypeError, "load_state_dict: expected a dict, got %.200s", Py_TYPE(sd)->tp_name);
+        return NULL;
+    }
+    const Py_ssize_t size = PyMapping_Size(sd);
+    if (size < 0)
+        return NULL;
+    if (size == 0) {
+        PyErr_SetString(PyExc_RuntimeError, "The source state dict is empty, possibly because it was saved from a "
+                        "disabled instance of GradScaler.");
+        return NULL;
+    }
+    /* Everything is read and checked first: a bad dict changes nothing. */
+    double scale, growth, backoff, min_scale = self->min_scale, max_scale = self->max_scale, hyst_d = self->hysteresis;
+    int64_t interval, tracker;
+    if (required_double(sd, "scale", &scale) < 0 || required_double(sd, "growth_factor", &growth) < 0 ||
+        required_double(sd, "backoff_factor", &backoff) < 0 ||
+        required_int64(sd, "growth_interval", &interval) < 0 || required_int64(sd, "_growth_tracker", &tracker) < 0)
+        return NULL;
+    if (optional_double(sd, "min_scale", &min_scale) < 0 || optional_double(sd, "max_scale", &max_scale) < 0 ||
+        optional_double(sd, "hysteresis", &hyst_d) < 0)
+        return NULL;
+    if (check_config(st, scale, growth, backoff, interval, min_scale, max_scale, (int64_t)hyst_d) < 0)
+        return NULL;
+    if (tracker < 0 || tracker > INT32_MAX || hyst_d != floor(hyst_d)) {
+        PyErr_Format(PyExc_ValueError, "load_state_dict: _growth_tracker must be in 0 .. 2**31 - 1, got %lld",
+                     (long long)tracker);
+        return NULL;
+    }
+    if (self->nmemory > 0) {
+        ampc_scaler_block h;
+        if (read_header(st, self, &h) < 0)
+            return NULL;
+        h.scale = (float)scale;
+        h.growth_tracker = (int32_t)tracker;
+        h.hysteresis_left = (int32_t)hyst_d;
+        if (write_header(st, self, &h) < 0)
+            return NULL;
+    }
+    self->init_scale = scale;
+    self->growth_factor = growth;
+    self->backoff_factor = backoff;
+    self->growth_interval = interval;
+    self->init_growth_tracker = tracker;
+    self->min_scale = min_scale;
+    self->max_scale = max_scale;
+    self->hysteresis = (int)hyst_d;
+    self->init_hysteresis_left = (int)hyst_d;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Scaler_getstate(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    ScalerObject *self = SCALER(op);
+    ampc_state *st = state_of(op);
+    if (self->enabled && PyDict_Size(self->states) > 0) {
+        PyErr_SetString(PyExc_AssertionError, "A GradScaler instance may only be pickled at the beginning of an "
+                        "iteration, or at the end after scaler.update().");
+        return NULL;
+    }
+    ampc_scaler_block h = {0};
+    h.scale = (float)self->init_scale;
+    h.growth_tracker = (int32_t)self->init_growth_tracker;
+    h.hysteresis_left = self->init_hysteresis_left;
+    h.steps = self->init_steps;
+    h.skipped = self->init_skipped;
+    if (self->nmemory > 0 && read_header(st, self, &h) < 0)
+        return NULL;
+    /* The scale's memory is not pickled: the copy creates it again on the
+     * device of its next scale() call, as torch's does. */
+    return Py_BuildValue("{s:O,s:s,s:d,s:d,s:d,s:L,s:i,s:d,s:d,s:i,s:i,s:L,s:L}", "enabled",
+                         self->enabled ? Py_True : Py_False, "device", self->cuda ? "cuda" : "cpu", "init_scale",
+                         (double)h.scale, "growth_factor", self->growth_factor, "backoff_factor",
+                         self->backoff_factor, "growth_interval", (long long)self->growth_interval,
+                         "init_growth_tracker", (int)h.growth_tracker, "min_scale", self->min_scale, "max_scale",
+                         self->max_scale, "hysteresis", self->hysteresis, "hysteresis_left", (int)h.hysteresis_left,
+                         "steps", (long long)h.steps, "skipped_steps", (long long)h.skipped);
+}
+
+static PyObject *Scaler_setstate(PyObject *op, PyObject *state)
+{
+    static char *keys[] = {"enabled", "device", "init_scale", "growth_factor", "backoff_factor", "growth_interval",
+                           "init_growth_tracker", "min_scale", "max_scale", "hysteresis", "hysteresis_left",
+                           "steps", "skipped_steps", NULL};
+    ScalerObject *self = SCALER(op);
+    PyObject *empty = PyTuple_New(0);
+    if (empty == NULL)
+        return NULL;
+    int enabled, tracker, hysteresis, hysteresis_left;
+    const char *device;
+    double init_scale, growth, backoff, min_scale, max_scale;
+    long long interval, steps, skipped;
+    const int ok = PyDict_Check(state) &&
+                   PyArg_ParseTupleAndKeywords(empty, state, "|$psdddLiddiiLL:__setstate__", keys, &enabled, &device,
+                                               &init_scale, &growth, &backoff, &interval, &tracker, &min_scale,
+                                               &max_scale, &hysteresis, &hysteresis_left, &steps, &skipped);
+    Py_DECREF(empty);
+    if (!ok) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "GradScaler.__setstate__: expected a dict");
+        return NULL;
+    }
+    drop_memory(self);
+    PyDict_Clear(self->states);
+    self->enabled = enabled;
+    self->cuda = strcmp(device, "cuda") == 0;
+    self->init_scale = init_scale;
+    self->growth_factor = growth;
+    self->backoff_factor = backoff;
+    self->growth_interval = interval;
+    self->init_growth_tracker = tracker;
+    self->min_scale = min_scale;
+    self->max_scale = max_scale;
+    self->hysteresis = hysteresis;
+    self->init_hysteresis_left = hysteresis_left;
+    self->init_steps = steps;
+    self->init_skipped = skipped;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Beyond torch: telemetry and overflow reports                              */
+/* ------------------------------------------------------------------------ */
+
+static PyObject *Scaler_stats(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    ScalerObject *self = SCALER(op);
+    ampc_scaler_block h = {0};
+    h.scale = self->enabled ? (float)self->init_scale : 1.0f;
+    h.growth_tracker = (int32_t)self->init_growth_tracker;
+    h.hysteresis_left = self->init_hysteresis_left;
+    h.steps = self->init_steps;
+    h.skipped = self->init_skipped;
+    if (self->enabled && self->nmemory > 0 && read_header(state_of(op), self, &h) < 0)
+        return NULL;
+    PyObject *last = h.steps == 0 ? Py_None : (h.found_inf != 0.0f ? Py_True : Py_False);
+    return Py_BuildValue("{s:O,s:d,s:L,s:L,s:i,s:i,s:O}", "enabled", self->enabled ? Py_True : Py_False, "scale",
+                         (double)h.scale, "steps", (long long)h.steps, "skipped_steps", (long long)h.skipped,
+                         "growth_tracker", (int)h.growth_tracker, "hysteresis_left", (int)h.hysteresis_left,
+                         "last_step_skipped", last);
+}
+
+static PyObject *Scaler_overflow_report(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"optimizer", "names", NULL};
+    ampc_state *st = state_of(op);
+    PyObject *optimizer, *names = Py_None, *by_id = NULL, *report = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:overflow_report", kwlist, &optimizer, &names))
+        return NULL;
+    ampc_grads g;
+    if (ampc_grads_collect(st, optimizer, 1, 0, &g) < 0)
+        return NULL;
+    int64_t *counts = PyMem_Calloc((size_t)(g.n > 0 ? g.n : 1), sizeof *counts);
+    if (counts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* names: (name, parameter) pairs, as model.named_parameters() gives them. */
+    by_id = PyDict_New();
+    if (by_id == NULL)
+        goto done;
+    if (names != Py_None) {
+        PyObject *pairs = PyDict_Check(names) ? PyDict_Items(names) : Py_NewRef(names);
+        PyObject *it = pairs ? PyObject_GetIter(pairs) : NULL;
+        Py_XDECREF(pairs);
+        PyObject *pair;
+        while (it && (pair = PyIter_Next(it)) != NULL) {
+            PyObject *name, *param;
+            int ok = PyArg_ParseTuple(pair, "OO;names must hold (name, parameter) pairs", &name, &param);
+            PyObject *key = ok ? PyLong_FromVoidPtr(param) : NULL;
+            ok = key && PyDict_SetItem(by_id, key, name) == 0;
+            Py_XDECREF(key);
+            Py_DECREF(pair);
+            if (!ok)
+                break;
+        }
+        Py_XDECREF(it);
+        if (PyErr_Occurred())
+            goto done;
+    }
+    /* On demand: one read of every gradient, only when asked. */
+    for (int d = 0; d < g.ndevices; d++) {
+        const ampc_grad_ref *refs = g.refs + g.first[d];
+        int64_t *out = counts + g.first[d];
+        if (g.devices[d].type == AMPC_DEVICE_CUDA) {
+            const int status = st->cuda->count_nonfinite(g.devices[d].index, ampc_current_stream(g.devices[d].index, NULL),
+                                                         refs, g.count[d], out);
+            if (status != AMPC_OK) {
+                ampc_cuda_raise(st, status, "overflow_report");
+                goto done;
+            }
+        }
+        else {
+            for (int64_t i = 0; i < g.count[d]; i++)
+                out[i] = ampc_count_nonfinite_cpu(&refs[i]);
+        }
+    }
+    report = PyList_New(0);
+    if (report == NULL)
+        goto done;
+    /* refs are grouped by device; walk them in the same order as the entries. */
+    for (int d = 0; d < g.ndevices; d++) {
+        int64_t k = g.first[d];
+        for (int64_t i = 0; i < g.n; i++) {
+            const ampc_grad_entry *e = &g.entries[i];
+            if (e->device_slot != d)
+                continue;
+            const int64_t count = counts[k++];
+            if (count == 0)
+                continue;
+            PyObject *key = PyLong_FromVoidPtr(e->param);
+            PyObject *name = key ? PyDict_GetItemWithError(by_id, key) : NULL;
+            Py_XDECREF(key);
+            if (PyErr_Occurred())
+                goto fail;
+            PyObject *label = name ? Py_NewRef(name)
+                                   : PyUnicode_FromFormat("param_groups[%d]['params'][%d]", e->group, e->index);
+            PyObject *shape = PyTuple_New(e->view.ndim);
+            for (int s = 0; shape && s < e->view.ndim; s++)
+                PyTuple_SET_ITEM(shape, s, PyLong_FromLongLong(e->view.shape[s]));
+            char dev[32];
+            PyObject *row = label && shape ? Py_BuildValue("{s:N,s:i,s:i,s:N,s:s,s:s,s:L,s:L}", "name", label, "group",
+                                                           e->group, "index", e->index, "shape", shape, "dtype",
+                                                           ampc_dtype_names[e->view.dtype], "device",
+                                                           ampc_device_str(e->view.device, dev, sizeof dev), "nonfinite",
+                                                           (long long)count, "numel", (long long)e->view.numel)
+                                           : NULL;
+            if (row == NULL || PyList_Append(report, row) < 0) {
+                Py_XDECREF(row);
+                goto fail;
+            }
+            Py_DECREF(row);
+        }
+    }
+    goto done;
+fail:
+    Py_CLEAR(report);
+done:
+    PyMem_Free(counts);
+    Py_XDECREF(by_id);
+    ampc_grads_release(&g);
+    return report;
+}
+
+/* ------------------------------------------------------------------------ */
+/* torch's internals that its tests use                                      */
+/* ------------------------------------------------------------------------ */
+
+static PyObject *Scaler_found_inf_per_device(PyObject *op, PyObject *optimizer)
+{
+    ScalerObject *self = SCALER(op);
+    ampc_state *st = state_of(op);
+    PyObject *d = PyDict_New();
+    opt_state *os = d ? get_opt_state(self, optimizer, 0) : NULL;
+    if (d == NULL || (os == NULL && PyErr_Occurred())) {
+        Py_XDECREF(d);
+        return NULL;
+    }
+    PyTypeObject *like = param_type(optimizer);
+    for (int i = 0; os && i < os->nfound; i++) {
+        const int m = os->found[i].memory;
+        char name[32];
+        ampc_device_str(self->memory[m].device, name, sizeof name);
+        if (set_item(d, name, float_view(st, self, m, &self->memory[m].block->flags[os->found[i].slot], like)) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    return d;
+}
+
+static PyObject *Scaler_check_inf_per_device(PyObject *op, PyObject *optimizer)
+{
+    ScalerObject *self = SCALER(op);
+    if (check_scale(self, "_check_inf_per_device") < 0)
+        return NULL;
+    opt_state *os = get_opt_state(self, optimizer, 1);
+    if (os == NULL || unscale_grads(state_of(op), self, optimizer, os, 1, 1, 0, 0, NULL) < 0)
+        return NULL;
+    return Scaler_found_inf_per_device(op, optimizer);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The type                                                                  */
+/* ------------------------------------------------------------------------ */
+
+PyDoc_STRVAR(Scaler_doc,
+"GradScaler(device='cuda', init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,\n"
+"           enabled=True, *, min_scale=None, max_scale=None, hysteresis=1)\n--\n\n"
+"Dynamic loss scaling, as torch.amp.GradScaler: scale(loss) before backward, step(optimizer), update().\n"
+"Works with any optimizer whose params have a .grad that is a NumPy array or a DLPack buffer (torch,\n"
+"CuPy, ampc), unscaling in place. Beyond torch: min_scale/max_scale bounds, hysteresis (back off only on\n"
+"the N-th overflowing step in a row), stats(), overflow_report(optimizer), and\n"
+"unscale_(optimizer, max_norm=..., norm_type=2.0), which clips in the same pass and returns the norm.");
+
+static PyMethodDef Scaler_methods[] = {
+    {"scale", Scaler_scale, METH_O, "scale($self, outputs, /)\n--\n\noutputs times the scale (nested lists, tuples and iterables too)."},
+    {"unscale_", (PyCFunction)(void (*)(void))Scaler_unscale_, METH_VARARGS | METH_KEYWORDS,
+     "unscale_($self, optimizer, /, *, max_norm=None, norm_type=2.0)\n--\n\n"
+     "Divide the optimizer's gradients by the scale in place and check them for inf/NaN; with max_norm, also clip\n"
+     "them to that total norm in the same pass and return the norm."},
+    {"step", (PyCFunction)(void (*)(void))Scaler_step, METH_VARARGS | METH_KEYWORDS,
+     "step($self, optimizer, /, *args, return_found_inf=False, **kwargs)\n--\n\n"
+     "optimizer.step(*args, **kwargs) unless an inf or NaN was found."},
+    {"update", (PyCFunction)(void (*)(void))Scaler_update, METH_VARARGS | METH_KEYWORDS,
+     "update($self, /, new_scale=None)\n--\n\nGrow or back off the scale (or set it to new_scale)."},
+    {"get_scale", Scaler_get_scale, METH_NOARGS, "get_scale($self, /)\n--\n\nThe current scale, as a float."},
+    {"get_growth_factor", Scaler_get_growth_factor, METH_NOARGS, NULL},
+    {"set_growth_factor", Scaler_set_growth_factor, METH_O, NULL},
+    {"get_backoff_factor", Scaler_get_backoff_factor, METH_NOARGS, NULL},
+    {"set_backoff_factor", Scaler_set_backoff_factor, METH_O, NULL},
+    {"get_growth_interval", Scaler_get_growth_interval, METH_NOARGS, NULL},
+    {"set_growth_interval", Scaler_set_growth_interval, METH_O, NULL},
+    {"_get_growth_tracker", Scaler_get_growth_tracker, METH_NOARGS, NULL},
+    {"is_enabled", Scaler_is_enabled, METH_NOARGS, NULL},
+    {"state_dict", Scaler_state_dict, METH_NOARGS,
+     "state_dict($self, /)\n--\n\ntorch's five keys (plus ampc's options where they are used)."},
+    {"load_state_dict", Scaler_load_state_dict, METH_O, "load_state_dict($self, state_dict, /)\n--\n\n"},
+    {"stats", Scaler_stats, METH_NOARGS,
+     "stats($self, /)\n--\n\nsteps, skipped_steps, scale, growth_tracker, hysteresis_left, last_step_skipped."},
+    {"overflow_report", (PyCFunction)(void (*)(void))Scaler_overflow_report, METH_VARARGS | METH_KEYWORDS,
+     "overflow_report($self, optimizer, /, names=None)\n--\n\n"
+     "The gradients holding inf or NaN now, with how many; names: (name, param) pairs such as\n"
+     "model.named_parameters()."},
+    {"_check_inf_per_device", Scaler_check_inf_per_device, METH_O, NULL},
+    {"_found_inf_per_device", Scaler_found_inf_per_device, METH_O, NULL},
+    {"__getstate__", Scaler_getstate, METH_NOARGS, NULL},
+    {"__setstate__", Scaler_setstate, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Scaler_slots[] = {
+    {Py_tp_new, Scaler_new},
+    {Py_tp_init, Scaler_init},
+    {Py_tp_dealloc, Scaler_dealloc},
+    {Py_tp_traverse, Scaler_traverse},
+    {Py_tp_clear, Scaler_clear},
+    {Py_tp_methods, Scaler_methods},
+    {Py_tp_doc, (void *)Scaler_doc},
+    {0, NULL},
+};
+
+static PyType_Spec Scaler_spec = {
+    .name = "ampc.GradScaler",
+    .basicsize = sizeof(ScalerObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = Scaler_slots,
+};
+
+int ampc_scaler_type_init(PyObject *module, ampc_state *st)
+{
+    st->scaler_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &Scaler_spec, NULL);
+    if (st->scaler_type == NULL)
+        return -1;
+    return PyModule_AddType(module, st->scaler_type);
+}
