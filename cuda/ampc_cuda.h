@@ -104,7 +104,6 @@ typedef struct ampc_cuda_api {
      * unscale: block->flags[slot] = 1 if any element is inf or NaN, else 0;
      *   unless check_only, every element *= float32(1 / (double)block->scale).
      * update_scale: the rule of scaler_rule.h with the sum of flags[0 .. nflags).
-     * sum_flags: flags[out] = sum of flags[first .. first + n).
      * scale_mul: loop->data[0] (dst) = loop->data[1] (src) * *scale, in float32
      *   (float64 for float64), rounded to dst.
      * count_nonfinite: counts[i] = inf and NaN elements of grads[i]; counts is
@@ -113,7 +112,6 @@ typedef struct ampc_cuda_api {
                    ampc_scaler_block *block, int slot, int check_only);
     int (*update_scale)(int device, void *stream, ampc_scaler_block *block, int nflags,
                         const ampc_scale_rule *rule);
-    int (*sum_flags)(int device, void *stream, ampc_scaler_block *block, int first, int n, int out);
     int (*scale_mul)(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src,
                      const float *scale);
     int (*count_nonfinite)(int device, void *stream, const ampc_grad_ref *grads, int64_t n,

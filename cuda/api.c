@@ -20,6 +20,14 @@ int ampc_cuda_free(int device, void *ptr, size_t nbytes, void *stream);
 int ampc_cuda_get_memory_stats(int device, ampc_cuda_memory_stats *stats);
 int ampc_cuda_reset_peak_memory(int device);
 int ampc_cuda_cast(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src);
+int ampc_cuda_copy(int dst_device, void *dst, int src_device, const void *src, size_t nbytes, void *stream);
+int ampc_cuda_unscale(int device, void *stream, const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block,
+                      int slot, int check_only);
+int ampc_cuda_update_scale(int device, void *stream, ampc_scaler_block *block, int nflags,
+                           const ampc_scale_rule *rule);
+int ampc_cuda_scale_mul(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src,
+                        const float *scale);
+int ampc_cuda_count_nonfinite(int device, void *stream, const ampc_grad_ref *grads, int64_t n, int64_t *counts);
 
 const ampc_cuda_api ampc_cuda_api_table = {
     .abi_version = AMPC_CUDA_ABI_VERSION,
@@ -36,6 +44,11 @@ const ampc_cuda_api ampc_cuda_api_table = {
     .memory_stats = ampc_cuda_get_memory_stats,
     .reset_peak_memory = ampc_cuda_reset_peak_memory,
     .cast = ampc_cuda_cast,
+    .copy = ampc_cuda_copy,
+    .unscale = ampc_cuda_unscale,
+    .update_scale = ampc_cuda_update_scale,
+    .scale_mul = ampc_cuda_scale_mul,
+    .count_nonfinite = ampc_cuda_count_nonfinite,
 };
 
 static int cuda_exec(PyObject *module)

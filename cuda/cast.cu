@@ -26,6 +26,7 @@
 
 #include "common.h"
 #include "fp_formats.h"
+#include "strided.cuh"
 
 namespace {
 
@@ -185,25 +186,13 @@ __global__ void cast_contiguous_kernel(typename D::bits *__restrict__ dst,
         dst[i] = Convert<D, S>::exact(src[i]);
 }
 
-struct StridedLayout {
-    int ndim;
-    int64_t shape[AMPC_MAX_NDIM];
-    int64_t dst_stride[AMPC_MAX_NDIM];  /* bytes */
-    int64_t src_stride[AMPC_MAX_NDIM];
-};
-
 template <class D, class S>
 __global__ void cast_strided_kernel(char *dst, const char *src, int64_t n, const StridedLayout layout)
 {
     for (int64_t t = (int64_t)blockIdx.x * BLOCK + threadIdx.x; t < n;
          t += (int64_t)gridDim.x * BLOCK) {
-        int64_t rest = t, dst_off = 0, src_off = 0;
-        for (int d = layout.ndim - 1; d >= 0; d--) {
-            const int64_t i = rest % layout.shape[d];
-            rest /= layout.shape[d];
-            dst_off += i * layout.dst_stride[d];
-            src_off += i * layout.src_stride[d];
-        }
+        int64_t dst_off, src_off;
+        strided_offsets(layout, t, dst_off, src_off);
         typename S::bits x;
         memcpy(&x, src + src_off, sizeof x);
         const typename D::bits y = Convert<D, S>::exact(x);
@@ -245,17 +234,8 @@ int launch(const ampc_loop *loop, cudaStream_t stream)
             dst, src, n, head, nvec);
     }
     else {
-        StridedLayout layout;
-        layout.ndim = loop->ndim;
-        for (int d = 0; d < loop->ndim; d++) {
-            layout.shape[d] = loop->shape[d];
-            layout.dst_stride[d] = loop->strides[0][d];
-            layout.src_stride[d] = loop->strides[1][d];
-        }
-        /* A grid-stride loop: enough blocks to fill the GPU several times over. */
-        const int64_t blocks = ceil_div(n, BLOCK) < 65536 ? ceil_div(n, BLOCK) : 65536;
-        cast_strided_kernel<D, S><<<(unsigned)blocks, BLOCK, 0, stream>>>(loop->data[0], loop->data[1],
-                                                                         n, layout);
+        cast_strided_kernel<D, S><<<strided_blocks(n, BLOCK), BLOCK, 0, stream>>>(
+            loop->data[0], loop->data[1], n, strided_layout(loop));
     }
     AMPC_CUDA_TRY(cudaGetLastError(), "launching the cast kernel");
     return AMPC_OK;

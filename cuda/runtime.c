@@ -140,3 +140,24 @@ int ampc_cuda_stream_wait(int device, void *waiter, void *signaller)
     ampc_device_leave(&guard);
     return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "ordering two streams");
 }
+
+int ampc_cuda_copy(int dst_device, void *dst, int src_device, const void *src, size_t nbytes, void *stream)
+{
+    if (nbytes == 0)
+        return AMPC_OK;
+    const int device = dst_device >= 0 ? dst_device : src_device;
+    ampc_device_guard guard;
+    int status = ampc_device_enter(device, &guard);
+    if (status != AMPC_OK)
+        return status;
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaError_t err;
+    if (dst_device >= 0 && src_device >= 0 && dst_device != src_device)
+        err = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, nbytes, s);
+    else
+        err = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, s);
+    if (err == cudaSuccess && dst_device < 0)
+        err = cudaStreamSynchronize(s);  /* the host reads it next */
+    ampc_device_leave(&guard);
+    return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "copying");
+}

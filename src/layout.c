@@ -62,14 +62,14 @@ int ampc_layout_has_internal_overlap(int ndim, const int64_t *shape, const int64
 {
     int perm[AMPC_MAX_NDIM];
     sort_by_stride(ndim, strides, perm);
-    int64_t span = itemsize;  /* bytes covered by the dimensions inside this one */
+    int64_t extent = itemsize;  /* bytes from the first to past the last element of the inner dimensions */
     for (int k = ndim - 1; k >= 0; k--) {
         const int d = perm[k];
         if (shape[d] <= 1)
             continue;
-        if (abs64(strides[d]) < span)
+        if (abs64(strides[d]) < extent)
             return 1;
-        span = abs64(strides[d]) * shape[d];
+        extent += (shape[d] - 1) * abs64(strides[d]);
     }
     return 0;
 }

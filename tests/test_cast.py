@@ -335,3 +335,25 @@ def test_every_float32_pattern(dst):
         finite = ~nan
         assert (ours[finite] == theirs[finite]).all(), f"chunk at {start:#x}"
         assert (ours[nan] == ref.nan_bits(x, dst)[nan]).all(), f"NaN chunk at {start:#x}"
+
+
+@pytest.mark.parametrize(
+    "make,overlaps",
+    [
+        (lambda b: b[:, ::3], False),
+        (lambda b: b[::2, 1::7].T, False),
+        (lambda b: b[::-1, ::-5], False),
+        (lambda b: np.lib.stride_tricks.as_strided(b, (4, 4), (8, 4), writeable=True), True),  # rows share elements
+        (lambda b: np.lib.stride_tricks.as_strided(b, (3, 5), (20, 4), writeable=True), False),  # exactly adjacent rows
+        (lambda b: np.lib.stride_tricks.as_strided(b, (3, 6), (20, 4), writeable=True), True),
+    ],
+)
+def test_out_overlap_detection(make, overlaps):
+    """Writable views whose elements never share memory are accepted as out=; the others refused."""
+    out = make(np.zeros((30, 40), np.float32))
+    x = np.ones(out.shape, np.float64)
+    if overlaps:
+        with pytest.raises(ValueError, match="share memory"):
+            ampc.cast(x, out=out)
+    else:
+        assert ampc.cast(x, out=out) is out and (out == 1).all()

@@ -185,3 +185,6 @@ class stream:
             _C._cuda_swap_stream(*self._previous)
             self._previous = None
         return False
+
+
+from ampc.cuda import amp  # noqa: E402  (the legacy torch.cuda.amp names)
