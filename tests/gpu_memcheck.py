@@ -23,5 +23,23 @@ for src in DTYPES:
         ampc.cast(m[5, 7], dst)
         out = torch.empty(300, 200, dtype=dst, device="cuda").t()
         ampc.cast(m, out=out)
+# GradScaler: multi-tensor unscale over awkward sizes and dtypes, strided grads, update, overflow counts.
+params = [torch.nn.Parameter(torch.zeros(n, device="cuda", dtype=dt))
+          for n in (1, 7, 16383, 16384, 16385, 70_001) for dt in (torch.float32, torch.bfloat16, torch.float64)]
+for p in params:
+    p.grad = torch.randn_like(p)
+strided = torch.nn.Parameter(torch.zeros(30, 14, device="cuda"))
+strided.grad = torch.randn(30, 40, device="cuda")[:, ::3]
+opt = torch.optim.SGD(params + [strided], lr=0.0)
+scaler = ampc.GradScaler("cuda", init_scale=8.0)
+for _ in range(3):
+    scaler.scale(torch.ones((2, 2), device="cuda"))
+    scaler.step(opt)
+    scaler.update()
+params[4].grad[3] = float("inf")
+scaler.scale(torch.ones((), device="cuda"))
+scaler.step(opt)
+scaler.overflow_report(opt)
+scaler.update()
 torch.cuda.synchronize()
 print("memcheck workload done")
