@@ -22,7 +22,9 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 #include "grads.h"
 #include "scaler_rule.h"
@@ -494,6 +496,18 @@ static int as_int64(PyObject *obj, const char *name, int64_t *out)
     return 0;
 }
 
+/* PyErr_Format knows no floating-point conversions: format with the C
+ * library, then raise. */
+static void value_error(const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    PyErr_SetString(PyExc_ValueError, msg);
+}
+
 /* Checks of the hyperparameters shared by the constructor, pickling and
  * load_state_dict. The two of torch's own are assertions there, so their
  * error is both an AssertionError and a ValueError (and survives python -O). */
@@ -509,13 +523,12 @@ static int check_config(ampc_state *st, double init_scale, double growth_factor,
         return -1;
     }
     if (!(backoff_factor > 0.0) || !isfinite(growth_factor)) {
-        PyErr_Format(PyExc_ValueError, "GradScaler: growth_factor must be finite and backoff_factor "
-                     "positive, got %g and %g", growth_factor, backoff_factor);
+        value_error("GradScaler: growth_factor must be finite and backoff_factor positive, got %g and %g",
+                    growth_factor, backoff_factor);
         return -1;
     }
     if (!(init_scale > 0.0) || !isfinite(init_scale) || init_scale > FLT_MAX) {
-        PyErr_Format(PyExc_ValueError, "GradScaler: the scale must be a positive finite float32, got %g",
-                     init_scale);
+        value_error("GradScaler: the scale must be a positive finite float32, got %g", init_scale);
         return -1;
     }
     if (growth_interval < 1) {
@@ -524,13 +537,12 @@ static int check_config(ampc_state *st, double init_scale, double growth_factor,
         return -1;
     }
     if (!(min_scale >= 0.0) || !(max_scale >= min_scale) || isnan(max_scale)) {
-        PyErr_Format(PyExc_ValueError, "GradScaler: need 0 <= min_scale <= max_scale, got %g and %g",
-                     min_scale, max_scale);
+        value_error("GradScaler: need 0 <= min_scale <= max_scale, got %g and %g", min_scale, max_scale);
         return -1;
     }
     if (init_scale < min_scale || init_scale > max_scale) {
-        PyErr_Format(PyExc_ValueError, "GradScaler: the scale %g is outside [min_scale, max_scale] = "
-                     "[%g, %g]", init_scale, min_scale, max_scale);
+        value_error("GradScaler: the scale %g is outside [min_scale, max_scale] = [%g, %g]", init_scale, min_scale,
+                    max_scale);
         return -1;
     }
     if (hysteresis < 1 || hysteresis > INT32_MAX) {
@@ -1174,7 +1186,7 @@ static int set_scale_from(ampc_state *st, ScalerObject *self, PyObject *new_scal
         return -1;
     }
     if (!(value > 0) || !isfinite(value) || value > FLT_MAX) {
-        PyErr_Format(PyExc_ValueError, "update: new_scale must be a positive finite float32, got %g", value);
+        value_error("update: new_scale must be a positive finite float32, got %g", value);
         return -1;
     }
     const float f = (float)value;

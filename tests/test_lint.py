@@ -1,0 +1,49 @@
+"""Plain-text checks over the C sources (msgspec's cpylint idea): mistakes the
+compiler does not catch."""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SOURCES = sorted([*ROOT.glob("src/*.c"), *ROOT.glob("cuda/*.c"), *ROOT.glob("cuda/*.cu")])
+
+
+def calls(name):
+    """Every call of `name` with its arguments, across lines."""
+    for path in SOURCES:
+        text = path.read_text()
+        for m in re.finditer(rf"\b{name}\s*\(", text):
+            depth, i = 0, m.end() - 1
+            while i < len(text):
+                depth += {"(": 1, ")": -1}.get(text[i], 0)
+                i += 1
+                if depth == 0:
+                    break
+            yield path.name, text.count("\n", 0, m.start()) + 1, text[m.start():i]
+
+
+def test_no_float_conversions_in_pyerr_format():
+    """PyUnicode_FromFormat has no %g/%f/%e: Python 3.12 raises SystemError for them."""
+    bad = [f"{f}:{line}" for name in ("PyErr_Format", "PyUnicode_FromFormat")
+           for f, line, call in calls(name) if re.search(r"%[-0-9.]*[gfeGE]", call)]
+    assert not bad, bad
+
+
+def test_no_exit_or_abort_in_library_code():
+    bad = [f"{p.name}" for p in SOURCES if re.search(r"\b(exit|abort)\s*\(", p.read_text())]
+    assert not bad, bad
+
+
+def test_every_kernel_launch_is_checked():
+    """After each <<<...>>> launch, cudaGetLastError() before the function returns."""
+    for path in ROOT.glob("cuda/*.cu"):
+        text = path.read_text()
+        for m in re.finditer(r"<<<", text):
+            rest = text[m.end():m.end() + 1200]
+            assert "cudaGetLastError()" in rest, f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}"
+
+
+def test_gil_released_and_reacquired_in_pairs():
+    for path in ROOT.glob("src/*.c"):
+        text = path.read_text()
+        assert text.count("Py_BEGIN_ALLOW_THREADS") == text.count("Py_END_ALLOW_THREADS"), path.name
