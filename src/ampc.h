@@ -33,6 +33,7 @@ typedef struct {
     PyTypeObject *array_type;                  /* ampc.Array */
     PyArray_Descr *descr[AMPC_NUM_DTYPES];     /* NumPy dtype of each ampc dtype */
     PyObject *converters;                      /* dict: type -> callable(ampc.Array) or None */
+    PyObject *exchange_apis;                   /* dict: type -> its DLPack C exchange API capsule, or None */
     PyObject *converter_for;                   /* ampc._interop.converter_for, once imported */
     PyObject *cuda_error;                      /* ampc.CudaError */
     PyObject *argument_error;                  /* ampc.ArgumentError */
@@ -164,6 +165,10 @@ PyObject *ampc_array_view_into(ampc_state *st, PyObject *owner, const ampc_view 
 /* Import through the protocol (__dlpack__ / __dlpack_device__) or from a bare
  * capsule; returns a new ampc.Array owning the tensor. */
 PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname, ampc_access access);
+/* Describe `obj` through its type's DLPack C exchange API, without calling
+ * Python: 1 when done, 0 when the type has no usable table (nothing set),
+ * -1 with an exception. The view's stream is the producer's current one. */
+int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, ampc_view *view);
 /* Build a capsule for `view`; `owner` is kept alive until the consumer's
  * deleter runs. */
 PyObject *ampc_dlpack_export(const ampc_view *view, PyObject *owner, int versioned,

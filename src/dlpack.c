@@ -238,6 +238,69 @@ static PyObject *import_capsule(ampc_state *st, PyObject *capsule, const char *a
     return ampc_array_from_dlpack(st, managed, versioned, &v);
 }
 
+/* ------------------------------------------------------------------------ */
+/* The C exchange API (DLPack 1.3)                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The type's exchange table, looked up once per type; NULL (no exception)
+ * when it has none, or none ampc can read. */
+static const DLPackExchangeAPI *exchange_api(ampc_state *st, PyTypeObject *type)
+{
+    PyObject *capsule = PyDict_GetItemWithError(st->exchange_apis, (PyObject *)type);
+    if (capsule == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        capsule = PyObject_GetAttrString((PyObject *)type, DLPACK_EXCHANGE_API_ATTR);
+        if (capsule == NULL || !PyCapsule_IsValid(capsule, DLPACK_EXCHANGE_API_CAPSULE)) {
+            PyErr_Clear();
+            Py_XSETREF(capsule, Py_NewRef(Py_None));
+        }
+        const int rc = PyDict_SetItem(st->exchange_apis, (PyObject *)type, capsule);
+        Py_DECREF(capsule);  /* the dict holds it */
+        if (rc < 0) {
+            PyErr_Clear();
+            return NULL;
+        }
+    }
+    if (capsule == Py_None)
+        return NULL;
+    const DLPackExchangeAPI *api = PyCapsule_GetPointer(capsule, DLPACK_EXCHANGE_API_CAPSULE);
+    /* The table's layout is DLPack 1.3's; another major version may differ. */
+    if (api == NULL || api->header.version.major != DLPACK_MAJOR_VERSION || api->header.version.minor < 3 ||
+        api->dltensor_from_py_object_no_sync == NULL || api->current_work_stream == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return api;
+}
+
+int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, ampc_view *v)
+{
+    const DLPackExchangeAPI *api = exchange_api(st, Py_TYPE(obj));
+    if (api == NULL)
+        return 0;
+    DLTensor t;
+    if (api->dltensor_from_py_object_no_sync(obj, &t) < 0)
+        return -1;
+    memset(v, 0, sizeof *v);
+    if (view_from_dltensor(&t, argname, v) < 0)
+        return -1;
+    if (v->device.type == AMPC_DEVICE_CUDA) {
+        if (ampc_cuda_check_device(st, v->device.index) < 0)
+            return -1;
+        /* Nothing was synchronised: the producer's work is ordered on its
+         * current stream, which ampc's kernels wait for (ampc_cast_views and
+         * the scaler order themselves after view->stream). */
+        void *stream = NULL;
+        if (api->current_work_stream(t.device.device_type, t.device.device_id, &stream) < 0)
+            return -1;
+        v->stream = (uintptr_t)stream <= 1 ? NULL : stream;
+    }
+    Py_INCREF(obj);
+    v->owner = obj;  /* the tensor itself keeps the memory alive */
+    return 1;
+}
+
 /* obj.__dlpack_device__() as (type, id); producers that predate it are CPU. */
 static int producer_device(PyObject *obj, int *type, int *id)
 {

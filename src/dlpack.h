@@ -107,6 +107,32 @@ typedef struct DLManagedTensorVersioned {
 #define DLPACK_VERSIONED_CAPSULE_NAME "dltensor_versioned"
 #define DLPACK_VERSIONED_CAPSULE_USED_NAME "used_dltensor_versioned"
 
+/* DLPack 1.3's C exchange API: a PyCapsule named "dlpack_exchange_api" in
+ * the attribute `__dlpack_c_exchange_api__` of a producer's *type*, holding a
+ * table of C functions that export a tensor without any Python call. ampc
+ * uses the non-owning export (valid until control returns to Python, while
+ * ampc holds the tensor) and the producer's current work stream, which its
+ * kernels then order themselves after. Functions return 0, or -1 with a
+ * Python exception set; every field but dltensor_from_py_object_no_sync is
+ * required to be non-NULL. */
+#define DLPACK_EXCHANGE_API_ATTR "__dlpack_c_exchange_api__"
+#define DLPACK_EXCHANGE_API_CAPSULE "dlpack_exchange_api"
+
+typedef struct DLPackExchangeAPIHeader {
+    DLPackVersion version;
+    struct DLPackExchangeAPIHeader *prev_api;  /* an older table, or NULL */
+} DLPackExchangeAPIHeader;
+
+typedef struct {
+    DLPackExchangeAPIHeader header;
+    int (*managed_tensor_allocator)(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
+                                    void (*set_error)(void *error_ctx, const char *kind, const char *message));
+    int (*managed_tensor_from_py_object_no_sync)(void *py_object, DLManagedTensorVersioned **out);
+    int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned *tensor, void **out_py_object);
+    int (*dltensor_from_py_object_no_sync)(void *py_object, DLTensor *out);
+    int (*current_work_stream)(int32_t device_type, int32_t device_id, void **out_current_stream);
+} DLPackExchangeAPI;
+
 /* Stream sentinels a CUDA consumer may pass to __dlpack__(stream=...). */
 #define DLPACK_STREAM_LEGACY_DEFAULT 1
 #define DLPACK_STREAM_PER_THREAD_DEFAULT 2

@@ -155,6 +155,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     for (int d = 0; d < AMPC_NUM_DTYPES; d++)
         Py_VISIT(st->descr[d]);
     Py_VISIT(st->converters);
+    Py_VISIT(st->exchange_apis);
     Py_VISIT(st->converter_for);
     Py_VISIT(st->cuda_error);
     Py_VISIT(st->argument_error);
@@ -172,6 +173,7 @@ static int module_clear(PyObject *module)
     for (int d = 0; d < AMPC_NUM_DTYPES; d++)
         Py_CLEAR(st->descr[d]);
     Py_CLEAR(st->converters);
+    Py_CLEAR(st->exchange_apis);
     Py_CLEAR(st->converter_for);
     Py_CLEAR(st->cuda_error);
     Py_CLEAR(st->argument_error);
@@ -195,7 +197,8 @@ static int module_exec(PyObject *module)
     if (ampc_dtype_init(st) < 0 || ampc_array_type_init(module, st) < 0)
         return -1;
     st->converters = PyDict_New();
-    if (st->converters == NULL)
+    st->exchange_apis = PyDict_New();
+    if (st->converters == NULL || st->exchange_apis == NULL)
         return -1;
     st->cuda_error = PyErr_NewExceptionWithDoc(
         "ampc.CudaError", "A CUDA, cuBLAS or cuDNN call failed.", PyExc_RuntimeError, NULL);

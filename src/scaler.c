@@ -337,6 +337,33 @@ static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, double max_n
     return norm;
 }
 
+/* The gradients of device slot d were produced on their own streams (a
+ * producer's current stream, when read through DLPack's C exchange API).
+ * before: make `stream` wait for them; after: make them wait for `stream`,
+ * so the producer reads what ampc wrote. Each distinct stream once. */
+static int order_grads(ampc_state *st, const ampc_grads *g, int d, void *stream, int before)
+{
+    void *done[8];
+    int ndone = 0;
+    for (int64_t i = 0; i < g->n; i++) {
+        const ampc_view *v = &g->entries[i].view;
+        if (g->entries[i].device_slot != d || v->stream == stream)
+            continue;
+        int seen = 0;
+        for (int k = 0; k < ndone; k++)
+            seen |= done[k] == v->stream;
+        if (seen)
+            continue;
+        const int status = before ? st->cuda->stream_wait(v->device.index, stream, v->stream)
+                                  : st->cuda->stream_wait(v->device.index, v->stream, stream);
+        if (status != AMPC_OK)
+            return ampc_cuda_raise(st, status, "unscale_");
+        if (ndone < 8)
+            done[ndone++] = v->stream;
+    }
+    return 0;
+}
+
 /* Check (and unless check_only, unscale) the optimizer's gradients, device
  * by device, recording a flag slot per device in `os`. With max_norm > 0,
  * clip to the total norm in the same pass and return it in *norm_out. */
@@ -376,12 +403,16 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
         os->nfound++;
         if (m->device.type == AMPC_DEVICE_CUDA) {
             void *stream = stream_for(m);
+            if (order_grads(st, &g, d, stream, 1) < 0)
+                goto done;
             const int status = st->cuda->unscale(m->device.index, stream, refs, count, m->block, slot, check_only);
             if (status != AMPC_OK) {
                 ampc_cuda_raise(st, status, "unscale_");
                 goto done;
             }
             m->stream = stream;
+            if (!check_only && order_grads(st, &g, d, stream, 0) < 0)
+                goto done;
             continue;
         }
         const float inv = check_only ? 1.0f : ampc_inv_scale(m->block->scale);

@@ -77,6 +77,11 @@ int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
         rc = ampc_view_from_ndarray(st, (PyArrayObject *)a, argname, view);
         Py_DECREF(a);
     }
+    else if ((rc = ampc_dlpack_fast_view(st, obj, argname, view)) != 0) {
+        /* done (rc 1) or failed (rc -1) through the C exchange API */
+        if (rc > 0)
+            rc = 0;
+    }
     else if (PyCapsule_CheckExact(obj) || PyObject_HasAttrString(obj, "__dlpack__")) {
         PyObject *array = ampc_dlpack_import(st, obj, argname, access);
         if (array == NULL)
