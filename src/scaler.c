@@ -782,8 +782,10 @@ static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs
         ampc_scale_mul_cpu(&loop, dtype, x.dtype, *scale_addr);
     }
     else {
-        const int status = st->cuda->scale_mul(dev.index, stream_for(&self->memory[m]), &loop, dtype, x.dtype,
-                                               scale_addr);
+        void *stream = stream_for(&self->memory[m]);
+        int status = x.stream != stream ? st->cuda->stream_wait(dev.index, stream, x.stream) : AMPC_OK;
+        if (status == AMPC_OK)
+            status = st->cuda->scale_mul(dev.index, stream, &loop, dtype, x.dtype, scale_addr);
         if (status != AMPC_OK) {
             Py_DECREF(fresh);
             ampc_cuda_raise(st, status, "scale");
@@ -1619,8 +1621,10 @@ static PyObject *Scaler_overflow_report(PyObject *op, PyObject *args, PyObject *
         const ampc_grad_ref *refs = g.refs + g.first[d];
         int64_t *out = counts + g.first[d];
         if (g.devices[d].type == AMPC_DEVICE_CUDA) {
-            const int status = st->cuda->count_nonfinite(g.devices[d].index, ampc_current_stream(g.devices[d].index, NULL),
-                                                         refs, g.count[d], out);
+            void *stream = ampc_current_stream(g.devices[d].index, NULL);
+            if (order_grads(st, &g, d, stream, 1) < 0)
+                goto done;
+            const int status = st->cuda->count_nonfinite(g.devices[d].index, stream, refs, g.count[d], out);
             if (status != AMPC_OK) {
                 ampc_cuda_raise(st, status, "overflow_report");
                 goto done;
