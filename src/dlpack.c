@@ -267,7 +267,8 @@ static const DLPackExchangeAPI *exchange_api(ampc_state *st, PyTypeObject *type)
     const DLPackExchangeAPI *api = PyCapsule_GetPointer(capsule, DLPACK_EXCHANGE_API_CAPSULE);
     /* The table's layout is DLPack 1.3's; another major version may differ. */
     if (api == NULL || api->header.version.major != DLPACK_MAJOR_VERSION || api->header.version.minor < 3 ||
-        api->dltensor_from_py_object_no_sync == NULL || api->current_work_stream == NULL) {
+        api->current_work_stream == NULL ||
+        (api->dltensor_from_py_object_no_sync == NULL && api->managed_tensor_from_py_object_no_sync == NULL)) {
         PyErr_Clear();
         return NULL;
     }
@@ -279,25 +280,46 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
     const DLPackExchangeAPI *api = exchange_api(st, Py_TYPE(obj));
     if (api == NULL)
         return 0;
-    DLTensor t;
-    if (api->dltensor_from_py_object_no_sync(obj, &t) < 0)
-        return -1;
     memset(v, 0, sizeof *v);
-    if (view_from_dltensor(&t, argname, v) < 0)
-        return -1;
-    if (v->device.type == AMPC_DEVICE_CUDA) {
-        if (ampc_cuda_check_device(st, v->device.index) < 0)
+    PyObject *owner;
+    DLTensor t;
+    if (api->dltensor_from_py_object_no_sync != NULL) {
+        /* Borrowed description: the tensor itself keeps the memory alive. */
+        if (api->dltensor_from_py_object_no_sync(obj, &t) < 0 || view_from_dltensor(&t, argname, v) < 0)
             return -1;
+        owner = Py_NewRef(obj);
+    }
+    else {
+        /* An owned tensor, released with the ampc.Array that holds it. */
+        DLManagedTensorVersioned *m = NULL;
+        if (api->managed_tensor_from_py_object_no_sync(obj, &m) < 0)
+            return -1;
+        t = m->dl_tensor;
+        v->readonly = (m->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+        if (m->version.major != DLPACK_MAJOR_VERSION || view_from_dltensor(&t, argname, v) < 0) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_BufferError, "%s: DLPack version %u is not supported", argname, m->version.major);
+            if (m->deleter)
+                m->deleter(m);
+            return -1;
+        }
+        owner = ampc_array_from_dlpack(st, m, 1, v);
+        if (owner == NULL)
+            return -1;
+    }
+    if (v->device.type == AMPC_DEVICE_CUDA) {
         /* Nothing was synchronised: the producer's work is ordered on its
          * current stream, which ampc's kernels wait for (ampc_cast_views and
          * the scaler order themselves after view->stream). */
         void *stream = NULL;
-        if (api->current_work_stream(t.device.device_type, t.device.device_id, &stream) < 0)
+        if (ampc_cuda_check_device(st, v->device.index) < 0 ||
+            api->current_work_stream(t.device.device_type, t.device.device_id, &stream) < 0) {
+            Py_DECREF(owner);
             return -1;
+        }
         v->stream = (uintptr_t)stream <= 1 ? NULL : stream;
     }
-    Py_INCREF(obj);
-    v->owner = obj;  /* the tensor itself keeps the memory alive */
+    v->owner = owner;
     return 1;
 }
 

@@ -44,18 +44,36 @@ static int grow(ampc_grads *g)
     return 0;
 }
 
-/* Check one gradient and describe it for the kernels. */
+/* Check one gradient and describe it for the kernels. The name is written
+ * out only for an error message: this runs for every gradient of every step. */
 static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *grad, int group, int index,
                     int allow_fp16, int for_writing)
 {
     char name[96];
-    describe(name, sizeof name, group, index);
     if (grow(g) < 0)
         return -1;
     ampc_grad_entry *e = &g->entries[g->n];
-    memset(e, 0, sizeof *e);
-    if (ampc_view_from_object(st, grad, name, for_writing ? AMPC_FOR_WRITING : AMPC_FOR_READING, &e->view) < 0)
+    e->param = NULL;
+    if (ampc_view_from_object(st, grad, "gradient", for_writing ? AMPC_FOR_WRITING : AMPC_FOR_READING,
+                              &e->view) < 0) {
+        /* Say which gradient, keeping the message. */
+        PyObject *exc = ampc_take_exception();
+        describe(name, sizeof name, group, index);
+        if (exc != NULL) {
+            PyObject *msg = PyObject_Str(exc);
+            const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
+            if (text && strncmp(text, "gradient", 8) == 0) {
+                PyErr_Format((PyObject *)Py_TYPE(exc), "%s%s", name, text + 8);
+                Py_DECREF(exc);
+            }
+            else {
+                PyErr_Clear();
+                ampc_restore_exception(exc);
+            }
+            Py_XDECREF(msg);
+        }
         return -1;
+    }
     g->n++;  /* from here on released with the list */
     Py_INCREF(param);
     e->param = param;
@@ -63,6 +81,7 @@ static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *gr
     e->index = index;
     const ampc_view *v = &e->view;
     if (!AMPC_DTYPE_IS_FLOAT(v->dtype)) {
+        describe(name, sizeof name, group, index);
         PyErr_Format(PyExc_TypeError, "%s has dtype %s; gradients must be float32, float16, bfloat16 "
                      "or float64", name, ampc_dtype_names[v->dtype]);
         return -1;
@@ -72,10 +91,12 @@ static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *gr
         return -1;
     }
     if (for_writing && v->readonly) {
+        describe(name, sizeof name, group, index);
         PyErr_Format(PyExc_ValueError, "%s is read-only", name);
         return -1;
     }
     if (for_writing && ampc_layout_has_internal_overlap(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype))) {
+        describe(name, sizeof name, group, index);
         PyErr_Format(PyExc_ValueError, "%s has elements that share memory (zero or overlapping "
                      "strides); unscaling it would scale them twice", name);
         return -1;
