@@ -18,28 +18,43 @@ static void describe(char *buf, size_t size, int group, int index)
     snprintf(buf, size, "optimizer.param_groups[%d]['params'][%d].grad", group, index);
 }
 
-void ampc_grads_release(ampc_grads *g)
+void ampc_grads_clear(ampc_grads *g)
 {
     for (int64_t i = 0; i < g->n; i++) {
         ampc_view_release(&g->entries[i].view);
         Py_XDECREF(g->entries[i].param);
+        PyMem_Free(g->entries[i].loop);
     }
+    g->n = 0;
+    g->ndevices = 0;
+}
+
+void ampc_grads_release(ampc_grads *g)
+{
+    ampc_grads_clear(g);
     PyMem_Free(g->entries);
     PyMem_Free(g->refs);
     memset(g, 0, sizeof *g);
 }
 
+/* Room for one more entry (and its ref). */
 static int grow(ampc_grads *g)
 {
     if (g->n < g->capacity)
         return 0;
-    const int64_t capacity = g->capacity ? 2 * g->capacity : 64;
+    const int64_t capacity = g->capacity ? 2 * g->capacity : 256;
     ampc_grad_entry *entries = PyMem_Realloc(g->entries, (size_t)capacity * sizeof *entries);
     if (entries == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     g->entries = entries;
+    ampc_grad_ref *refs = PyMem_Realloc(g->refs, (size_t)capacity * sizeof *refs);
+    if (refs == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->refs = refs;
     g->capacity = capacity;
     return 0;
 }
@@ -74,6 +89,7 @@ static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *gr
         }
         return -1;
     }
+    e->loop = NULL;
     g->n++;  /* from here on released with the list */
     Py_INCREF(param);
     e->param = param;
@@ -101,10 +117,20 @@ static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *gr
                      "strides); unscaling it would scale them twice", name);
         return -1;
     }
+    ampc_loop loop;
     char *data[1] = {v->data};
     const int64_t *strides[1] = {v->strides};
-    ampc_loop_init(&e->loop, 1, v->ndim, v->shape, data, strides);
-    e->dense = e->loop.ndim == 0 || (e->loop.ndim == 1 && e->loop.strides[0][0] == ampc_dtype_size(v->dtype));
+    ampc_loop_init(&loop, 1, v->ndim, v->shape, data, strides);
+    if (loop.ndim == 0 || (loop.ndim == 1 && loop.strides[0][0] == ampc_dtype_size(v->dtype))) {
+        e->dense_data = loop.data[0];
+        return 0;
+    }
+    e->loop = PyMem_Malloc(sizeof loop);
+    if (e->loop == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *e->loop = loop;
     return 0;
 }
 
@@ -113,7 +139,7 @@ int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int 
     PyObject *groups = NULL, *group_iter = NULL, *group = NULL, *params = NULL, *param_iter = NULL,
              *param = NULL, *grad = NULL;
     int rc = -1;
-    memset(g, 0, sizeof *g);
+    ampc_grads_clear(g);
     groups = PyObject_GetAttrString(optimizer, "param_groups");
     if (groups == NULL)
         goto done;
@@ -146,11 +172,6 @@ int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int 
         goto done;
 
     /* Devices, and the refs the kernels take, grouped by device. */
-    g->refs = PyMem_Malloc((size_t)(g->n > 0 ? g->n : 1) * sizeof *g->refs);
-    if (g->refs == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
     for (int64_t i = 0; i < g->n; i++) {
         const ampc_device dev = g->entries[i].view.device;
         int d = 0;
@@ -174,10 +195,10 @@ int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int 
             if (e->device_slot != d)
                 continue;
             ampc_grad_ref *r = &g->refs[k++];
-            r->data = e->dense ? e->loop.data[0] : e->view.data;
+            r->data = e->loop == NULL ? e->dense_data : e->view.data;
             r->numel = e->view.numel;
             r->dtype = e->view.dtype;
-            r->loop = e->dense ? NULL : &e->loop;
+            r->loop = e->loop;
         }
         g->count[d] = k - g->first[d];
     }
@@ -191,6 +212,6 @@ done:
     Py_XDECREF(group_iter);
     Py_XDECREF(groups);
     if (rc < 0)
-        ampc_grads_release(g);
+        ampc_grads_clear(g);
     return rc;
 }

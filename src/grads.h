@@ -10,8 +10,8 @@
 
 typedef struct {
     ampc_view view;
-    ampc_loop loop;     /* over its elements; one contiguous run when dense */
-    int dense;
+    ampc_loop *loop;    /* how to walk it when not dense (PyMem, owned); NULL when dense */
+    char *dense_data;   /* dense: the lowest address of its elements */
     int group, index;   /* where it sits in optimizer.param_groups */
     int device_slot;    /* index into ampc_grads.devices */
     PyObject *param;    /* strong */
@@ -29,8 +29,12 @@ typedef struct {
 
 /* Every `.grad` that is not None, checked (for writing: writable, no shared
  * elements; float16 refused unless allow_fp16, with torch's text). 0, or -1
- * with an exception and nothing held. */
+ * with an exception and no gradient held. `g` may come from an earlier
+ * ampc_grads_clear: its memory is reused (this runs every step). */
 int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int for_writing, ampc_grads *g);
+/* Drop the gradients, keep the memory for the next collect. */
+void ampc_grads_clear(ampc_grads *g);
+/* Drop everything. */
 void ampc_grads_release(ampc_grads *g);
 
 #endif /* AMPC_GRADS_H */

@@ -64,6 +64,7 @@ typedef struct {
     /* carried over by pickling into the next lazily created block */
     int init_hysteresis_left;
     int64_t init_steps, init_skipped;
+    ampc_grads scratch;         /* the gradient list, its memory reused step after step */
     int nmemory;                /* 0 until the first scale() */
     scaler_memory memory[AMPC_GRADS_MAX_DEVICES];  /* [0]: the scale's own device */
     PyObject *states;           /* dict: id(optimizer) -> capsule of opt_state */
@@ -321,7 +322,7 @@ static int cpu_unscale(ampc_state *st, const ampc_grad_ref *refs, int64_t count,
 /* unscale_(max_norm=) on a disabled scaler: clip only. */
 static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, double max_norm, double norm_type)
 {
-    ampc_grads g;
+    ampc_grads g = {0};
     PyObject *norm = NULL;
     if (ampc_grads_collect(st, optimizer, 1, 1, &g) < 0)
         return NULL;
@@ -371,11 +372,12 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
                          int check_only, int allow_fp16, double max_norm, double norm_type,
                          PyObject **norm_out)
 {
-    ampc_grads g;
+    ampc_grads g = self->scratch;  /* moved out while in use, and back at the end */
+    memset(&self->scratch, 0, sizeof self->scratch);
     int mem[AMPC_GRADS_MAX_DEVICES];
     int rc = -1;
     if (ampc_grads_collect(st, optimizer, allow_fp16, !check_only, &g) < 0)
-        return -1;
+        goto done;
     for (int d = 0; d < g.ndevices; d++)
         if ((mem[d] = memory_for(st, self, g.devices[d])) < 0)
             goto done;
@@ -428,7 +430,11 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
     }
     rc = 0;
 done:
-    ampc_grads_release(&g);
+    ampc_grads_clear(&g);
+    if (self->scratch.entries == NULL)
+        self->scratch = g;
+    else
+        ampc_grads_release(&g);
     return rc;
 }
 
@@ -675,6 +681,7 @@ static int Scaler_clear(PyObject *op)
     ScalerObject *self = SCALER(op);
     Py_CLEAR(self->states);
     drop_memory(self);
+    ampc_grads_release(&self->scratch);
     return 0;
 }
 
@@ -1585,7 +1592,7 @@ static PyObject *Scaler_overflow_report(PyObject *op, PyObject *args, PyObject *
     PyObject *optimizer, *names = Py_None, *by_id = NULL, *report = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:overflow_report", kwlist, &optimizer, &names))
         return NULL;
-    ampc_grads g;
+    ampc_grads g = {0};
     if (ampc_grads_collect(st, optimizer, 1, 0, &g) < 0)
         return NULL;
     int64_t *counts = PyMem_Calloc((size_t)(g.n > 0 ? g.n : 1), sizeof *counts);
