@@ -34,6 +34,12 @@ typedef struct {
     PyArray_Descr *descr[AMPC_NUM_DTYPES];     /* NumPy dtype of each ampc dtype */
     PyObject *converters;                      /* dict: type -> callable(ampc.Array) or None */
     PyObject *exchange_apis;                   /* dict: type -> its DLPack C exchange API capsule, or None */
+    /* While a list of arrays is read in one go (an optimizer's gradients),
+     * the producer's current stream is asked once per (table, device). */
+    int stream_cache_on;
+    const void *stream_cache_api;
+    int stream_cache_device;
+    void *stream_cache_stream;
     PyObject *converter_for;                   /* ampc._interop.converter_for, once imported */
     PyObject *cuda_error;                      /* ampc.CudaError */
     PyObject *argument_error;                  /* ampc.ArgumentError */

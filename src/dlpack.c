@@ -312,10 +312,21 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
          * current stream, which ampc's kernels wait for (ampc_cast_views and
          * the scaler order themselves after view->stream). */
         void *stream = NULL;
-        if (ampc_cuda_check_device(st, v->device.index) < 0 ||
-            api->current_work_stream(t.device.device_type, t.device.device_id, &stream) < 0) {
+        if (ampc_cuda_check_device(st, v->device.index) < 0) {
             Py_DECREF(owner);
             return -1;
+        }
+        if (st->stream_cache_on && st->stream_cache_api == api && st->stream_cache_device == v->device.index) {
+            stream = st->stream_cache_stream;
+        }
+        else {
+            if (api->current_work_stream(t.device.device_type, t.device.device_id, &stream) < 0) {
+                Py_DECREF(owner);
+                return -1;
+            }
+            st->stream_cache_api = api;
+            st->stream_cache_device = v->device.index;
+            st->stream_cache_stream = stream;
         }
         v->stream = (uintptr_t)stream <= 1 ? NULL : stream;
     }

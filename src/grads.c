@@ -140,6 +140,8 @@ int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int 
              *param = NULL, *grad = NULL;
     int rc = -1;
     ampc_grads_clear(g);
+    st->stream_cache_on = 1;
+    st->stream_cache_api = NULL;
     groups = PyObject_GetAttrString(optimizer, "param_groups");
     if (groups == NULL)
         goto done;
@@ -211,6 +213,7 @@ done:
     Py_XDECREF(group);
     Py_XDECREF(group_iter);
     Py_XDECREF(groups);
+    st->stream_cache_on = 0;
     if (rc < 0)
         ampc_grads_clear(g);
     return rc;
