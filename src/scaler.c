@@ -1391,50 +1391,24 @@ static PyObject *Scaler_state_dict(PyObject *op, PyObject *Py_UNUSED(ignored))
     return d;
 }
 
-/* sd[key], KeyError (as torch) when missing. */
-static PyObject *required(PyObject *sd, const char *key)
-{
-    PyObject *v = PyMapping_GetItemString(sd, key);
-    if (v == NULL && PyErr_ExceptionMatches(PyExc_KeyError)) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_KeyError, key);
-    }
-    return v;
-}
-
-static int required_double(PyObject *sd, const char *key, double *out)
-{
-    PyObject *v = required(sd, key);
-    if (v == NULL)
-        return -1;
-    const int rc = as_double(v, key, out);
-    Py_DECREF(v);
-    return rc;
-}
-
-static int required_int64(PyObject *sd, const char *key, int64_t *out)
-{
-    PyObject *v = required(sd, key);
-    if (v == NULL)
-        return -1;
-    const int rc = as_int64(v, key, out);
-    Py_DECREF(v);
-    return rc;
-}
-
-/* An optional key into *out; 0 if absent. */
-static int optional_double(PyObject *sd, const char *key, double *out)
+/* A number under `key`: into *f (a float) or *i (an int), whichever is
+ * given. 1 if read, 0 if absent and optional, -1 with an exception (KeyError,
+ * as torch, when absent and required). */
+static int read_number(PyObject *sd, const char *key, int required, double *f, int64_t *i)
 {
     PyObject *v = PyMapping_GetItemString(sd, key);
     if (v == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_KeyError))
             return -1;
         PyErr_Clear();
-        return 0;
+        if (!required)
+            return 0;
+        PyErr_SetString(PyExc_KeyError, key);
+        return -1;
     }
-    const int rc = as_double(v, key, out);
+    const int rc = f ? as_double(v, key, f) : as_int64(v, key, i);
     Py_DECREF(v);
-    return rc;
+    return rc < 0 ? -1 : 1;
 }
 
 static PyObject *Scaler_load_state_dict(PyObject *op, PyObject *sd)
@@ -1458,12 +1432,12 @@ static PyObject *Scaler_load_state_dict(PyObject *op, PyObject *sd)
     /* Everything is read and checked first: a bad dict changes nothing. */
     double scale, growth, backoff, min_scale = self->min_scale, max_scale = self->max_scale, hyst_d = self->hysteresis;
     int64_t interval, tracker;
-    if (required_double(sd, "scale", &scale) < 0 || required_double(sd, "growth_factor", &growth) < 0 ||
-        required_double(sd, "backoff_factor", &backoff) < 0 ||
-        required_int64(sd, "growth_interval", &interval) < 0 || required_int64(sd, "_growth_tracker", &tracker) < 0)
-        return NULL;
-    if (optional_double(sd, "min_scale", &min_scale) < 0 || optional_double(sd, "max_scale", &max_scale) < 0 ||
-        optional_double(sd, "hysteresis", &hyst_d) < 0)
+    if (read_number(sd, "scale", 1, &scale, NULL) < 0 || read_number(sd, "growth_factor", 1, &growth, NULL) < 0 ||
+        read_number(sd, "backoff_factor", 1, &backoff, NULL) < 0 ||
+        read_number(sd, "growth_interval", 1, NULL, &interval) < 0 ||
+        read_number(sd, "_growth_tracker", 1, NULL, &tracker) < 0 ||
+        read_number(sd, "min_scale", 0, &min_scale, NULL) < 0 || read_number(sd, "max_scale", 0, &max_scale, NULL) < 0 ||
+        read_number(sd, "hysteresis", 0, &hyst_d, NULL) < 0)
         return NULL;
     if (check_config(st, scale, growth, backoff, interval, min_scale, max_scale, (int64_t)hyst_d) < 0)
         return NULL;
