@@ -29,6 +29,11 @@ WARNINGS = ["-Wall", "-Wextra", "-Wno-missing-field-initializers"]
 if os.environ.get("AMPC_WERROR") == "1":
     WARNINGS.append("-Werror")
 OPT = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3"]
+# A multiply and an add stay two roundings: the optimizer steps (src/optim_math.h) give the
+# same bits on the CPU and the GPU only if neither compiler fuses them.
+FP = ["-ffp-contract=off"]
+# Per-file nvcc options.
+NVCC_FILE_FLAGS = {"cuda/optim.cu": ["--fmad=false"]}
 
 
 def sources(folder, *suffixes):
@@ -38,7 +43,7 @@ def sources(folder, *suffixes):
 
 
 def headers():
-    return [os.path.join(ROOT, p) for p in sources("src", ".h") + sources("cuda", ".h")]
+    return [os.path.join(ROOT, p) for p in sources("src", ".h", ".inc") + sources("cuda", ".h", ".cuh")]
 
 
 def find_cuda():
@@ -118,7 +123,7 @@ class BuildExt(build_ext):
         cmd = [os.path.join(CUDA_HOME, "bin", "nvcc"), "-c", src, "-o", obj, "-std=c++17"]
         cmd += ["-O0", "-g", "-G"] if DEBUG else ["-O3", "-lineinfo"]
         cmd += ["-Xcompiler", "-fPIC," + ",".join(WARNINGS), "-Xfatbin=-compress-all"]
-        cmd += ["--threads", "0"] + gencode_flags()
+        cmd += ["--threads", "0"] + gencode_flags() + NVCC_FILE_FLAGS.get(src, [])
         if "-Werror" in WARNINGS:
             cmd += ["-Werror", "all-warnings"]
         cmd += [f"-I{d}" for d in ext.include_dirs]
@@ -131,7 +136,8 @@ core = Extension(
     "ampc._C",
     sources=sources("src", ".c"),
     include_dirs=["src", "cuda", numpy.get_include()],
-    extra_compile_args=["-std=gnu11"] + WARNINGS + OPT,
+    extra_compile_args=["-std=gnu11"] + WARNINGS + OPT + FP,
+    depends=headers(),
     libraries=["pthread"],
 )
 extensions = [core]
@@ -152,7 +158,8 @@ if want_cuda != "0":
                 library_dirs=cuda_libs,
                 runtime_library_dirs=cuda_libs,
                 libraries=["cudart_static", "cublasLt", "cudnn", "rt", "dl", "pthread"],
-                extra_compile_args=["-std=gnu11"] + WARNINGS + OPT,
+                extra_compile_args=["-std=gnu11"] + WARNINGS + OPT + FP,
+                depends=headers(),
             )
         )
     elif want_cuda == "1":

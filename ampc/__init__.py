@@ -20,7 +20,7 @@ from ampc._C import (
     get_num_threads,
     set_num_threads,
 )
-from ampc import amp, cuda
+from ampc import amp, cuda, optim
 
 __version__ = "0.1.0"
 
@@ -40,5 +40,6 @@ __all__ = [
     "float64",
     "from_dlpack",
     "get_num_threads",
+    "optim",
     "set_num_threads",
 ]

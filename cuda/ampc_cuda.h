@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include "ampc_types.h"
 #include "layout.h"
+#include "optim.h"
 #include "scaler_rule.h"
 #include "unscale.h"
 
@@ -30,7 +31,7 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 2
+#define AMPC_CUDA_ABI_VERSION 3
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 
 typedef enum {
@@ -116,6 +117,17 @@ typedef struct ampc_cuda_api {
                      const float *scale);
     int (*count_nonfinite)(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
                            int64_t *counts);
+
+    /* --- ABI 3 --- */
+
+    /* Fill nbytes of device memory with a byte value, queued on stream. */
+    int (*memset)(int device, void *ptr, int value, size_t nbytes, void *stream);
+    /* ampc.optim's fused steps (cuda/optim.cu), as optim.h defines them;
+     * grad_scale and found_inf are device addresses or NULL. */
+    int (*sgd)(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_sgd_config *config,
+               const float *grad_scale, const float *found_inf);
+    int (*adam)(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_adam_config *config,
+                const float *grad_scale, const float *found_inf);
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

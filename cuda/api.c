@@ -28,6 +28,11 @@ int ampc_cuda_update_scale(int device, void *stream, ampc_scaler_block *block, i
 int ampc_cuda_scale_mul(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src,
                         const float *scale);
 int ampc_cuda_count_nonfinite(int device, void *stream, const ampc_grad_ref *grads, int64_t n, int64_t *counts);
+int ampc_cuda_memset(int device, void *ptr, int value, size_t nbytes, void *stream);
+int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_sgd_config *config,
+                  const float *grad_scale, const float *found_inf);
+int ampc_cuda_adam(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_adam_config *config,
+                   const float *grad_scale, const float *found_inf);
 
 const ampc_cuda_api ampc_cuda_api_table = {
     .abi_version = AMPC_CUDA_ABI_VERSION,
@@ -49,6 +54,9 @@ const ampc_cuda_api ampc_cuda_api_table = {
     .update_scale = ampc_cuda_update_scale,
     .scale_mul = ampc_cuda_scale_mul,
     .count_nonfinite = ampc_cuda_count_nonfinite,
+    .memset = ampc_cuda_memset,
+    .sgd = ampc_cuda_sgd,
+    .adam = ampc_cuda_adam,
 };
 
 static int cuda_exec(PyObject *module)

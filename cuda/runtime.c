@@ -161,3 +161,16 @@ int ampc_cuda_copy(int dst_device, void *dst, int src_device, const void *src, s
     ampc_device_leave(&guard);
     return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "copying");
 }
+
+int ampc_cuda_memset(int device, void *ptr, int value, size_t nbytes, void *stream)
+{
+    if (nbytes == 0)
+        return AMPC_OK;
+    ampc_device_guard guard;
+    int status = ampc_device_enter(device, &guard);
+    if (status != AMPC_OK)
+        return status;
+    const cudaError_t err = cudaMemsetAsync(ptr, value, nbytes, (cudaStream_t)stream);
+    ampc_device_leave(&guard);
+    return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "cudaMemsetAsync");
+}

@@ -215,4 +215,7 @@ int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src, int fr
 
 extern PyMethodDef ampc_cast_methods[];
 
+/* ampc.optim's fused steps and helpers (optim.c). */
+extern PyMethodDef ampc_optim_methods[];
+
 #endif /* AMPC_H */

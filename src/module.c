@@ -228,6 +228,7 @@ static int module_exec(PyObject *module)
         return -1;
     if (PyModule_AddFunctions(module, module_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cast_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_optim_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cuda_methods) < 0)
         return -1;
     for (int d = 0; d < AMPC_NUM_FLOAT_DTYPES; d++)

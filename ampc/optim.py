@@ -1,0 +1,300 @@
+"""ampc.optim: Parameter, SGD, Adam and AdamW with torch.optim's formulas, defaults, checks and
+state layout; each step is one fused multi-tensor kernel (ampc._C on the CPU, ampc._cuda on a
+GPU) over every parameter of a group.
+
+They declare ``_step_supports_amp_scaling``: under an ``ampc.GradScaler`` (or torch's) the step
+divides the gradients by the scale itself and skips itself when an inf or NaN was found,
+reading both where the kernel runs, so a GPU step never waits for the host.
+
+The element arithmetic is that of torch's fused optimizers (``fused=True``); see
+src/optim_math.h. One difference on purpose: SGD's ``maximize`` negates the gradient before
+the weight decay, as torch's documented algorithm and its foreach/for-loop SGD do (torch's
+fused SGD applies it to the update instead, which differs when weight_decay is not zero).
+"""
+
+import numpy as np
+
+from ampc import _C
+
+__all__ = ["Adam", "AdamW", "Optimizer", "Parameter", "SGD"]
+
+
+class Parameter:
+    """An array that an optimizer updates in place, and its gradient: None, or an array of the
+    same shape, dtype, device and strides (NumPy on the CPU; any DLPack array on a GPU)."""
+
+    def __init__(self, data, requires_grad=True):
+        self.data = data
+        self.grad = None
+        self.requires_grad = requires_grad
+
+    @property
+    def shape(self):
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    def __repr__(self):
+        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+
+
+class _Required:
+    def __repr__(self):
+        return "<required parameter>"
+
+
+required = _Required()
+
+
+class Optimizer:
+    """torch.optim.Optimizer's shape: param_groups, state, defaults, add_param_group, zero_grad,
+    step(closure=None), state_dict and load_state_dict, with torch's texts for bad input."""
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, defaults):
+        self.defaults = defaults
+        self.state = {}
+        self.param_groups = []
+        if isinstance(params, (Parameter, np.ndarray)):
+            raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
+                            f"but got {type(params).__name__}")
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def add_param_group(self, param_group):
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
+        params = param_group["params"]
+        if isinstance(params, Parameter):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("optimizer parameters need to be organized in ordered collections, but the ordering "
+                            "of tensors in sets will change between runs. Please use a list instead.")
+        group = dict(param_group, params=list(params))
+        for p in group["params"]:
+            if not isinstance(p, Parameter):
+                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
+        for name, default in self.defaults.items():
+            if default is required and name not in group:
+                raise ValueError(f"parameter group didn't specify a value of required optimization parameter {name}")
+            group.setdefault(name, default)
+        if len({id(p) for p in group["params"]}) != len(group["params"]):
+            raise ValueError("optimizer contains a parameter group with duplicate parameters")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in seen for p in group["params"]):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(group)
+
+    def zero_grad(self, set_to_none=True):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    _C.zero_(p.grad)
+
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        scaler = self._scaler_args()
+        if scaler is None:
+            return loss  # a GradScaler found an inf on the host side: nothing to do
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                self._step_group(group, params, scaler)
+        return loss
+
+    def _scaler_args(self):
+        """grad_scale and found_inf as a GradScaler sets them for the duration of step(); None
+        when found_inf is a number that says skip (a scaler with no device flag to hand over)."""
+        grad_scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        if isinstance(found_inf, (int, float)):
+            if found_inf:
+                return None
+            found_inf = None
+        return {"grad_scale": grad_scale, "found_inf": found_inf}
+
+    # -- state dicts ------------------------------------------------------------------------
+
+    def state_dict(self):
+        """torch's layout: parameters numbered in order across groups, each group's settings
+        with "params" as those numbers, the state keyed by number; arrays are not copied."""
+        index = {}
+        groups = []
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = [index.setdefault(id(p), len(index)) for p in group["params"]]
+            groups.append(packed)
+        state = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p in self.state:
+                    state[index[id(p)]] = self._saved_state(p)
+        return {"state": state, "param_groups": groups}
+
+    def _saved_state(self, p):
+        return dict(self.state[p])
+
+    def load_state_dict(self, state_dict):
+        """Load a state dict from ampc or torch: settings from its groups, state arrays copied
+        into new arrays of each parameter's type, device and dtype (the step count a float32
+        on the parameter's device). Checked before anything changes."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has a different number of parameter groups")
+        if any(len(g["params"]) != len(s["params"]) for g, s in zip(self.param_groups, saved_groups)):
+            raise ValueError("loaded state dict contains a parameter group that doesn't match the size of "
+                             "optimizer's group")
+        by_id = {}
+        for group, saved in zip(self.param_groups, saved_groups):
+            by_id.update(zip(saved["params"], group["params"]))
+        state = {}
+        for key, values in state_dict["state"].items():
+            if key not in by_id:
+                continue  # torch also drops state of parameters it does not have
+            p = by_id[key]
+            state[p] = {name: self._loaded_value(p, name, value) for name, value in values.items()}
+        self.state = state
+        self._forget_pending()
+        for group, saved in zip(self.param_groups, saved_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+
+    def _loaded_value(self, p, name, value):
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if name == "step":
+            return _C._scalar_like(p.data, float(value))
+        if isinstance(value, (int, float)):
+            return value
+        out = _C.zeros_like(p.data)
+        _C.cast(value, out=out)
+        return out
+
+    def _forget_pending(self):
+        pass
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {k}: {v}" for k, v in sorted(group.items()) if k != "params"]
+        return "\n".join(lines + [")"])
+
+
+def _check(condition, message):
+    if not condition:
+        raise ValueError(message)
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD: momentum, dampening, nesterov, weight_decay, maximize."""
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
+                 maximize=False):
+        _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+        _check(momentum >= 0.0, f"Invalid momentum value: {momentum}")
+        _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        # Parameters whose momentum buffer was created but whose first step may not have run
+        # (a GradScaler may have skipped it on the device): a float32 flag on the parameter's
+        # device, 0 until a step runs. See src/optim.h.
+        self._firsts = {}
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                      nesterov=nesterov, maximize=maximize))
+
+    def _step_group(self, group, params, scaler):
+        momentum = group["momentum"]
+        bufs = []
+        for p in params:
+            s = self.state.setdefault(p, {})
+            buf = s.get("momentum_buffer")
+            if momentum != 0 and buf is None:
+                buf = s["momentum_buffer"] = _C.zeros_like(p.data)
+                self._firsts[p] = _C._scalar_like(p.data, 0.0)
+            elif momentum == 0:
+                s.setdefault("momentum_buffer", None)
+            bufs.append(buf)
+        firsts = [self._firsts.get(p) for p in params]
+        ran = _C._sgd_step([p.data for p in params], [p.grad for p in params], bufs, firsts,
+                           lr=float(group["lr"]), momentum=float(momentum), dampening=float(group["dampening"]),
+                           weight_decay=float(group["weight_decay"]), nesterov=bool(group["nesterov"]),
+                           maximize=bool(group["maximize"]), **scaler)
+        if ran or (ran is None and scaler["found_inf"] is None):
+            for p in params:
+                self._firsts.pop(p, None)
+
+    def _saved_state(self, p):
+        """A buffer whose first step never ran (skipped by a GradScaler) is saved as None, as
+        torch would have no buffer yet; reading the flag waits for the device."""
+        state = dict(self.state[p])
+        first = self._firsts.get(p)
+        if first is not None:
+            if _C._item(first) == 0.0:
+                state["momentum_buffer"] = None
+            else:
+                del self._firsts[p]
+        return state
+
+    def _forget_pending(self):
+        self._firsts = {}
+
+
+class Adam(Optimizer):
+    """torch.optim.Adam: amsgrad, weight_decay (L2, added to the gradient), maximize."""
+
+    _decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 maximize=False):
+        _check(lr >= 0.0, f"Invalid learning rate: {lr}")
+        _check(eps >= 0.0, f"Invalid epsilon value: {eps}")
+        _check(0.0 <= betas[0] < 1.0, f"Invalid beta parameter at index 0: {betas[0]}")
+        _check(0.0 <= betas[1] < 1.0, f"Invalid beta parameter at index 1: {betas[1]}")
+        _check(weight_decay >= 0.0, f"Invalid weight_decay value: {weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                                      amsgrad=amsgrad, maximize=maximize))
+
+    def _state(self, p, amsgrad):
+        s = self.state.get(p)
+        if not s:
+            # The step count is a float32 on the parameter's device, as torch's fused Adam
+            # keeps it: the kernel counts it, and does not when a GradScaler skips the step.
+            s = self.state[p] = {"step": _C._scalar_like(p.data, 0.0), "exp_avg": _C.zeros_like(p.data),
+                                 "exp_avg_sq": _C.zeros_like(p.data)}
+        if amsgrad and "max_exp_avg_sq" not in s:
+            s["max_exp_avg_sq"] = _C.zeros_like(p.data)
+        return s
+
+    def _step_group(self, group, params, scaler):
+        amsgrad = bool(group["amsgrad"])
+        states = [self._state(p, amsgrad) for p in params]
+        beta1, beta2 = group["betas"]
+        _C._adam_step([p.data for p in params], [p.grad for p in params], [s["exp_avg"] for s in states],
+                      [s["exp_avg_sq"] for s in states],
+                      [s["max_exp_avg_sq"] for s in states] if amsgrad else None,
+                      [s["step"] for s in states], lr=float(group["lr"]), beta1=float(beta1),
+                      beta2=float(beta2), eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
+                      amsgrad=amsgrad, maximize=bool(group["maximize"]), decoupled=self._decoupled, **scaler)
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW: Adam with decoupled weight decay (param -= lr * weight_decay * param),
+    torch's default weight_decay 1e-2."""
+
+    _decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)

@@ -1,0 +1,227 @@
+/*
+ * optim_cpu.c: the fused SGD and Adam(W) steps on the CPU (see optim.h).
+ *
+ * The parameters are cut into fixed blocks of their concatenated elements
+ * and the blocks spread over ampc's threads, as unscale_cpu.c does; each
+ * element of every array is read once and written once. The element math is
+ * optim_math.h's, shared with the GPU; the loops below only load and store:
+ * float32 and float64 directly (the compiler vectorises them), float16 and
+ * bfloat16 through float32 with fp_formats.h's rounding, as the GPU does.
+ */
+#include "optim.h"
+#include "optim_math.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include "fp_formats.h"
+#include "fpenv.h"
+#include "parallel.h"
+
+#define BLOCK (1 << 15)
+
+/* Loads and stores of element i, memcpy'd so that any alignment is fine. */
+static inline float load_f32(const char *p, int64_t i)
+{
+    float v;
+    memcpy(&v, p + 4 * i, 4);
+    return v;
+}
+static inline void store_f32(char *p, int64_t i, float v) { memcpy(p + 4 * i, &v, 4); }
+static inline double load_f64(const char *p, int64_t i)
+{
+    double v;
+    memcpy(&v, p + 8 * i, 8);
+    return v;
+}
+static inline void store_f64(char *p, int64_t i, double v) { memcpy(p + 8 * i, &v, 8); }
+
+static inline float bits_f32(uint32_t b)
+{
+    float v;
+    memcpy(&v, &b, 4);
+    return v;
+}
+static inline uint32_t f32_bits(float v)
+{
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    return b;
+}
+static inline uint16_t load_u16(const char *p, int64_t i)
+{
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return h;
+}
+static inline float load_f16(const char *p, int64_t i) { return bits_f32(ampc_f16_to_f32_bits(load_u16(p, i))); }
+static inline float load_bf16(const char *p, int64_t i) { return bits_f32(ampc_bf16_to_f32_bits(load_u16(p, i))); }
+static inline void store_f16(char *p, int64_t i, float v)
+{
+    const uint16_t h = ampc_f32_to_f16_bits(f32_bits(v));
+    memcpy(p + 2 * i, &h, 2);
+}
+static inline void store_bf16(char *p, int64_t i, float v)
+{
+    const uint16_t h = ampc_f32_to_bf16_bits(f32_bits(v));
+    memcpy(p + 2 * i, &h, 2);
+}
+
+/* sgd_run_<dtype> and adam_run_<dtype>: elements [begin, end) of one
+ * parameter, O being the dtype's opmath type. */
+#define DEFINE_RUNS(SUFFIX, O, LOAD, STORE)                                                          \
+    static void sgd_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,                \
+                                 const ampc_sgd_config *cfg, const float *gs)                        \
+    {                                                                                                \
+        const ampc_sgd_config c = *cfg;                                                              \
+        const int momentum = c.momentum != 0, first = r->step != NULL && *r->step == 0.0f;           \
+        for (int64_t i = begin; i < end; i++) {                                                      \
+            const O g = ampc_unscaled_##O(LOAD(r->grad, i), gs);                                     \
+            if (gs)                                                                                  \
+                STORE(r->grad, i, g);                                                                \
+            O b = momentum && !first ? LOAD(r->state[0], i) : (O)0;                                  \
+            STORE(r->param, i, ampc_sgd_##O(LOAD(r->param, i), g, &b, first, &c));                   \
+            if (momentum)                                                                            \
+                STORE(r->state[0], i, b);                                                            \
+        }                                                                                            \
+    }                                                                                                \
+    static void adam_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,               \
+                                  const ampc_adam_config *cfg, const float *gs)                      \
+    {                                                                                                \
+        const ampc_adam_config c = *cfg;                                                             \
+        O step_size, bc2_sqrt;                                                                       \
+        ampc_adam_factors_##O(*r->step, &c, &step_size, &bc2_sqrt);                                  \
+        for (int64_t i = begin; i < end; i++) {                                                      \
+            const O g = ampc_unscaled_##O(LOAD(r->grad, i), gs);                                     \
+            if (gs)                                                                                  \
+                STORE(r->grad, i, g);                                                                \
+            O m = LOAD(r->state[0], i), v = LOAD(r->state[1], i);                                    \
+            O vmax = c.amsgrad ? LOAD(r->state[2], i) : (O)0;                                        \
+            STORE(r->param, i, ampc_adam_##O(LOAD(r->param, i), g, &m, &v, &vmax, step_size, bc2_sqrt, &c)); \
+            STORE(r->state[0], i, m);                                                                \
+            STORE(r->state[1], i, v);                                                                \
+            if (c.amsgrad)                                                                           \
+                STORE(r->state[2], i, vmax);                                                         \
+        }                                                                                            \
+    }
+
+DEFINE_RUNS(f32, float, load_f32, store_f32)
+DEFINE_RUNS(f64, double, load_f64, store_f64)
+DEFINE_RUNS(f16, float, load_f16, store_f16)
+DEFINE_RUNS(bf16, float, load_bf16, store_bf16)
+
+typedef void (*run_fn)(const ampc_optim_ref *r, int64_t begin, int64_t end, const void *config, const float *gs);
+
+static void sgd_run(const ampc_optim_ref *r, int64_t begin, int64_t end, const void *config, const float *gs)
+{
+    switch (r->dtype) {
+    case AMPC_FLOAT32: sgd_run_f32(r, begin, end, config, gs); return;
+    case AMPC_FLOAT64: sgd_run_f64(r, begin, end, config, gs); return;
+    case AMPC_FLOAT16: sgd_run_f16(r, begin, end, config, gs); return;
+    default: sgd_run_bf16(r, begin, end, config, gs); return;
+    }
+}
+
+static void adam_run(const ampc_optim_ref *r, int64_t begin, int64_t end, const void *config, const float *gs)
+{
+    switch (r->dtype) {
+    case AMPC_FLOAT32: adam_run_f32(r, begin, end, config, gs); return;
+    case AMPC_FLOAT64: adam_run_f64(r, begin, end, config, gs); return;
+    case AMPC_FLOAT16: adam_run_f16(r, begin, end, config, gs); return;
+    default: adam_run_bf16(r, begin, end, config, gs); return;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Blocks over the concatenated parameters                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    const ampc_optim_ref *refs;
+    int64_t n;
+    const int64_t *start;       /* start[k]: first element of refs[k] in the concatenation */
+    int64_t total;
+    const void *config;
+    run_fn run;
+    const float *grad_scale;    /* NULL, or the caller's scale */
+} job;
+
+/* The parameter that holds element pos of the concatenation. */
+static int64_t find(const job *j, int64_t pos)
+{
+    int64_t lo = 0, hi = j->n - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (j->start[mid] <= pos)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static void run_blocks(void *arg, int64_t first, int64_t last)
+{
+    const job *j = arg;
+    AMPC_FPENV_ENTER();
+    for (int64_t b = first; b < last; b++) {
+        int64_t pos = b * BLOCK;
+        const int64_t end = pos + BLOCK < j->total ? pos + BLOCK : j->total;
+        for (int64_t k = find(j, pos); pos < end; k++) {
+            const ampc_optim_ref *r = &j->refs[k];
+            const int64_t offset = pos - j->start[k];
+            const int64_t stop = r->numel - offset < end - pos ? r->numel : offset + (end - pos);
+            if (stop > offset)
+                j->run(r, offset, stop, j->config, j->grad_scale);
+            pos += stop - offset;
+        }
+    }
+    AMPC_FPENV_LEAVE();
+}
+
+static int run(const ampc_optim_ref *refs, int64_t n, const void *config, run_fn fn, const float *grad_scale)
+{
+    int64_t *start = malloc((size_t)(n > 0 ? n : 1) * sizeof *start);
+    if (start == NULL)
+        return -1;
+    job j = {refs, n, start, 0, config, fn, grad_scale};
+    for (int64_t k = 0; k < n; k++) {
+        start[k] = j.total;
+        j.total += refs[k].numel;
+    }
+    const int64_t nblocks = (j.total + BLOCK - 1) / BLOCK;
+    if (nblocks > 0)
+        ampc_parallel_for(nblocks, 2, 1, run_blocks, &j);
+    free(start);
+    return 0;
+}
+
+int ampc_sgd_cpu(const ampc_optim_ref *refs, int64_t n, const ampc_sgd_config *c, const float *grad_scale,
+                 const float *found_inf)
+{
+    if (found_inf && *found_inf != 0.0f)
+        return 0;
+    const float scale = grad_scale ? *grad_scale : 1.0f;
+    if (run(refs, n, c, sgd_run, grad_scale ? &scale : NULL) < 0)
+        return -1;
+    for (int64_t k = 0; k < n; k++)
+        if (refs[k].step != NULL)
+            *refs[k].step = 1.0f;  /* the buffers hold momenta now */
+    return 1;
+}
+
+int ampc_adam_cpu(const ampc_optim_ref *refs, int64_t n, const ampc_adam_config *c, const float *grad_scale,
+                  const float *found_inf)
+{
+    if (found_inf && *found_inf != 0.0f)
+        return 0;  /* skipped: the step counts stay as they were */
+    for (int64_t k = 0; k < n; k++)
+        *refs[k].step += 1.0f;
+    const float scale = grad_scale ? *grad_scale : 1.0f;
+    if (run(refs, n, c, adam_run, grad_scale ? &scale : NULL) < 0) {
+        /* Out of memory before any element changed: uncount (exact for counts below 2^24). */
+        for (int64_t k = 0; k < n; k++)
+            *refs[k].step -= 1.0f;
+        return -1;
+    }
+    return 1;
+}
