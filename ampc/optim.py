@@ -40,14 +40,6 @@ class Parameter:
         return f"Parameter(shape={self.shape}, dtype={self.dtype})"
 
 
-class _Required:
-    def __repr__(self):
-        return "<required parameter>"
-
-
-required = _Required()
-
-
 class Optimizer:
     """torch.optim.Optimizer's shape: param_groups, state, defaults, add_param_group, zero_grad,
     step(closure=None), state_dict and load_state_dict, with torch's texts for bad input."""
@@ -83,8 +75,6 @@ class Optimizer:
             if not isinstance(p, Parameter):
                 raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
         for name, default in self.defaults.items():
-            if default is required and name not in group:
-                raise ValueError(f"parameter group didn't specify a value of required optimization parameter {name}")
             group.setdefault(name, default)
         if len({id(p) for p in group["params"]}) != len(group["params"]):
             raise ValueError("optimizer contains a parameter group with duplicate parameters")
@@ -108,11 +98,24 @@ class Optimizer:
         scaler = self._scaler_args()
         if scaler is None:
             return loss  # a GradScaler found an inf on the host side: nothing to do
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if params:
-                self._step_group(group, params, scaler)
+        work = [(g, ps) for g in self.param_groups for ps in [[p for p in g["params"] if p.grad is not None]] if ps]
+        # Bad input must change nothing: with several groups, every group is checked before
+        # any steps (one group is checked by its own step before it writes anything).
+        for dry_run in ([True, False] if len(work) > 1 else [False]):
+            for group, params in work:
+                new = [p for p in params if p not in self.state]
+                try:
+                    self._step_group(group, params, scaler, dry_run)
+                except BaseException:
+                    self._drop_state(new)
+                    raise
+                if dry_run:
+                    self._drop_state(new)
         return loss
+
+    def _drop_state(self, params):
+        for p in params:
+            self.state.pop(p, None)
 
     def _scaler_args(self):
         """grad_scale and found_inf as a GradScaler sets them for the duration of step(); None
@@ -214,7 +217,7 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
-    def _step_group(self, group, params, scaler):
+    def _step_group(self, group, params, scaler, dry_run):
         momentum = group["momentum"]
         bufs = []
         for p in params:
@@ -230,8 +233,8 @@ class SGD(Optimizer):
         ran = _C._sgd_step([p.data for p in params], [p.grad for p in params], bufs, firsts,
                            lr=float(group["lr"]), momentum=float(momentum), dampening=float(group["dampening"]),
                            weight_decay=float(group["weight_decay"]), nesterov=bool(group["nesterov"]),
-                           maximize=bool(group["maximize"]), **scaler)
-        if ran or (ran is None and scaler["found_inf"] is None):
+                           maximize=bool(group["maximize"]), dry_run=dry_run, **scaler)
+        if not dry_run and (ran or (ran is None and scaler["found_inf"] is None)):
             for p in params:
                 self._firsts.pop(p, None)
 
@@ -249,6 +252,11 @@ class SGD(Optimizer):
 
     def _forget_pending(self):
         self._firsts = {}
+
+    def _drop_state(self, params):
+        super()._drop_state(params)
+        for p in params:
+            self._firsts.pop(p, None)
 
 
 class Adam(Optimizer):
@@ -277,7 +285,7 @@ class Adam(Optimizer):
             s["max_exp_avg_sq"] = _C.zeros_like(p.data)
         return s
 
-    def _step_group(self, group, params, scaler):
+    def _step_group(self, group, params, scaler, dry_run):
         amsgrad = bool(group["amsgrad"])
         states = [self._state(p, amsgrad) for p in params]
         beta1, beta2 = group["betas"]
@@ -286,7 +294,8 @@ class Adam(Optimizer):
                       [s["max_exp_avg_sq"] for s in states] if amsgrad else None,
                       [s["step"] for s in states], lr=float(group["lr"]), beta1=float(beta1),
                       beta2=float(beta2), eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
-                      amsgrad=amsgrad, maximize=bool(group["maximize"]), decoupled=self._decoupled, **scaler)
+                      amsgrad=amsgrad, maximize=bool(group["maximize"]), decoupled=self._decoupled,
+                      dry_run=dry_run, **scaler)
 
 
 class AdamW(Adam):

@@ -120,6 +120,13 @@ typedef struct ampc_cuda_api {
 
     /* --- ABI 3 --- */
 
+    /* unscale_(max_norm=): unscale and check as unscale does, and clip the
+     * unscaled gradients to the total norm of type norm_type, written as a
+     * float32 to norm_out (device memory). block NULL: gradients that are
+     * not scaled (a disabled scaler), nothing flagged. */
+    int (*unscale_clip)(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
+                        ampc_scaler_block *block, int slot, double max_norm, double norm_type, float *norm_out);
+
     /* Fill nbytes of device memory with a byte value, queued on stream. */
     int (*memset)(int device, void *ptr, int value, size_t nbytes, void *stream);
     /* ampc.optim's fused steps (cuda/optim.cu), as optim.h defines them;

@@ -28,6 +28,8 @@ int ampc_cuda_update_scale(int device, void *stream, ampc_scaler_block *block, i
 int ampc_cuda_scale_mul(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src,
                         const float *scale);
 int ampc_cuda_count_nonfinite(int device, void *stream, const ampc_grad_ref *grads, int64_t n, int64_t *counts);
+int ampc_cuda_unscale_clip(int device, void *stream, const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block,
+                           int slot, double max_norm, double norm_type, float *norm_out);
 int ampc_cuda_memset(int device, void *ptr, int value, size_t nbytes, void *stream);
 int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_sgd_config *config,
                   const float *grad_scale, const float *found_inf);
@@ -54,6 +56,7 @@ const ampc_cuda_api ampc_cuda_api_table = {
     .update_scale = ampc_cuda_update_scale,
     .scale_mul = ampc_cuda_scale_mul,
     .count_nonfinite = ampc_cuda_count_nonfinite,
+    .unscale_clip = ampc_cuda_unscale_clip,
     .memset = ampc_cuda_memset,
     .sgd = ampc_cuda_sgd,
     .adam = ampc_cuda_adam,

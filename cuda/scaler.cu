@@ -13,6 +13,12 @@
  *                    inv_scale = float32(1 / (double)scale) is computed by
  *                    each thread from the scale in device memory: nothing
  *                    waits for the host.
+ *   unscale_clip     unscale_(max_norm=): a norm pass (one float64 partial
+ *                    per block, inf/NaN flagged), one block that sums the
+ *                    partials in a fixed order into the norm and the factor
+ *                    inv_scale * min(1, max_norm / (norm + 1e-6)), and the
+ *                    unscale pass with that factor: two reads and one write
+ *                    of each gradient, and still no host synchronisation.
  *   update_scale     one thread applies scaler_rule.h to the block.
  *   scale_mul        outputs * scale for GradScaler.scale (any layout).
  *   count_nonfinite  per-tensor counts for overflow_report (on demand).
@@ -132,8 +138,18 @@ __device__ bool unscale_run(char *base, int64_t begin, int64_t end, int dtype, f
     return bad;
 }
 
+/* The multiplier of an unscale pass: 1 to only check, the clipping pass's
+ * factor (inv_scale times the clipping coefficient) when given, else
+ * inv_scale from the scale in device memory. */
+__device__ __forceinline__ float multiplier(bool check_only, const ampc_scaler_block *block, const float *factor)
+{
+    return check_only ? 1.0f : factor ? *factor : ampc_inv_scale(block->scale);
+}
+
+/* block NULL: no flag to set (the clipping pass set it already). */
 template <bool CHECK_ONLY>
-__global__ void __launch_bounds__(BLOCK) unscale_kernel(const TensorTable table, ampc_scaler_block *block, int slot)
+__global__ void __launch_bounds__(BLOCK) unscale_kernel(const TensorTable table, ampc_scaler_block *block, int slot,
+                                                        const float *factor)
 {
     /* The tensor this block's chunk belongs to (binary search of the table). */
     const int64_t chunk = blockIdx.x;
@@ -147,24 +163,200 @@ __global__ void __launch_bounds__(BLOCK) unscale_kernel(const TensorTable table,
     }
     const int64_t begin = (chunk - table.first_chunk[lo]) * CHUNK;
     const int64_t end = begin + CHUNK < table.numel[lo] ? begin + CHUNK : table.numel[lo];
-    const float inv = CHECK_ONLY ? 1.0f : ampc_inv_scale(block->scale);
+    const float inv = multiplier(CHECK_ONLY, block, factor);
     const bool bad = unscale_run<CHECK_ONLY>(table.ptr[lo], begin, end, table.dtype[lo], inv);
-    if (__syncthreads_or(bad) && threadIdx.x == 0)
+    if (__syncthreads_or(bad) && threadIdx.x == 0 && block)
         block->flags[slot] = 1.0f;
 }
 
 __global__ void unscale_strided_kernel(char *base, int64_t n, int dtype, const StridedLayout layout,
-                                       ampc_scaler_block *block, int slot, bool check_only)
+                                       ampc_scaler_block *block, int slot, bool check_only, const float *factor)
 {
-    const float inv = check_only ? 1.0f : ampc_inv_scale(block->scale);
+    const float inv = multiplier(check_only, block, factor);
     bool bad = false;
     for (int64_t i = (int64_t)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (int64_t)gridDim.x * BLOCK) {
         int64_t off, unused;
         strided_offsets(layout, i, off, unused);
         bad |= unscale_element(base + off, dtype, inv, check_only);
     }
-    if (__syncthreads_or(bad) && threadIdx.x == 0)
+    if (__syncthreads_or(bad) && threadIdx.x == 0 && block)
         block->flags[slot] = 1.0f;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fused clipping: the norm of the unscaled gradients                        */
+/* ------------------------------------------------------------------------ */
+
+/* torch.nn.utils.clip_grad_norm_'s norms: sum of u^2, of |u|, of |u|^p, or
+ * max |u|, over u = the unscaled gradient as unscale_ would store it (the
+ * float32 product v * inv_scale; float64 for float64 gradients), summed in
+ * float64. */
+enum NormKind { NORM_2, NORM_1, NORM_INF, NORM_P };
+
+template <int KIND>
+__device__ __forceinline__ double norm_combine(double a, double b)
+{
+    if (KIND == NORM_INF)
+        return a > b || a != a ? a : b;  /* NaN wins, as torch's max does */
+    return a + b;
+}
+
+template <int KIND>
+struct NormAcc {
+    float inv;
+    double p;
+    double acc;
+    bool bad;
+    __device__ __forceinline__ void add(double u)
+    {
+        const double a = fabs(u);
+        acc = norm_combine<KIND>(acc, KIND == NORM_2 ? u * u : KIND == NORM_P ? pow(a, p) : a);
+    }
+    __device__ __forceinline__ void operator()(float v)
+    {
+        bad |= nonfinite(v);
+        add((double)(v * inv));
+    }
+    __device__ __forceinline__ void operator()(double v)
+    {
+        bad |= !isfinite(v);
+        add(v * (double)inv);
+    }
+};
+
+/* Elements [begin, end) of one dense tensor through f, 16 bytes a thread
+ * where aligned. */
+template <class F>
+__device__ __forceinline__ void read_run(const char *base, int64_t begin, int64_t end, int dtype, F &f)
+{
+    const int64_t size = dtype == AMPC_FLOAT64 ? 8 : dtype == AMPC_FLOAT32 ? 4 : 2;
+    const char *p = base + begin * size;
+    const int64_t n = end - begin;
+    int64_t i = 0;
+    if (((uintptr_t)p & 15) == 0) {
+        const int64_t per_vec = 16 / size, nvec = n / per_vec;
+        const uint4 *v = reinterpret_cast<const uint4 *>(p);
+        for (int64_t k = threadIdx.x; k < nvec; k += BLOCK) {
+            uint4 w = v[k];
+            if (dtype == AMPC_FLOAT64) {
+                const double *d = reinterpret_cast<const double *>(&w);
+                f(d[0]);
+                f(d[1]);
+            }
+            else if (dtype == AMPC_FLOAT32) {
+                const float *x = reinterpret_cast<const float *>(&w);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    f(x[j]);
+            }
+            else {
+                const unsigned short *h = reinterpret_cast<const unsigned short *>(&w);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    f(load_as_f32(reinterpret_cast<const char *>(&h[j]), dtype));
+            }
+        }
+        i = nvec * per_vec;
+    }
+    for (int64_t k = i + threadIdx.x; k < n; k += BLOCK) {
+        if (dtype == AMPC_FLOAT64)
+            f(*reinterpret_cast<const double *>(p + k * size));
+        else
+            f(load_as_f32(p + k * size, dtype));
+    }
+}
+
+/* The block's combined value, in thread 0, in a fixed order (the same bits
+ * on every run). */
+template <int KIND, int THREADS>
+__device__ __forceinline__ double block_combine(double x)
+{
+    __shared__ double warp_part[THREADS / 32];
+    for (int offset = 16; offset > 0; offset /= 2)
+        x = norm_combine<KIND>(x, __shfl_down_sync(0xffffffffu, x, offset));
+    if (threadIdx.x % 32 == 0)
+        warp_part[threadIdx.x / 32] = x;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < THREADS / 32; w++)
+            x = norm_combine<KIND>(x, warp_part[w]);
+    return x;
+}
+
+/* One partial norm per chunk: partials[blockIdx.x]; inf/NaN sets the flag. */
+template <int KIND>
+__global__ void __launch_bounds__(BLOCK) norm_kernel(const TensorTable table, ampc_scaler_block *block, int slot,
+                                                     double p, double *partials)
+{
+    const int64_t chunk = blockIdx.x;
+    int lo = 0, hi = table.n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (table.first_chunk[mid] <= chunk)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const int64_t begin = (chunk - table.first_chunk[lo]) * CHUNK;
+    const int64_t end = begin + CHUNK < table.numel[lo] ? begin + CHUNK : table.numel[lo];
+    NormAcc<KIND> f = {block ? ampc_inv_scale(block->scale) : 1.0f, p, 0.0, false};
+    read_run(table.ptr[lo], begin, end, table.dtype[lo], f);
+    const double acc = block_combine<KIND, BLOCK>(f.acc);
+    const bool bad = __syncthreads_or(f.bad);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = acc;
+        if (bad && block)
+            block->flags[slot] = 1.0f;
+    }
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(BLOCK) norm_strided_kernel(const char *base, int64_t n, int dtype,
+                                                             const StridedLayout layout, ampc_scaler_block *block,
+                                                             int slot, double p, double *partials)
+{
+    NormAcc<KIND> f = {block ? ampc_inv_scale(block->scale) : 1.0f, p, 0.0, false};
+    for (int64_t i = (int64_t)blockIdx.x * BLOCK + threadIdx.x; i < n; i += (int64_t)gridDim.x * BLOCK) {
+        int64_t off, unused;
+        strided_offsets(layout, i, off, unused);
+        if (dtype == AMPC_FLOAT64)
+            f(*reinterpret_cast<const double *>(base + off));
+        else
+            f(load_as_f32(base + off, dtype));
+    }
+    const double acc = block_combine<KIND, BLOCK>(f.acc);
+    const bool bad = __syncthreads_or(f.bad);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = acc;
+        if (bad && block)
+            block->flags[slot] = 1.0f;
+    }
+}
+
+constexpr int FACTOR_THREADS = 1024;
+
+/* The total norm from the partials, into *norm_out, and the factor the
+ * unscale pass multiplies by: inv_scale times torch's clipping coefficient
+ * min(1, max_norm / (norm + 1e-6)); where the norm is not finite the step
+ * is skipped anyway and the gradients are only unscaled. */
+template <int KIND>
+__global__ void __launch_bounds__(FACTOR_THREADS) clip_factor_kernel(const double *partials, int64_t count,
+                                                                     double p, double max_norm,
+                                                                     const ampc_scaler_block *block,
+                                                                     float *norm_out, float *factor)
+{
+    double acc = 0;
+    for (int64_t i = threadIdx.x; i < count; i += FACTOR_THREADS)
+        acc = norm_combine<KIND>(acc, partials[i]);
+    acc = block_combine<KIND, FACTOR_THREADS>(acc);
+    if (threadIdx.x != 0)
+        return;
+    const double norm = KIND == NORM_2 ? sqrt(acc) : KIND == NORM_P ? pow(acc, 1.0 / p) : acc;
+    *norm_out = (float)norm;
+    double coef = max_norm / (norm + 1e-6);
+    if (!(coef < 1.0) || !isfinite(norm))
+        coef = 1.0;
+    *factor = (float)((double)(block ? ampc_inv_scale(block->scale) : 1.0f) * coef);
 }
 
 __global__ void update_scale_kernel(ampc_scaler_block *block, int nflags, const ampc_scale_rule rule)
@@ -215,6 +407,121 @@ int zero_flag(ampc_scaler_block *block, int slot, cudaStream_t stream)
     return AMPC_OK;
 }
 
+/* Walk a gradient list: dense gradients fill tables, each launched through
+ * dense(table, chunks) when full and at the end; strided ones go one by one
+ * through strided(grad). Empty gradients are left out. */
+template <class Dense, class Strided>
+int for_each_launch(const ampc_grad_ref *grads, int64_t n, Dense dense, Strided strided)
+{
+    TensorTable table;
+    table.n = 0;
+    table.first_chunk[0] = 0;
+    for (int64_t i = 0; i <= n; i++) {
+        const bool last = i == n;
+        if (!last && grads[i].numel == 0)
+            continue;
+        if (!last && grads[i].loop != NULL) {
+            const int status = strided(grads[i]);
+            if (status != AMPC_OK)
+                return status;
+            continue;
+        }
+        if (!last) {
+            const int t = table.n++;
+            table.ptr[t] = grads[i].data;
+            table.numel[t] = grads[i].numel;
+            table.dtype[t] = (uint8_t)grads[i].dtype;
+            table.first_chunk[t + 1] = table.first_chunk[t] + (grads[i].numel + CHUNK - 1) / CHUNK;
+        }
+        if (table.n > 0 && (last || table.n == TABLE)) {
+            const int status = dense(table, table.first_chunk[table.n]);
+            if (status != AMPC_OK)
+                return status;
+            table.n = 0;
+        }
+    }
+    return AMPC_OK;
+}
+
+int launched(const char *what)
+{
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, what);
+}
+
+/* The unscale pass over a list: inv_scale from the block, or `factor`. */
+int unscale_pass(const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block, int slot, bool check_only,
+                 const float *factor, cudaStream_t s)
+{
+    return for_each_launch(
+        grads, n,
+        [&](const TensorTable &table, int64_t chunks) {
+            if (check_only)
+                unscale_kernel<true><<<(unsigned)chunks, BLOCK, 0, s>>>(table, block, slot, factor);
+            else
+                unscale_kernel<false><<<(unsigned)chunks, BLOCK, 0, s>>>(table, block, slot, factor);
+            return launched("launching the unscale kernel");
+        },
+        [&](const ampc_grad_ref &g) {
+            unscale_strided_kernel<<<strided_blocks(g.numel, BLOCK), BLOCK, 0, s>>>(
+                g.loop->data[0], g.numel, g.dtype, strided_layout(g.loop), block, slot, check_only, factor);
+            return launched("launching the strided unscale kernel");
+        });
+}
+
+/* The norm pass, a partial per block into partials (NULL: only count them
+ * into *count). */
+template <int KIND>
+int norm_pass(const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block, int slot, double p,
+              double *partials, int64_t *count, cudaStream_t s)
+{
+    *count = 0;
+    return for_each_launch(
+        grads, n,
+        [&](const TensorTable &table, int64_t chunks) {
+            if (partials != NULL)
+                norm_kernel<KIND><<<(unsigned)chunks, BLOCK, 0, s>>>(table, block, slot, p, partials + *count);
+            *count += chunks;
+            return partials != NULL ? launched("launching the norm kernel") : AMPC_OK;
+        },
+        [&](const ampc_grad_ref &g) {
+            const unsigned blocks = strided_blocks(g.numel, BLOCK);
+            if (partials != NULL)
+                norm_strided_kernel<KIND><<<blocks, BLOCK, 0, s>>>(g.loop->data[0], g.numel, g.dtype,
+                                                                   strided_layout(g.loop), block, slot, p,
+                                                                   partials + *count);
+            *count += blocks;
+            return partials != NULL ? launched("launching the strided norm kernel") : AMPC_OK;
+        });
+}
+
+template <int KIND>
+int unscale_clip(int device, cudaStream_t s, const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block,
+                 int slot, double max_norm, double p, float *norm_out)
+{
+    int64_t count;
+    norm_pass<KIND>(grads, n, block, slot, p, NULL, &count, s);
+    /* The partials, then the factor, in one scratch allocation. */
+    const size_t nbytes = (size_t)(count > 0 ? count : 1) * sizeof(double) + sizeof(double);
+    double *scratch = NULL;
+    int status = ampc_cuda_alloc(device, nbytes, s, (void **)&scratch);
+    if (status != AMPC_OK)
+        return status;
+    float *factor = reinterpret_cast<float *>(scratch + (count > 0 ? count : 1));
+    if (block)
+        status = zero_flag(block, slot, s);
+    if (status == AMPC_OK)
+        status = norm_pass<KIND>(grads, n, block, slot, p, scratch, &count, s);
+    if (status == AMPC_OK) {
+        clip_factor_kernel<KIND><<<1, FACTOR_THREADS, 0, s>>>(scratch, count, p, max_norm, block, norm_out, factor);
+        status = launched("launching the clipping kernel");
+    }
+    if (status == AMPC_OK)
+        status = unscale_pass(grads, n, NULL, 0, false, factor, s);
+    const int freed = ampc_cuda_free(device, scratch, nbytes, s);
+    return status != AMPC_OK ? status : freed;
+}
+
 }  // namespace
 
 extern "C" int ampc_cuda_unscale(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
@@ -226,42 +533,29 @@ extern "C" int ampc_cuda_unscale(int device, void *stream, const ampc_grad_ref *
         return status;
     cudaStream_t s = (cudaStream_t)stream;
     status = zero_flag(block, slot, s);
-    TensorTable table;
-    table.n = 0;
-    table.first_chunk[0] = 0;
-    /* Dense tensors fill tables; a table is launched when full and at the end. */
-    for (int64_t i = 0; status == AMPC_OK && i <= n; i++) {
-        const bool last = i == n;
-        if (!last && grads[i].numel == 0)
-            continue;
-        if (!last && grads[i].loop != NULL) {
-            const ampc_grad_ref *g = &grads[i];
-            unscale_strided_kernel<<<strided_blocks(g->numel, BLOCK), BLOCK, 0, s>>>(
-                g->loop->data[0], g->numel, g->dtype, strided_layout(g->loop), block, slot, check_only != 0);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess)
-                status = ampc_cuda_fail(err, "launching the strided unscale kernel");
-            continue;
-        }
-        if (!last) {
-            const int t = table.n++;
-            table.ptr[t] = grads[i].data;
-            table.numel[t] = grads[i].numel;
-            table.dtype[t] = (uint8_t)grads[i].dtype;
-            table.first_chunk[t + 1] = table.first_chunk[t] + (grads[i].numel + CHUNK - 1) / CHUNK;
-        }
-        if (table.n > 0 && (last || table.n == TABLE)) {
-            const int64_t chunks = table.first_chunk[table.n];
-            if (check_only)
-                unscale_kernel<true><<<(unsigned)chunks, BLOCK, 0, s>>>(table, block, slot);
-            else
-                unscale_kernel<false><<<(unsigned)chunks, BLOCK, 0, s>>>(table, block, slot);
-            const cudaError_t err = cudaGetLastError();
-            if (err != cudaSuccess)
-                status = ampc_cuda_fail(err, "launching the unscale kernel");
-            table.n = 0;
-        }
-    }
+    if (status == AMPC_OK)
+        status = unscale_pass(grads, n, block, slot, check_only != 0, NULL, s);
+    ampc_device_leave(&guard);
+    return status;
+}
+
+extern "C" int ampc_cuda_unscale_clip(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
+                                      ampc_scaler_block *block, int slot, double max_norm, double norm_type,
+                                      float *norm_out)
+{
+    ampc_device_guard guard;
+    int status = ampc_device_enter(device, &guard);
+    if (status != AMPC_OK)
+        return status;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (norm_type == 2.0)
+        status = unscale_clip<NORM_2>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out);
+    else if (norm_type == 1.0)
+        status = unscale_clip<NORM_1>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out);
+    else if (isinf(norm_type))
+        status = unscale_clip<NORM_INF>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out);
+    else
+        status = unscale_clip<NORM_P>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out);
     ampc_device_leave(&guard);
     return status;
 }

@@ -15,7 +15,8 @@
  * is known to hold a momentum) are one-element float32 arrays on that
  * device, read by the kernel itself, so a GPU step never waits for the
  * host. Returns True if the step ran and False if found_inf skipped it on
- * the CPU; None on a GPU, where the host does not know yet.
+ * the CPU; None on a GPU, where the host does not know yet. dry_run=True
+ * only reads and checks (ampc.optim checks every group before stepping any).
  */
 #include "ampc.h"
 
@@ -47,24 +48,33 @@ static void args_release(step_args *a)
     ampc_view_release(&a->fi_view);
 }
 
-/* The lowest address of a dense view (its elements in memory order), or
- * NULL if it is not dense. */
-static char *dense_start(const ampc_view *v)
+/* Whether a view's elements fill one contiguous run (in any dimension
+ * order), and where that run starts: its lowest address. */
+static int is_dense(const ampc_view *v, char **start)
 {
+    if (v->numel == 0) {
+        *start = v->data;
+        return 1;
+    }
     ampc_loop loop;
     char *data[1] = {v->data};
     const int64_t *strides[1] = {v->strides};
     ampc_loop_init(&loop, 1, v->ndim, v->shape, data, strides);
-    if (loop.ndim == 0 || (loop.ndim == 1 && loop.strides[0][0] == ampc_dtype_size(v->dtype)))
-        return loop.data[0];
-    return NULL;
+    *start = loop.data[0];
+    return loop.ndim == 0 || (loop.ndim == 1 && loop.strides[0][0] == ampc_dtype_size(v->dtype));
+}
+
+static char *dense_start(const ampc_view *v)
+{
+    char *start;
+    return is_dense(v, &start) ? start : NULL;
 }
 
 static int same_device(ampc_device a, ampc_device b) { return a.type == b.type && a.index == b.index; }
 
 static int same_layout(const ampc_view *a, const ampc_view *b)
 {
-    if (a->ndim != b->ndim || a->dtype != b->dtype || !same_device(a->device, b->device))
+    if (a->ndim != b->ndim || !same_device(a->device, b->device))
         return 0;
     for (int d = 0; d < a->ndim; d++)
         if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->strides[d] != b->strides[d]))
@@ -117,11 +127,17 @@ static int read_array(ampc_state *st, PyObject *list, const char *list_name, Py_
         PyErr_Format(PyExc_ValueError, "%s is read-only", name);
         return -1;
     }
-    if (k > 0 && !same_layout(v, p)) {
-        PyErr_Format(PyExc_ValueError, "%s must have its parameter's shape, dtype, device and strides", name);
+    if (k > 0 && v->dtype != p->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %s but its parameter has %s", name, ampc_dtype_names[v->dtype],
+                     ampc_dtype_names[p->dtype]);
         return -1;
     }
-    if (dense_start(v) == NULL) {
+    if (k > 0 && !same_layout(v, p)) {
+        PyErr_Format(PyExc_ValueError, "%s must have its parameter's shape, device and strides", name);
+        return -1;
+    }
+    char *start;
+    if (!is_dense(v, &start)) {
         PyErr_Format(PyExc_ValueError, "%s is not dense (ampc.optim steps contiguous arrays, in any dimension "
                      "order)", name);
         return -1;
@@ -226,13 +242,14 @@ static PyObject *step_result(ampc_state *st, const step_args *a, int ran, const 
 static PyObject *mod_sgd_step(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"params", "grads", "momentum_buffers", "firsts", "lr", "momentum", "dampening",
-                             "weight_decay", "nesterov", "maximize", "grad_scale", "found_inf", NULL};
+                             "weight_decay", "nesterov", "maximize", "grad_scale", "found_inf", "dry_run", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *params, *grads, *bufs, *firsts, *gs_obj = Py_None, *fi_obj = Py_None;
     ampc_sgd_config c = {.lr = -1};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|$ddddppOO:_sgd_step", kwlist, &params, &grads, &bufs,
+    int dry_run = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOO|$ddddppOOp:_sgd_step", kwlist, &params, &grads, &bufs,
                                      &firsts, &c.lr, &c.momentum, &c.dampening, &c.weight_decay, &c.nesterov,
-                                     &c.maximize, &gs_obj, &fi_obj))
+                                     &c.maximize, &gs_obj, &fi_obj, &dry_run))
         return NULL;
     if (c.lr < 0) {
         PyErr_SetString(PyExc_TypeError, "_sgd_step: lr= (and the other hyperparameters) must be given");
@@ -242,7 +259,11 @@ static PyObject *mod_sgd_step(PyObject *module, PyObject *args, PyObject *kwargs
     static const char *const names[3] = {"params", "grads", "momentum_buffers"};
     step_args a;
     PyObject *result = NULL;
-    if (read_step(st, lists, names, 3, firsts, 1, gs_obj, fi_obj, &a) == 0) {
+    const int ok = read_step(st, lists, names, 3, firsts, 1, gs_obj, fi_obj, &a) == 0;
+    if (ok && dry_run) {
+        result = Py_NewRef(Py_None);
+    }
+    else if (ok) {
         int ran;
         if (a.device.type == AMPC_DEVICE_CUDA) {
             const int device = a.device.index;
@@ -264,13 +285,14 @@ static PyObject *mod_adam_step(PyObject *module, PyObject *args, PyObject *kwarg
 {
     static char *kwlist[] = {"params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs", "steps", "lr",
                              "beta1", "beta2", "eps", "weight_decay", "amsgrad", "maximize", "decoupled",
-                             "grad_scale", "found_inf", NULL};
+                             "grad_scale", "found_inf", "dry_run", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *params, *grads, *m, *v, *vmax, *steps, *gs_obj = Py_None, *fi_obj = Py_None;
     ampc_adam_config c = {.lr = -1};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|$dddddpppOO:_adam_step", kwlist, &params, &grads, &m,
+    int dry_run = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO|$dddddpppOOp:_adam_step", kwlist, &params, &grads, &m,
                                      &v, &vmax, &steps, &c.lr, &c.beta1, &c.beta2, &c.eps, &c.weight_decay,
-                                     &c.amsgrad, &c.maximize, &c.decoupled, &gs_obj, &fi_obj))
+                                     &c.amsgrad, &c.maximize, &c.decoupled, &gs_obj, &fi_obj, &dry_run))
         return NULL;
     if (c.lr < 0) {
         PyErr_SetString(PyExc_TypeError, "_adam_step: lr= (and the other hyperparameters) must be given");
@@ -280,7 +302,11 @@ static PyObject *mod_adam_step(PyObject *module, PyObject *args, PyObject *kwarg
     static const char *const names[5] = {"params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
     step_args a;
     PyObject *result = NULL;
-    if (read_step(st, lists, names, 5, steps, 0, gs_obj, fi_obj, &a) == 0) {
+    const int ok = read_step(st, lists, names, 5, steps, 0, gs_obj, fi_obj, &a) == 0;
+    if (ok && dry_run) {
+        result = Py_NewRef(Py_None);
+    }
+    else if (ok) {
         int ran;
         if (a.device.type == AMPC_DEVICE_CUDA) {
             const int device = a.device.index;
@@ -304,8 +330,8 @@ static PyObject *mod_adam_step(PyObject *module, PyObject *args, PyObject *kwarg
 
 static int zero_view(ampc_state *st, const ampc_view *v)
 {
-    char *start = dense_start(v);
-    if (start == NULL) {
+    char *start;
+    if (!is_dense(v, &start)) {
         PyErr_SetString(PyExc_ValueError, "zero_: the array is not dense");
         return -1;
     }

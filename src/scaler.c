@@ -319,25 +319,6 @@ static int cpu_unscale(ampc_state *st, const ampc_grad_ref *refs, int64_t count,
     return 0;
 }
 
-/* unscale_(max_norm=) on a disabled scaler: clip only. */
-static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, double max_norm, double norm_type)
-{
-    ampc_grads g = {0};
-    PyObject *norm = NULL;
-    if (ampc_grads_collect(st, optimizer, 1, 1, &g) < 0)
-        return NULL;
-    if (g.ndevices > 1 || (g.ndevices == 1 && g.devices[0].type == AMPC_DEVICE_CUDA)) {
-        PyErr_SetString(PyExc_NotImplementedError, "unscale_(max_norm=...) of GPU gradients is not built yet");
-    }
-    else {
-        int nonfinite;
-        if (cpu_unscale(st, g.refs, g.n, 1.0f, 0, max_norm, norm_type, &nonfinite, &norm) == 0 && norm == NULL)
-            norm = float32_scalar(st, (ampc_device){AMPC_DEVICE_CPU, 0}, 0.0f);
-    }
-    ampc_grads_release(&g);
-    return norm;
-}
-
 /* The gradients of device slot d were produced on their own streams (a
  * producer's current stream, when read through DLPack's C exchange API).
  * before: make `stream` wait for them; after: make them wait for `stream`,
@@ -365,6 +346,54 @@ static int order_grads(ampc_state *st, const ampc_grads *g, int d, void *stream,
     return 0;
 }
 
+/* GPU gradients of one device: unscale, check and clip in the fused passes
+ * of cuda/scaler.cu; the norm stays on the device (a new 0-d float32 array
+ * in *norm_out), so nothing waits. block NULL: gradients that are not
+ * scaled. The caller orders the gradients' streams around it. */
+static int gpu_unscale_clip(ampc_state *st, ampc_device device, void *stream, const ampc_grad_ref *refs,
+                            int64_t count, ampc_scaler_block *block, int slot, double max_norm, double norm_type,
+                            PyObject **norm_out)
+{
+    ampc_view v;
+    PyObject *norm = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &v);
+    if (norm == NULL)
+        return -1;
+    const int status = st->cuda->unscale_clip(device.index, stream, refs, count, block, slot, max_norm, norm_type,
+                                              (float *)v.data);
+    if (status != AMPC_OK) {
+        Py_DECREF(norm);
+        return ampc_cuda_raise(st, status, "unscale_");
+    }
+    *norm_out = norm;
+    return 0;
+}
+
+/* unscale_(max_norm=) on a disabled scaler: clip only. */
+static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, double max_norm, double norm_type)
+{
+    ampc_grads g = {0};
+    PyObject *norm = NULL;
+    if (ampc_grads_collect(st, optimizer, 1, 1, &g) < 0)
+        return NULL;
+    if (g.ndevices > 1) {
+        PyErr_SetString(PyExc_ValueError, "unscale_(max_norm=...): the gradients must be on one device");
+    }
+    else if (g.ndevices == 1 && g.devices[0].type == AMPC_DEVICE_CUDA) {
+        void *stream = ampc_current_stream(g.devices[0].index, NULL);
+        if (order_grads(st, &g, 0, stream, 1) == 0 &&
+            gpu_unscale_clip(st, g.devices[0], stream, g.refs, g.n, NULL, 0, max_norm, norm_type, &norm) == 0 &&
+            order_grads(st, &g, 0, stream, 0) < 0)
+            Py_CLEAR(norm);
+    }
+    else {
+        int nonfinite;
+        if (cpu_unscale(st, g.refs, g.n, 1.0f, 0, max_norm, norm_type, &nonfinite, &norm) == 0 && norm == NULL)
+            norm = float32_scalar(st, (ampc_device){AMPC_DEVICE_CPU, 0}, 0.0f);
+    }
+    ampc_grads_release(&g);
+    return norm;
+}
+
 /* Check (and unless check_only, unscale) the optimizer's gradients, device
  * by device, recording a flag slot per device in `os`. With max_norm > 0,
  * clip to the total norm in the same pass and return it in *norm_out. */
@@ -387,10 +416,6 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
         PyErr_SetString(PyExc_ValueError, "unscale_(max_norm=...): the gradients must be on one device");
         goto done;
     }
-    if (max_norm > 0 && g.ndevices == 1 && g.devices[0].type == AMPC_DEVICE_CUDA) {
-        PyErr_SetString(PyExc_NotImplementedError, "unscale_(max_norm=...) on a GPU is not built yet");
-        goto done;
-    }
 
     os->nfound = 0;
     for (int d = 0; d < g.ndevices; d++) {
@@ -407,10 +432,18 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
             void *stream = stream_for(m);
             if (order_grads(st, &g, d, stream, 1) < 0)
                 goto done;
-            const int status = st->cuda->unscale(m->device.index, stream, refs, count, m->block, slot, check_only);
-            if (status != AMPC_OK) {
-                ampc_cuda_raise(st, status, "unscale_");
-                goto done;
+            if (max_norm > 0) {
+                if (gpu_unscale_clip(st, m->device, stream, refs, count, m->block, slot, max_norm, norm_type,
+                                     norm_out) < 0)
+                    goto done;
+            }
+            else {
+                const int status = st->cuda->unscale(m->device.index, stream, refs, count, m->block, slot,
+                                                     check_only);
+                if (status != AMPC_OK) {
+                    ampc_cuda_raise(st, status, "unscale_");
+                    goto done;
+                }
             }
             m->stream = stream;
             if (!check_only && order_grads(st, &g, d, stream, 0) < 0)

@@ -141,7 +141,7 @@ static double norm_part(const char *p, int64_t n, ampc_dtype dtype, float inv_sc
         bad |= !isfinite(v);
         const double a = fabs(v);
         if (isinf(norm_type))
-            acc = a > acc ? a : acc;
+            acc = a > acc || a != a ? a : acc;  /* NaN wins, as torch's max does */
         else
             acc += norm_type == 1.0 ? a : pow(a, norm_type);
     }
@@ -192,7 +192,7 @@ static double run(const job *j, char *p, int64_t n, ampc_dtype dtype, int *bad)
 static double combine(double norm_type, double a, double b)
 {
     if (isinf(norm_type))
-        return a > b ? a : b;
+        return a > b || a != a ? a : b;  /* NaN wins, as torch's max does */
     return a + b;
 }
 

@@ -35,12 +35,17 @@ def test_no_exit_or_abort_in_library_code():
 
 
 def test_every_kernel_launch_is_checked():
-    """After each <<<...>>> launch, cudaGetLastError() before the function returns."""
+    """Right after each <<<...>>> launch, cudaGetLastError(), directly or through the file's
+    launched() helper, which must itself call it."""
     for path in ROOT.glob("cuda/*.cu"):
         text = path.read_text()
+        helper = re.search(r"\nint launched\(const char \*what\)\n\{(.*?)\n\}", text, re.S)
+        if "launched(" in text:
+            assert helper and "cudaGetLastError()" in helper.group(1), f"{path.name}: launched() must check"
         for m in re.finditer(r"<<<", text):
-            rest = text[m.end():m.end() + 1200]
-            assert "cudaGetLastError()" in rest, f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}"
+            rest = text[m.end():m.end() + 600]
+            assert "cudaGetLastError()" in rest or "launched(" in rest, \
+                f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}"
 
 
 def test_gil_released_and_reacquired_in_pairs():
