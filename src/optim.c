@@ -20,6 +20,8 @@
  */
 #include "ampc.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "optim.h"
 
@@ -153,6 +155,77 @@ static int read_array(ampc_state *st, PyObject *list, const char *list_name, Py_
     return 0;
 }
 
+/* A byte range of one array of the step. */
+typedef struct {
+    uintptr_t lo, hi;
+    int written;
+} span;
+
+static int span_order(const void *x, const void *y)
+{
+    const span *a = x, *b = y;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
+}
+
+static void add_span(span *spans, size_t *count, const char *start, const ampc_view *v, int written)
+{
+    const size_t nbytes = (size_t)v->numel * (size_t)ampc_dtype_size(v->dtype);
+    if (nbytes == 0)
+        return;
+    spans[*count].lo = (uintptr_t)start;
+    spans[*count].hi = (uintptr_t)start + nbytes;
+    spans[(*count)++].written = written;
+}
+
+/* No array that the step writes may share memory with another array of the
+ * step (the kernels read and write each element once, and the CPU loops
+ * rely on it: restrict); gradients that are only read may share. */
+static int check_no_overlap(const step_args *a, PyObject *const *lists, int grads_written)
+{
+    const size_t most = (size_t)a->n * (size_t)(a->per + 1) + 2;
+    span *spans = PyMem_Malloc(most * sizeof *spans);
+    if (spans == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t count = 0;
+    for (int64_t i = 0; i < a->n; i++) {
+        const ampc_optim_ref *r = &a->refs[i];
+        const ampc_view *v = &a->views[i * a->per];
+        add_span(spans, &count, r->param, &v[0], 1);
+        add_span(spans, &count, r->grad, &v[1], grads_written);
+        for (int k = 2; k < a->per; k++)
+            if (lists[k] != Py_None)
+                add_span(spans, &count, r->state[k - 2], &v[k], 1);
+        if (r->step != NULL)
+            add_span(spans, &count, (char *)r->step, &a->step_views[i], 1);
+    }
+    if (a->grad_scale)
+        add_span(spans, &count, (const char *)a->grad_scale, &a->gs_view, 0);
+    if (a->found_inf)
+        add_span(spans, &count, (const char *)a->found_inf, &a->fi_view, 0);
+    qsort(spans, count, sizeof *spans, span_order);
+    /* Sweep in address order: a range overlaps an earlier one if it starts
+     * before the furthest end seen (of any range when it is written, of the
+     * written ones when it is only read). */
+    uintptr_t end_any = 0, end_written = 0;
+    int shared = 0;
+    for (size_t s = 0; s < count && !shared; s++) {
+        shared = spans[s].lo < (spans[s].written ? end_any : end_written);
+        if (spans[s].hi > end_any)
+            end_any = spans[s].hi;
+        if (spans[s].written && spans[s].hi > end_written)
+            end_written = spans[s].hi;
+    }
+    PyMem_Free(spans);
+    if (shared) {
+        PyErr_SetString(PyExc_ValueError, "ampc.optim: arrays of one step share memory (each parameter, gradient "
+                        "and state array must be its own)");
+        return -1;
+    }
+    return 0;
+}
+
 /* Read and check every array of a step before anything is written: lists[k]
  * (NULL-free; Py_None for a column left out, as max_exp_avg_sqs without
  * amsgrad), the per-parameter step scalars (None entries allowed where
@@ -220,7 +293,7 @@ static int read_step(ampc_state *st, PyObject *const *lists, const char *const *
         return -1;
     a->grad_scale = gs;
     a->found_inf = fi;
-    return 0;
+    return check_no_overlap(a, lists, grads_written);
 }
 
 /* True if the step ran, False if found_inf skipped it; None on a GPU, where
@@ -404,6 +477,9 @@ static PyObject *mod_scalar_like(PyObject *module, PyObject *args)
         int status = AMPC_OK;
         if (out.device.type == AMPC_DEVICE_CPU)
             memcpy(out.data, &f, sizeof f);
+        else if (f == 0.0f && !signbit(f))  /* a memset: never waits, where a copy from the host may */
+            status = st->cuda->memset(out.device.index, out.data, 0, sizeof f,
+                                      ampc_current_stream(out.device.index, NULL));
         else
             status = st->cuda->copy(out.device.index, out.data, -1, &f, sizeof f,
                                     ampc_current_stream(out.device.index, NULL));

@@ -67,41 +67,90 @@ static inline void store_bf16(char *p, int64_t i, float v)
 }
 
 /* sgd_run_<dtype> and adam_run_<dtype>: elements [begin, end) of one
- * parameter, O being the dtype's opmath type. */
+ * parameter, O being the dtype's opmath type. The loops take what decides
+ * their stores (momentum, amsgrad, the gradient written back) as constants
+ * from the dispatch below, so that each variant is one straight loop the
+ * compiler vectorises; the arrays of one parameter never overlap (optim.c
+ * checks), hence restrict. */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+/* An AVX2 copy of each run beside the baseline one, chosen at load time: the
+ * float64 arithmetic doubles in width. Same IEEE operations, same bits. */
+#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
+#endif
+
 #define DEFINE_RUNS(SUFFIX, O, LOAD, STORE)                                                          \
-    static void sgd_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,                \
+    ALWAYS_INLINE void sgd_loop_##SUFFIX(char *restrict param, char *restrict grad, char *restrict buf, \
+                                         int64_t begin, int64_t end, const ampc_sgd_config *c,       \
+                                         const float *gs, int first, const int momentum,             \
+                                         const int write_grad)                                       \
+    {                                                                                                \
+        for (int64_t i = begin; i < end; i++) {                                                      \
+            const O g = ampc_unscaled_##O(LOAD(grad, i), gs);                                        \
+            if (write_grad)                                                                          \
+                STORE(grad, i, g);                                                                   \
+            O b = momentum ? LOAD(buf, i) : (O)0; /* zeros before the first step */                  \
+            STORE(param, i, ampc_sgd_##O(LOAD(param, i), g, &b, first, c));                          \
+            if (momentum)                                                                            \
+                STORE(buf, i, b);                                                                    \
+        }                                                                                            \
+    }                                                                                                \
+    CLONES static void sgd_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,                \
                                  const ampc_sgd_config *cfg, const float *gs)                        \
     {                                                                                                \
         const ampc_sgd_config c = *cfg;                                                              \
-        const int momentum = c.momentum != 0, first = r->step != NULL && *r->step == 0.0f;           \
+        const int first = r->step != NULL && *r->step == 0.0f;                                       \
+        char *p = r->param, *g = r->grad, *b = r->state[0];                                          \
+        if (c.momentum != 0 && gs)                                                                   \
+            sgd_loop_##SUFFIX(p, g, b, begin, end, &c, gs, first, 1, 1);                             \
+        else if (c.momentum != 0)                                                                    \
+            sgd_loop_##SUFFIX(p, g, b, begin, end, &c, NULL, first, 1, 0);                           \
+        else if (gs)                                                                                 \
+            sgd_loop_##SUFFIX(p, g, NULL, begin, end, &c, gs, 0, 0, 1);                              \
+        else                                                                                         \
+            sgd_loop_##SUFFIX(p, g, NULL, begin, end, &c, NULL, 0, 0, 0);                            \
+    }                                                                                                \
+    ALWAYS_INLINE void adam_loop_##SUFFIX(char *restrict param, char *restrict grad, char *restrict m_, \
+                                          char *restrict v_, char *restrict vmax_, int64_t begin,    \
+                                          int64_t end, const ampc_adam_config *c, const float *gs,   \
+                                          O step_size, O bc2_sqrt, const int amsgrad,                \
+                                          const int write_grad)                                      \
+    {                                                                                                \
         for (int64_t i = begin; i < end; i++) {                                                      \
-            const O g = ampc_unscaled_##O(LOAD(r->grad, i), gs);                                     \
-            if (gs)                                                                                  \
-                STORE(r->grad, i, g);                                                                \
-            O b = momentum && !first ? LOAD(r->state[0], i) : (O)0;                                  \
-            STORE(r->param, i, ampc_sgd_##O(LOAD(r->param, i), g, &b, first, &c));                   \
-            if (momentum)                                                                            \
-                STORE(r->state[0], i, b);                                                            \
+            const O g = ampc_unscaled_##O(LOAD(grad, i), gs);                                        \
+            if (write_grad)                                                                          \
+                STORE(grad, i, g);                                                                   \
+            O m = LOAD(m_, i), v = LOAD(v_, i), vmax = amsgrad ? LOAD(vmax_, i) : (O)0;              \
+            STORE(param, i, ampc_adam_##O(LOAD(param, i), g, &m, &v, &vmax, step_size, bc2_sqrt, c)); \
+            STORE(m_, i, m);                                                                         \
+            STORE(v_, i, v);                                                                         \
+            if (amsgrad)                                                                             \
+                STORE(vmax_, i, vmax);                                                               \
         }                                                                                            \
     }                                                                                                \
-    static void adam_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,               \
+    CLONES static void adam_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,               \
                                   const ampc_adam_config *cfg, const float *gs)                      \
     {                                                                                                \
-        const ampc_adam_config c = *cfg;                                                             \
+        ampc_adam_config c = *cfg;                                                                   \
         O step_size, bc2_sqrt;                                                                       \
         ampc_adam_factors_##O(*r->step, &c, &step_size, &bc2_sqrt);                                  \
-        for (int64_t i = begin; i < end; i++) {                                                      \
-            const O g = ampc_unscaled_##O(LOAD(r->grad, i), gs);                                     \
-            if (gs)                                                                                  \
-                STORE(r->grad, i, g);                                                                \
-            O m = LOAD(r->state[0], i), v = LOAD(r->state[1], i);                                    \
-            O vmax = c.amsgrad ? LOAD(r->state[2], i) : (O)0;                                        \
-            STORE(r->param, i, ampc_adam_##O(LOAD(r->param, i), g, &m, &v, &vmax, step_size, bc2_sqrt, &c)); \
-            STORE(r->state[0], i, m);                                                                \
-            STORE(r->state[1], i, v);                                                                \
-            if (c.amsgrad)                                                                           \
-                STORE(r->state[2], i, vmax);                                                         \
+        char *p = r->param, *g = r->grad, *m = r->state[0], *v = r->state[1], *w = r->state[2];      \
+        const int ams = c.amsgrad;                                                                   \
+        c.amsgrad = 0; /* the loops' own constant decides */                                         \
+        if (ams && gs) {                                                                             \
+            c.amsgrad = 1;                                                                           \
+            adam_loop_##SUFFIX(p, g, m, v, w, begin, end, &c, gs, step_size, bc2_sqrt, 1, 1);        \
         }                                                                                            \
+        else if (ams) {                                                                              \
+            c.amsgrad = 1;                                                                           \
+            adam_loop_##SUFFIX(p, g, m, v, w, begin, end, &c, NULL, step_size, bc2_sqrt, 1, 0);      \
+        }                                                                                            \
+        else if (gs)                                                                                 \
+            adam_loop_##SUFFIX(p, g, m, v, NULL, begin, end, &c, gs, step_size, bc2_sqrt, 0, 1);     \
+        else                                                                                         \
+            adam_loop_##SUFFIX(p, g, m, v, NULL, begin, end, &c, NULL, step_size, bc2_sqrt, 0, 0);   \
     }
 
 DEFINE_RUNS(f32, float, load_f32, store_f32)

@@ -41,5 +41,33 @@ scaler.scale(torch.ones((), device="cuda"))
 scaler.step(opt)
 scaler.overflow_report(opt)
 scaler.update()
+# Fused clipping: every norm type, dense and strided gradients, the disabled-scaler path.
+for norm_type in (2.0, 1.0, float("inf"), 3.0):
+    scaler.scale(torch.ones((), device="cuda"))
+    scaler.unscale_(opt, max_norm=0.5, norm_type=norm_type)
+    scaler.step(opt)
+    scaler.update()
+ampc.GradScaler("cuda", enabled=False).unscale_(opt, max_norm=0.5)
+# ampc.optim: every dtype, sizes around the chunk, misaligned (scalar path) and aligned (vector path).
+from ampc import optim  # noqa: E402
+
+for dt in DTYPES:
+    ps = []
+    for n in (1, 5, 16383, 16385, 40_003):
+        for offset in (0, 1):
+            ps.append(optim.Parameter(torch.randn(n + offset, device="cuda", dtype=dt)[offset:]))
+    for p in ps:
+        p.grad = torch.randn(p.data.numel() + 1, device="cuda", dtype=dt)[1:] if p.data.data_ptr() % 16 else \
+            torch.randn_like(p.data)
+    for make in (lambda q: optim.SGD(q, lr=0.1, momentum=0.9, nesterov=True), lambda q: optim.SGD(q, lr=0.1),
+                 lambda q: optim.AdamW(q, amsgrad=True), lambda q: optim.Adam(q)):
+        o = make(ps)
+        s = ampc.GradScaler("cuda", init_scale=4.0)
+        for i in range(2):
+            s.scale(torch.ones((), device="cuda"))
+            s.step(o)
+            s.update()
+        o.step()
+        o.zero_grad(set_to_none=False)
 torch.cuda.synchronize()
 print("memcheck workload done")

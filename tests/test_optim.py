@@ -654,3 +654,28 @@ def test_bad_input_in_a_later_group_changes_no_group(rng):
         assert set(opt.state) == {a, b}
         a.data[...] = before
         b.grad = np.zeros(3, np.float32)
+
+
+def test_arrays_that_share_memory_are_refused(rng):
+    base = rng.standard_normal(20).astype(np.float32)
+    before = base.copy()
+    p, q = optim.Parameter(base[:10]), optim.Parameter(base[5:15])
+    p.grad, q.grad = np.ones(10, np.float32), np.ones(10, np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        optim.SGD([p, q], lr=0.1).step()
+    r = optim.Parameter(base[15:])
+    r.grad = r.data
+    with pytest.raises(ValueError, match="share memory"):
+        optim.Adam([r]).step()
+    assert_same(base, before)
+    # Gradients that are only read may be shared; written back (with a scale) they may not.
+    a, b = make_params(rng, np.float32, [(6,), (6,)])
+    a.grad = b.grad = np.full(6, 2.0, np.float32)
+    a0, b0 = a.data.copy(), b.data.copy()
+    optim.SGD([a, b], lr=0.5).step()
+    assert_same(a.data, a0 - np.float32(1.0))
+    assert_same(b.data, b0 - np.float32(1.0))
+    opt = optim.SGD([a, b], lr=0.5)
+    opt.grad_scale = np.full((), 2.0, np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        opt.step()
