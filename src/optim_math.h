@@ -11,8 +11,10 @@
  * `p - step_size * m / denom` is opmath arithmetic. Every operation is a
  * correctly rounded IEEE one and both compilers are told not to contract a
  * multiply and an add into a fused multiply-add (-ffp-contract=off, nvcc
- * --fmad=false for optim.cu), so the CPU and the GPU give the same bits
- * (NaN payloads aside: the 16-bit stores round NaNs as each side does).
+ * --fmad=false for optim.cu), so the CPU and the GPU give the same bits;
+ * the exceptions are NaN payloads (the 16-bit stores quiet NaNs as each side
+ * does) and float64 Adam, whose bias corrections come from each side's
+ * pow(), which may differ in the last bit (float32 opmath rounds that away).
  * torch's own build lets nvcc contract: against torch the results agree to
  * the last bit of float32 but for the rare element where a float64 fma and
  * a float64 multiply-add round to different sides of a float32 boundary.

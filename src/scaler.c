@@ -463,6 +463,8 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
     }
     rc = 0;
 done:
+    if (rc < 0 && norm_out != NULL)
+        Py_CLEAR(*norm_out);
     ampc_grads_clear(&g);
     if (self->scratch.entries == NULL)
         self->scratch = g;

@@ -70,12 +70,15 @@ def test_gpu_steps_equal_cpu_steps(rng, dtype, kind, scaled):
                 opt_gpu.found_inf = torch.full((), skip, device="cuda")
             opt_cpu.step()
             opt_gpu.step()
+            # float64 Adam: the GPU's pow() may differ from the CPU's in the last bit (optim_math.h).
+            same = assert_same if kind == "SGD" or dtype != np.float64 else \
+                (lambda a, b, what: np.testing.assert_allclose(a, b, rtol=1e-14, atol=0, err_msg=what))
             for i, (p, q) in enumerate(zip(cpu, gpu)):
-                assert_same(to_numpy(q.data), p.data, f"{config} step {step} param {i}")
-                assert_same(to_numpy(q.grad), p.grad, f"{config} step {step} grad {i}")
+                same(to_numpy(q.data), p.data, f"{config} step {step} param {i}")
+                same(to_numpy(q.grad), p.grad, f"{config} step {step} grad {i}")
                 for key, value in opt_cpu.state[p].items():
                     if value is not None:
-                        assert_same(to_numpy(opt_gpu.state[q][key]), value, f"{config} {key} {i}")
+                        same(to_numpy(opt_gpu.state[q][key]), value, f"{config} {key} {i}")
 
 
 def torch_pair(rng, sizes, dtype=torch.float32):
