@@ -2,7 +2,9 @@
 # One device session: build ampc (with ampc._cuda), print the doctor, run the
 # whole test suite with the GPU required, run the kernels under
 # compute-sanitizer, then the benchmarks. Logs go to $OUT (or ./out); the
-# summary is printed last.
+# summary is printed last. SKIP="tests memcheck" (any of tests, memcheck,
+# benchmarks) leaves steps out, to split the work over calls of 10 minutes;
+# AMPC_CUDA_ARCH=90 builds for the H200 alone, three times faster.
 #
 #   bash benchmarks/run_on_gpu.sh [pytest args...]
 set -uo pipefail
@@ -12,7 +14,9 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false NCCL_NVLS_ENABLE=0
 status=0
 
+SKIP=${SKIP:-}
 step() { echo "== $1"; }
+skipped() { case " $SKIP " in *" $1 "*) echo "== $1 (skipped)"; return 0;; esac; return 1; }
 
 step build
 if ! AMPC_CUDA=1 AMPC_WERROR=1 python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
@@ -23,17 +27,22 @@ fi
 step doctor
 python3 -m ampc doctor | tee "$OUT/doctor.txt"
 
-step tests
-python3 -m pytest -q --require-gpu "$@" 2>&1 | tee "$OUT/tests.log" | tail -15
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if ! skipped tests; then
+    step tests
+    python3 -m pytest -q --require-gpu "$@" 2>&1 | tee "$OUT/tests.log" | tail -15
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
 
-step memcheck
-if command -v compute-sanitizer >/dev/null; then
+if ! skipped memcheck && command -v compute-sanitizer >/dev/null; then
+    step memcheck
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_memcheck.py \
         >"$OUT/memcheck.log" 2>&1 || status=1
     tail -3 "$OUT/memcheck.log"
 fi
 
+skipped benchmarks && exit $status
 step benchmarks
 python3 benchmarks/cast.py --json "$OUT/cast.json" 2>&1 | tee "$OUT/cast.txt" | tail -20
+python3 benchmarks/scaler_diag.py 2>&1 | tee "$OUT/scaler_diag.txt"
+python3 benchmarks/scaler.py 2>&1 | tee "$OUT/scaler.txt"
 exit $status

@@ -132,6 +132,10 @@ typedef enum {
 int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
                           ampc_access access, ampc_view *view);
 void ampc_view_release(ampc_view *view);
+/* The raised exception's message names an argument `given` (its start):
+ * say `name` instead, keeping the type and the rest. Lets loops over many
+ * arrays pass a short fixed name and format the real one only on error. */
+void ampc_rename_error(const char *given, const char *name);
 /* The same for an ndarray; `source` is left NULL. */
 int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *view);
 /* "cpu" or "cuda:N" */

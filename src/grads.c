@@ -71,22 +71,8 @@ static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *gr
     e->param = NULL;
     if (ampc_view_from_object(st, grad, "gradient", for_writing ? AMPC_FOR_WRITING : AMPC_FOR_READING,
                               &e->view) < 0) {
-        /* Say which gradient, keeping the message. */
-        PyObject *exc = ampc_take_exception();
-        describe(name, sizeof name, group, index);
-        if (exc != NULL) {
-            PyObject *msg = PyObject_Str(exc);
-            const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
-            if (text && strncmp(text, "gradient", 8) == 0) {
-                PyErr_Format((PyObject *)Py_TYPE(exc), "%s%s", name, text + 8);
-                Py_DECREF(exc);
-            }
-            else {
-                PyErr_Clear();
-                ampc_restore_exception(exc);
-            }
-            Py_XDECREF(msg);
-        }
+        describe(name, sizeof name, group, index);  /* say which gradient, keeping the message */
+        ampc_rename_error("gradient", name);
         return -1;
     }
     e->loop = NULL;

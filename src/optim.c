@@ -21,7 +21,6 @@
 #include "ampc.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 #include "optim.h"
 
@@ -105,43 +104,47 @@ static int read_scalar(ampc_state *st, PyObject *obj, const char *name, ampc_dev
     return 0;
 }
 
-/* One array of the step: lists[k][i] into a->views[i * per + k]. */
+/* One array of the step: lists[k][i] into a->views[i * per + k]. Errors
+ * name it list_name[i] (formatted only then: this runs for every array of
+ * every step). */
 static int read_array(ampc_state *st, PyObject *list, const char *list_name, Py_ssize_t i, int k, int writable,
                       step_args *a)
 {
     PyObject *item = PySequence_GetItem(list, i);
     if (item == NULL)
         return -1;
-    char name[64];
-    snprintf(name, sizeof name, "%s[%zd]", list_name, i);
     ampc_view *v = &a->views[i * a->per + k];
-    const int rc = ampc_view_from_object(st, item, name, writable ? AMPC_FOR_WRITING : AMPC_FOR_READING, v);
+    const int rc = ampc_view_from_object(st, item, list_name, writable ? AMPC_FOR_WRITING : AMPC_FOR_READING, v);
     Py_DECREF(item);
-    if (rc < 0)
+    if (rc < 0) {
+        char name[64];
+        snprintf(name, sizeof name, "%s[%zd]", list_name, i);
+        ampc_rename_error(list_name, name);
         return -1;
+    }
     const ampc_view *p = &a->views[i * a->per];
+    char *start;
     if (!AMPC_DTYPE_IS_FLOAT(v->dtype)) {
-        PyErr_Format(PyExc_TypeError, "%s has dtype %s; ampc.optim updates floating arrays", name,
+        PyErr_Format(PyExc_TypeError, "%s[%zd] has dtype %s; ampc.optim updates floating arrays", list_name, i,
                      ampc_dtype_names[v->dtype]);
         return -1;
     }
     if (writable && v->readonly) {
-        PyErr_Format(PyExc_ValueError, "%s is read-only", name);
+        PyErr_Format(PyExc_ValueError, "%s[%zd] is read-only", list_name, i);
         return -1;
     }
     if (k > 0 && v->dtype != p->dtype) {
-        PyErr_Format(PyExc_TypeError, "%s has dtype %s but its parameter has %s", name, ampc_dtype_names[v->dtype],
-                     ampc_dtype_names[p->dtype]);
+        PyErr_Format(PyExc_TypeError, "%s[%zd] has dtype %s but its parameter has %s", list_name, i,
+                     ampc_dtype_names[v->dtype], ampc_dtype_names[p->dtype]);
         return -1;
     }
     if (k > 0 && !same_layout(v, p)) {
-        PyErr_Format(PyExc_ValueError, "%s must have its parameter's shape, device and strides", name);
+        PyErr_Format(PyExc_ValueError, "%s[%zd] must have its parameter's shape, device and strides", list_name, i);
         return -1;
     }
-    char *start;
     if (!is_dense(v, &start)) {
-        PyErr_Format(PyExc_ValueError, "%s is not dense (ampc.optim steps contiguous arrays, in any dimension "
-                     "order)", name);
+        PyErr_Format(PyExc_ValueError, "%s[%zd] is not dense (ampc.optim steps contiguous arrays, in any "
+                     "dimension order)", list_name, i);
         return -1;
     }
     if (k == 0) {
@@ -161,10 +164,27 @@ typedef struct {
     int written;
 } span;
 
-static int span_order(const void *x, const void *y)
+/* Sort spans by start: a bottom-up merge sort through `tmp` (qsort's calls
+ * through a function pointer cost as much as reading the arrays). Returns
+ * whichever buffer holds the result. */
+static span *sort_spans(span *a, span *tmp, size_t n)
 {
-    const span *a = x, *b = y;
-    return a->lo < b->lo ? -1 : a->lo > b->lo;
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo < n; lo += 2 * width) {
+            const size_t mid = lo + width < n ? lo + width : n, hi = lo + 2 * width < n ? lo + 2 * width : n;
+            size_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                tmp[k++] = a[j].lo < a[i].lo ? a[j++] : a[i++];
+            while (i < mid)
+                tmp[k++] = a[i++];
+            while (j < hi)
+                tmp[k++] = a[j++];
+        }
+        span *t = a;
+        a = tmp;
+        tmp = t;
+    }
+    return a;
 }
 
 static void add_span(span *spans, size_t *count, const char *start, const ampc_view *v, int written)
@@ -183,8 +203,8 @@ static void add_span(span *spans, size_t *count, const char *start, const ampc_v
 static int check_no_overlap(const step_args *a, PyObject *const *lists, int grads_written)
 {
     const size_t most = (size_t)a->n * (size_t)(a->per + 1) + 2;
-    span *spans = PyMem_Malloc(most * sizeof *spans);
-    if (spans == NULL) {
+    span *buffer = PyMem_Malloc(2 * most * sizeof *buffer), *spans = buffer;
+    if (buffer == NULL) {
         PyErr_NoMemory();
         return -1;
     }
@@ -204,7 +224,7 @@ static int check_no_overlap(const step_args *a, PyObject *const *lists, int grad
         add_span(spans, &count, (const char *)a->grad_scale, &a->gs_view, 0);
     if (a->found_inf)
         add_span(spans, &count, (const char *)a->found_inf, &a->fi_view, 0);
-    qsort(spans, count, sizeof *spans, span_order);
+    spans = sort_spans(spans, buffer + most, count);
     /* Sweep in address order: a range overlaps an earlier one if it starts
      * before the furthest end seen (of any range when it is written, of the
      * written ones when it is only read). */
@@ -217,12 +237,46 @@ static int check_no_overlap(const step_args *a, PyObject *const *lists, int grad
         if (spans[s].written && spans[s].hi > end_written)
             end_written = spans[s].hi;
     }
-    PyMem_Free(spans);
+    PyMem_Free(buffer);
     if (shared) {
         PyErr_SetString(PyExc_ValueError, "ampc.optim: arrays of one step share memory (each parameter, gradient "
                         "and state array must be its own)");
         return -1;
     }
+    return 0;
+}
+
+/* Parameter i's arrays and step scalar, and its ref for the kernels. */
+static int read_parameter(ampc_state *st, PyObject *const *lists, const char *const *names, PyObject *steps,
+                          int steps_optional, int grads_written, Py_ssize_t i, step_args *a)
+{
+    const int per = a->per;
+    for (int k = 0; k < per; k++)
+        if (lists[k] != Py_None && read_array(st, lists[k], names[k], i, k, k != 1 || grads_written, a) < 0)
+            return -1;
+    PyObject *s = PySequence_GetItem(steps, i);
+    if (s == NULL)
+        return -1;
+    int rc = read_scalar(st, s, "steps", a->device, 1, &a->step_views[i], &a->refs[i].step);
+    if (rc == 0 && s == Py_None && !steps_optional) {
+        PyErr_SetString(PyExc_TypeError, "steps must be an array, not None");
+        rc = -1;
+    }
+    Py_DECREF(s);
+    if (rc < 0) {
+        char name[32];
+        snprintf(name, sizeof name, "steps[%zd]", i);
+        ampc_rename_error("steps", name);
+        return -1;
+    }
+    ampc_optim_ref *r = &a->refs[i];
+    const ampc_view *v = &a->views[i * per];
+    r->param = dense_start(&v[0]);
+    r->grad = dense_start(&v[1]);
+    for (int k = 2; k < per; k++)
+        r->state[k - 2] = lists[k] != Py_None ? dense_start(&v[k]) : NULL;
+    r->numel = v[0].numel;
+    r->dtype = v[0].dtype;
     return 0;
 }
 
@@ -259,33 +313,18 @@ static int read_step(ampc_state *st, PyObject *const *lists, const char *const *
         return -1;
     }
     const int grads_written = gs_obj != Py_None;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    /* A producer's current stream is asked once per device for the whole
+     * step, as for a GradScaler's gradient list (grads.c). */
+    st->stream_cache_on = 1;
+    st->stream_cache_api = NULL;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
         a->n = i + 1;  /* views up to here are released with the arguments */
-        for (int k = 0; k < per; k++)
-            if (lists[k] != Py_None && read_array(st, lists[k], names[k], i, k, k != 1 || grads_written, a) < 0)
-                return -1;
-        PyObject *s = PySequence_GetItem(steps, i);
-        if (s == NULL)
-            return -1;
-        char name[32];
-        snprintf(name, sizeof name, "steps[%zd]", i);
-        int rc = read_scalar(st, s, name, a->device, 1, &a->step_views[i], &a->refs[i].step);
-        if (rc == 0 && s == Py_None && !steps_optional) {
-            PyErr_Format(PyExc_TypeError, "%s must be an array, not None", name);
-            rc = -1;
-        }
-        Py_DECREF(s);
-        if (rc < 0)
-            return -1;
-        ampc_optim_ref *r = &a->refs[i];
-        const ampc_view *v = &a->views[i * per];
-        r->param = dense_start(&v[0]);
-        r->grad = dense_start(&v[1]);
-        for (int k = 2; k < per; k++)
-            r->state[k - 2] = lists[k] != Py_None ? dense_start(&v[k]) : NULL;
-        r->numel = v[0].numel;
-        r->dtype = v[0].dtype;
+        rc = read_parameter(st, lists, names, steps, steps_optional, grads_written, i, a);
     }
+    st->stream_cache_on = 0;
+    if (rc < 0)
+        return -1;
     a->n = n;
     float *gs, *fi;
     if (read_scalar(st, gs_obj, "grad_scale", a->device, 0, &a->gs_view, &gs) < 0 ||

@@ -926,7 +926,9 @@ static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
             Py_RETURN_NONE;
         /* Disabled, the gradients are not scaled, but clipping still clips:
          * the same user code runs with and without mixed precision. */
-        return clip_unscaled(st, optimizer, max_norm, norm_type);
+        norm = clip_unscaled(st, optimizer, max_norm, norm_type);
+        PyTypeObject *like = norm ? param_type(optimizer) : NULL;
+        return like ? ampc_return_as(st, norm, like) : norm;
     }
     if (check_scale(self, "unscale_") < 0)
         return NULL;

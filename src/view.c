@@ -56,6 +56,25 @@ static int view_from_array(PyObject *array, ampc_view *v)
     return 0;
 }
 
+void ampc_rename_error(const char *given, const char *name)
+{
+    PyObject *exc = ampc_take_exception();
+    if (exc == NULL)
+        return;
+    PyObject *msg = PyObject_Str(exc);
+    const char *text = msg ? PyUnicode_AsUTF8(msg) : NULL;
+    const size_t n = strlen(given);
+    if (text != NULL && strncmp(text, given, n) == 0) {
+        PyErr_Format((PyObject *)Py_TYPE(exc), "%s%s", name, text + n);
+        Py_DECREF(exc);
+    }
+    else {
+        PyErr_Clear();
+        ampc_restore_exception(exc);
+    }
+    Py_XDECREF(msg);
+}
+
 int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
                           ampc_access access, ampc_view *view)
 {
@@ -70,11 +89,13 @@ int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
     }
     else if (PyArray_IsScalar(obj, Generic) || PyFloat_Check(obj) || PyLong_Check(obj)) {
         /* A scalar becomes a 0-d array of its NumPy type (Python float:
-         * float64; int and bool are integer dtypes that casts refuse). */
+         * float64; int and bool are integer dtypes that casts refuse), a
+         * copy: read-only, since a write would be lost. */
         PyObject *a = PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
         if (a == NULL)
             return -1;
         rc = ampc_view_from_ndarray(st, (PyArrayObject *)a, argname, view);
+        view->readonly = 1;
         Py_DECREF(a);
     }
     else if ((rc = ampc_dlpack_fast_view(st, obj, argname, view)) != 0) {

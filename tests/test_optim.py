@@ -24,7 +24,7 @@ def make_params(rng, dtype, sizes=SIZES):
 
 def fresh_grads(rng, params, scale=1.0):
     for p in params:
-        p.grad = (rng.standard_normal(p.shape) * scale).astype(p.data.dtype)
+        p.grad = np.asarray(rng.standard_normal(p.shape) * scale).astype(p.data.dtype)  # 0-d stays an array
 
 
 def assert_same(actual, expected, what=""):
@@ -511,6 +511,16 @@ def test_bad_input_changes_nothing(rng, spoil, error, match, make):
         for key, value in s.items():
             if value is not None:
                 assert_same(after["state"][k][key], value)
+
+
+def test_numpy_scalars_are_read_only():
+    """A NumPy scalar is immutable: ampc reads a copy, so writing into one would be lost."""
+    p = optim.Parameter(np.float32(1.5))
+    p.grad = np.float32(1.0)
+    with pytest.raises(ValueError, match=r"params\[0\] is read-only"):
+        optim.SGD([p], lr=0.5).step()
+    with pytest.raises(ValueError, match="read-only"):
+        ampc.cast(np.float32(1.0), out=np.float16(0.0))
 
 
 def test_read_only_gradient_is_fine_unless_written():

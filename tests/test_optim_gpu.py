@@ -30,7 +30,7 @@ def to_numpy(t):
 def to_torch(a):
     if a.dtype == ml_dtypes.bfloat16:
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
-    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+    return torch.from_numpy(np.array(a, order="C")).cuda()  # (ascontiguousarray would make 0-d 1-d)
 
 
 def misaligned(a):
@@ -60,7 +60,7 @@ def test_gpu_steps_equal_cpu_steps(rng, dtype, kind, scaled):
         opt_cpu, opt_gpu = make(cpu), make(gpu)
         for step in range(3):
             for p, q in zip(cpu, gpu):
-                p.grad = (rng.standard_normal(p.shape) * (3.0 if scaled else 1.0)).astype(dtype)
+                p.grad = np.asarray(rng.standard_normal(p.shape) * (3.0 if scaled else 1.0)).astype(dtype)
                 q.grad = misaligned(p.grad) if q.data.data_ptr() % 16 else to_torch(p.grad)
             if scaled:
                 skip = 1.0 if step == 1 else 0.0
@@ -289,8 +289,8 @@ def test_fused_clipping(norm_type, dtypes, layouts):
         assert q.grad.stride() == p.grad.stride()
         tol = 8e-3 if g.dtype == torch.bfloat16 else 4e-7
         torch.testing.assert_close(q.grad.double(), g.double() / 512 * coef, rtol=tol, atol=1e-30)
-        if dtypes == (torch.float32,):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-6, atol=1e-9)
+        if dtypes == (torch.float32,):  # torch's norm is summed in float32: its coefficient differs a little
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-9)
     if dtypes == (torch.float32,):
         torch.testing.assert_close(norm, expected, rtol=1e-5, atol=0)
     assert float(so._found_inf_per_device(opt_o)["cuda:0"]) == 0.0

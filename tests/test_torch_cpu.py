@@ -1,0 +1,114 @@
+"""Side by side with torch on the CPU, where torch is installed: ampc.GradScaler against
+torch.amp.GradScaler("cpu") with torch's optimizers (the same scales, skips and parameters, bit
+for bit), and ampc.optim against torch.optim (torch's CPU kernels round in float32 where ampc
+rounds once from float64, so within a few ulps)."""
+
+import copy
+
+import numpy as np
+import pytest
+
+import ampc
+from ampc import optim
+
+torch = pytest.importorskip("torch")
+
+SKIP_ITER = 2
+
+
+def train(model, opt, scaler, data):
+    for i, (x, t) in enumerate(data):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), t)
+        scaler.scale(loss).backward()
+        if i == SKIP_ITER:
+            model[1].weight.grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+    return scaler.get_scale()
+
+
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9),
+                                  lambda ps: torch.optim.AdamW(ps, lr=1e-2, fused=True)],
+                         ids=["SGD-momentum", "AdamW-fused"])
+def test_same_as_torch_grad_scaler(make):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    twin = copy.deepcopy(model)
+    data = [(torch.randn(8, 8), torch.randn(8, 8)) for _ in range(5)]
+    opt, twin_opt = make(model.parameters()), make(twin.parameters())
+    theirs = train(model, opt, torch.amp.GradScaler("cpu", init_scale=128.0, growth_interval=1), data)
+    ours = train(twin, twin_opt, ampc.GradScaler("cpu", init_scale=128.0, growth_interval=1), data)
+    assert ours == theirs == 128.0 * 2**4 * 0.5
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+
+
+def ulps(a, b):
+    """Distance in float32 units in the last place, per element."""
+    def ordered(t):
+        i = t.view(torch.int32).long()
+        return torch.where(i < 0, -(i & 0x7FFFFFFF), i)
+    return (ordered(a) - ordered(b)).abs()
+
+
+@pytest.mark.parametrize("name, config", [
+    ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
+    ("Adam", dict(lr=1e-2, amsgrad=True)),
+    ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+], ids=lambda x: str(x))
+def test_close_to_torch_optimizers(name, config):
+    torch.manual_seed(1)
+    values = [torch.randn(s) for s in [(64, 33), (5000,)]]
+    theirs = [torch.nn.Parameter(v.clone()) for v in values]
+    ours = [optim.Parameter(v.clone()) for v in values]
+    opt_t = getattr(torch.optim, name)(theirs, **config)
+    opt_o = getattr(optim, name)(ours, **config)
+    for _ in range(5):
+        for p, q in zip(theirs, ours):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        opt_t.step()
+        opt_o.step()
+    for p, q in zip(theirs, ours):
+        assert isinstance(q.data, torch.Tensor)
+        d = ulps(p.detach(), q.data)
+        # Measured: 42-95 % identical, 94-99 % within 2 ulps, at most 1.2e-6 apart after 5 steps.
+        assert (d == 0).double().mean() > 0.4
+        assert (d <= 2).double().mean() > 0.93
+        torch.testing.assert_close(q.data, p.detach(), rtol=1e-5, atol=2e-6)
+    for key, value in opt_t.state[theirs[0]].items():
+        if key != "step":
+            torch.testing.assert_close(opt_o.state[ours[0]][key], value, rtol=1e-5, atol=1e-6)
+    if "Adam" in name:
+        assert float(opt_o.state[ours[0]]["step"]) == float(opt_t.state[theirs[0]]["step"]) == 5
+
+
+def test_state_dicts_move_between_torch_and_ampc():
+    torch.manual_seed(2)
+    values = [torch.randn(7), torch.randn(3, 3)]
+    theirs = [torch.nn.Parameter(v.clone()) for v in values]
+    ours = [optim.Parameter(v.clone()) for v in values]
+    opt_t, opt_o = torch.optim.AdamW(theirs, lr=1e-2), optim.AdamW(ours, lr=1e-2)
+    for p, q in zip(theirs, ours):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    opt_t.step()
+    opt_o.load_state_dict(opt_t.state_dict())
+    for p, q in zip(theirs, ours):
+        assert torch.equal(opt_o.state[q]["exp_avg"], opt_t.state[p]["exp_avg"])
+    back = torch.optim.AdamW([torch.nn.Parameter(v.clone()) for v in values], lr=1e-2)
+    back.load_state_dict(opt_o.state_dict())
+    assert float(back.state[back.param_groups[0]["params"][0]]["step"]) == 1.0
+    assert back.param_groups[0]["lr"] == 1e-2 and back.param_groups[0]["weight_decay"] == 1e-2
+
+
+def test_numpy_and_torch_parameters_step_alike():
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(100).astype(np.float32)
+    g = rng.standard_normal(100).astype(np.float32)
+    p, q = optim.Parameter(a.copy()), optim.Parameter(torch.from_numpy(a.copy()))
+    p.grad, q.grad = g.copy(), torch.from_numpy(g.copy())
+    for o in (optim.Adam([p], lr=0.1), optim.Adam([q], lr=0.1)):
+        o.step()
+    assert np.array_equal(p.data, q.data.numpy())
