@@ -98,7 +98,11 @@ class Optimizer:
         scaler = self._scaler_args()
         if scaler is None:
             return loss  # a GradScaler found an inf on the host side: nothing to do
-        work = [(g, ps) for g in self.param_groups for ps in [[p for p in g["params"] if p.grad is not None]] if ps]
+        work = []
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if params:
+                work.append((group, params))
         # Bad input must change nothing: with several groups, every group is checked before
         # any steps (one group is checked by its own step before it writes anything).
         for dry_run in ([True, False] if len(work) > 1 else [False]):

@@ -83,8 +83,23 @@ static int same_layout(const ampc_view *a, const ampc_view *b)
     return 1;
 }
 
+/* The float32 at a view's address, on any device (a GPU's is copied on the
+ * current stream, which the host then waits for). */
+static int read_float(ampc_state *st, const ampc_view *v, float *out)
+{
+    if (v->device.type == AMPC_DEVICE_CPU) {
+        memcpy(out, v->data, sizeof *out);
+        return 0;
+    }
+    const int device = v->device.index;
+    const int status = st->cuda->copy(-1, out, device, v->data, sizeof *out, ampc_current_stream(device, NULL));
+    return status == AMPC_OK ? 0 : ampc_cuda_raise(st, status, "reading a scalar");
+}
+
 /* A one-element float32 array on the step's device (a GradScaler's
- * grad_scale or found_inf, a step count), or None when optional. */
+ * grad_scale or found_inf, a step count), or None when optional. A scale or
+ * flag on another device (a scaler on the GPU stepping CPU parameters, as
+ * torch's fused optimizers allow) is copied over, which waits for it. */
 static int read_scalar(ampc_state *st, PyObject *obj, const char *name, ampc_device device, int writable,
                        ampc_view *v, float **addr)
 {
@@ -93,12 +108,33 @@ static int read_scalar(ampc_state *st, PyObject *obj, const char *name, ampc_dev
         return 0;
     if (ampc_view_from_object(st, obj, name, writable ? AMPC_FOR_WRITING : AMPC_FOR_READING, v) < 0)
         return -1;
-    if (v->numel != 1 || v->dtype != AMPC_FLOAT32 || !same_device(v->device, device) ||
-        (writable && v->readonly)) {
+    const int elsewhere = !same_device(v->device, device);
+    if (v->numel != 1 || v->dtype != AMPC_FLOAT32 || (writable && (v->readonly || elsewhere))) {
         char dev[32];
         PyErr_Format(PyExc_ValueError, "%s must be a one-element%s float32 array on %s", name,
                      writable ? " writable" : "", ampc_device_str(device, dev, sizeof dev));
         return -1;
+    }
+    if (elsewhere) {
+        float value;
+        ampc_view here;
+        if (read_float(st, v, &value) < 0)
+            return -1;
+        PyObject *copy = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &here);
+        if (copy == NULL)
+            return -1;
+        int status = AMPC_OK;
+        if (device.type == AMPC_DEVICE_CPU)
+            memcpy(here.data, &value, sizeof value);
+        else
+            status = st->cuda->copy(device.index, here.data, -1, &value, sizeof value,
+                                    ampc_current_stream(device.index, NULL));
+        ampc_view_release(v);
+        const int rc = status == AMPC_OK ? ampc_view_from_object(st, copy, name, AMPC_FOR_READING, v)
+                                         : ampc_cuda_raise(st, status, "copying a scalar");
+        Py_DECREF(copy);
+        if (rc < 0)
+            return -1;
     }
     *addr = (float *)v->data;
     return 0;
@@ -560,18 +596,8 @@ static PyObject *mod_item(PyObject *module, PyObject *x)
     float value;
     if (v.numel != 1 || v.dtype != AMPC_FLOAT32)
         PyErr_SetString(PyExc_ValueError, "_item: x must be a one-element float32 array");
-    else if (v.device.type == AMPC_DEVICE_CPU) {
-        memcpy(&value, v.data, sizeof value);
+    else if (read_float(st, &v, &value) == 0)
         result = PyFloat_FromDouble(value);
-    }
-    else {
-        const int device = v.device.index;
-        const int status = st->cuda->copy(-1, &value, device, v.data, sizeof value, ampc_current_stream(device, NULL));
-        if (status == AMPC_OK)
-            result = PyFloat_FromDouble(value);
-        else
-            ampc_cuda_raise(st, status, "_item");
-    }
     ampc_view_release(&v);
     return result;
 }

@@ -320,3 +320,20 @@ def test_fused_clipping_on_a_disabled_scaler_clips():
     torch.testing.assert_close(norm, expected, rtol=1e-5, atol=0)
     for p, q in zip(theirs, ours):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-6, atol=1e-8)
+
+
+def test_a_gpu_scaler_steps_cpu_parameters():
+    """The scale and the inf flag live on the GPU, the parameters on the CPU: copied over (which
+    waits, as torch's fused optimizers' .to(device) does)."""
+    p = optim.Parameter(np.ones(4, np.float32))
+    opt = optim.SGD([p], lr=0.25)
+    s = ampc.GradScaler("cuda", init_scale=4.0)
+    for bad in (False, True, False):
+        p.grad = np.full(4, 8.0, np.float32)
+        if bad:
+            p.grad[1] = np.inf
+        s.scale(torch.ones((), device="cuda"))
+        s.step(opt)
+        s.update()
+    # Clean steps at scale 4 (gradient 8 / 4 = 2) and, after the backoff, at scale 2 (8 / 2 = 4).
+    np.testing.assert_array_equal(p.data, np.float32(1.0 - 0.25 * 2 - 0.25 * 4))
