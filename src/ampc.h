@@ -200,6 +200,19 @@ void *ampc_current_stream(int device, PyObject **owner);
 /* The integer a DLPack consumer passes for a stream handle. */
 long long ampc_dlpack_stream_arg(void *stream);
 
+/* Ordering ampc's stream with the streams arrays were produced on (a view's
+ * stream, read through DLPack's C exchange API). before: `stream` waits for
+ * `producer`; after: `producer` waits for `stream`, so the producer sees
+ * what ampc wrote. Each distinct producer once (`seen`, zeroed by the
+ * caller, remembers the first few); `stream` itself is skipped (NULL is the
+ * legacy default stream). */
+typedef struct {
+    void *stream[8];
+    int n;
+} ampc_streams_seen;
+int ampc_order_stream(ampc_state *st, int device, void *stream, void *producer, int before,
+                      ampc_streams_seen *seen);
+
 extern PyMethodDef ampc_cuda_methods[];
 
 /* ------------------------------------------------------------------------ */

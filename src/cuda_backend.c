@@ -108,6 +108,23 @@ int ampc_cuda_check_device(ampc_state *st, int device)
     return 0;
 }
 
+int ampc_order_stream(ampc_state *st, int device, void *stream, void *producer, int before,
+                      ampc_streams_seen *seen)
+{
+    if (producer == stream)
+        return 0;
+    for (int k = 0; k < seen->n; k++)
+        if (seen->stream[k] == producer)
+            return 0;
+    const int status = before ? st->cuda->stream_wait(device, stream, producer)
+                              : st->cuda->stream_wait(device, producer, stream);
+    if (status != AMPC_OK)
+        return ampc_cuda_raise(st, status, "ordering streams");
+    if (seen->n < (int)(sizeof seen->stream / sizeof seen->stream[0]))
+        seen->stream[seen->n++] = producer;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* The current stream, per thread                                            */
 /* ------------------------------------------------------------------------ */

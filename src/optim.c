@@ -371,6 +371,26 @@ static int read_step(ampc_state *st, PyObject *const *lists, const char *const *
     return check_no_overlap(a, lists, grads_written);
 }
 
+/* A GPU step's kernels run on ampc's stream, after the streams its arrays
+ * were produced on (before) and ahead of their next work there (after). */
+static int order_step(ampc_state *st, const step_args *a, void *stream, int before)
+{
+    ampc_streams_seen seen = {0};
+    const int device = a->device.index;
+    for (int64_t i = 0; i < a->n * a->per; i++)
+        if (a->views[i].owner != NULL && ampc_order_stream(st, device, stream, a->views[i].stream, before, &seen) < 0)
+            return -1;
+    for (int64_t i = 0; i < a->n; i++)
+        if (a->step_views[i].owner != NULL &&
+            ampc_order_stream(st, device, stream, a->step_views[i].stream, before, &seen) < 0)
+            return -1;
+    const ampc_view *scalars[2] = {&a->gs_view, &a->fi_view};
+    for (int k = 0; k < 2; k++)
+        if (scalars[k]->owner != NULL && ampc_order_stream(st, device, stream, scalars[k]->stream, before, &seen) < 0)
+            return -1;
+    return 0;
+}
+
 /* True if the step ran, False if found_inf skipped it; None on a GPU, where
  * the host does not wait to know. */
 static PyObject *step_result(ampc_state *st, const step_args *a, int ran, const char *what)
@@ -414,9 +434,12 @@ static PyObject *mod_sgd_step(PyObject *module, PyObject *args, PyObject *kwargs
     else if (ok) {
         int ran;
         if (a.device.type == AMPC_DEVICE_CUDA) {
-            const int device = a.device.index;
-            ran = st->cuda->sgd(device, ampc_current_stream(device, NULL), a.refs, a.n, &c, a.grad_scale,
-                                a.found_inf);
+            void *stream = ampc_current_stream(a.device.index, NULL);
+            if (order_step(st, &a, stream, 1) < 0)
+                goto done;
+            ran = st->cuda->sgd(a.device.index, stream, a.refs, a.n, &c, a.grad_scale, a.found_inf);
+            if (ran == AMPC_OK && order_step(st, &a, stream, 0) < 0)
+                goto done;
         }
         else {
             Py_BEGIN_ALLOW_THREADS
@@ -425,6 +448,7 @@ static PyObject *mod_sgd_step(PyObject *module, PyObject *args, PyObject *kwargs
         }
         result = step_result(st, &a, ran, "SGD step");
     }
+done:
     args_release(&a);
     return result;
 }
@@ -457,9 +481,12 @@ static PyObject *mod_adam_step(PyObject *module, PyObject *args, PyObject *kwarg
     else if (ok) {
         int ran;
         if (a.device.type == AMPC_DEVICE_CUDA) {
-            const int device = a.device.index;
-            ran = st->cuda->adam(device, ampc_current_stream(device, NULL), a.refs, a.n, &c, a.grad_scale,
-                                 a.found_inf);
+            void *stream = ampc_current_stream(a.device.index, NULL);
+            if (order_step(st, &a, stream, 1) < 0)
+                goto done;
+            ran = st->cuda->adam(a.device.index, stream, a.refs, a.n, &c, a.grad_scale, a.found_inf);
+            if (ran == AMPC_OK && order_step(st, &a, stream, 0) < 0)
+                goto done;
         }
         else {
             Py_BEGIN_ALLOW_THREADS
@@ -468,6 +495,7 @@ static PyObject *mod_adam_step(PyObject *module, PyObject *args, PyObject *kwarg
         }
         result = step_result(st, &a, ran, "Adam step");
     }
+done:
     args_release(&a);
     return result;
 }
@@ -490,8 +518,15 @@ static int zero_view(ampc_state *st, const ampc_view *v)
         memset(start, 0, nbytes);
         return 0;
     }
-    const int status = st->cuda->memset(v->device.index, start, 0, nbytes, ampc_current_stream(v->device.index, NULL));
-    return status == AMPC_OK ? 0 : ampc_cuda_raise(st, status, "zero_");
+    const int device = v->device.index;
+    void *stream = ampc_current_stream(device, NULL);
+    ampc_streams_seen before = {0}, after = {0};
+    if (ampc_order_stream(st, device, stream, v->stream, 1, &before) < 0)
+        return -1;
+    const int status = st->cuda->memset(device, start, 0, nbytes, stream);
+    if (status != AMPC_OK)
+        return ampc_cuda_raise(st, status, "zero_");
+    return ampc_order_stream(st, device, stream, v->stream, 0, &after);
 }
 
 static PyObject *mod_zeros_like(PyObject *module, PyObject *args, PyObject *kwargs)

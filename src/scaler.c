@@ -325,23 +325,12 @@ static int cpu_unscale(ampc_state *st, const ampc_grad_ref *refs, int64_t count,
  * so the producer reads what ampc wrote. Each distinct stream once. */
 static int order_grads(ampc_state *st, const ampc_grads *g, int d, void *stream, int before)
 {
-    void *done[8];
-    int ndone = 0;
+    ampc_streams_seen seen = {0};
     for (int64_t i = 0; i < g->n; i++) {
         const ampc_view *v = &g->entries[i].view;
-        if (g->entries[i].device_slot != d || v->stream == stream)
-            continue;
-        int seen = 0;
-        for (int k = 0; k < ndone; k++)
-            seen |= done[k] == v->stream;
-        if (seen)
-            continue;
-        const int status = before ? st->cuda->stream_wait(v->device.index, stream, v->stream)
-                                  : st->cuda->stream_wait(v->device.index, v->stream, stream);
-        if (status != AMPC_OK)
-            return ampc_cuda_raise(st, status, "unscale_");
-        if (ndone < 8)
-            done[ndone++] = v->stream;
+        if (g->entries[i].device_slot == d &&
+            ampc_order_stream(st, v->device.index, stream, v->stream, before, &seen) < 0)
+            return -1;
     }
     return 0;
 }

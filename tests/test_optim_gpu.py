@@ -337,3 +337,23 @@ def test_a_gpu_scaler_steps_cpu_parameters():
         s.update()
     # Clean steps at scale 4 (gradient 8 / 4 = 2) and, after the backoff, at scale 2 (8 / 2 = 4).
     np.testing.assert_array_equal(p.data, np.float32(1.0 - 0.25 * 2 - 0.25 * 4))
+
+
+def test_steps_are_ordered_with_torchs_current_stream():
+    """Gradients written on a torch side stream behind a long kernel: the step waits for them
+    (through the stream torch reports with each tensor), and torch's later work on that stream
+    sees the updated parameters."""
+    p = optim.Parameter(torch.ones(1 << 20, device="cuda"))
+    opt = optim.SGD([p], lr=0.5, momentum=0.9)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)
+        p.grad = torch.full_like(p.data, 2.0)  # written after the sleep, on the side stream
+        opt.step()
+        after = p.data.clone()  # on the side stream again: after ampc's kernel
+        opt.zero_grad(set_to_none=False)
+        grad_after = p.grad.clone()
+    side.synchronize()
+    assert torch.equal(after, torch.zeros_like(after))  # 1 - 0.5 * 2
+    assert not grad_after.any()
