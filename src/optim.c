@@ -407,6 +407,33 @@ static PyObject *step_result(ampc_state *st, const step_args *a, int ran, const 
     return PyBool_FromLong(ran);
 }
 
+/* Run a checked step: SGD when sgd is given, else Adam(W). dry_run: only
+ * the checks, already done. */
+static PyObject *run_step(ampc_state *st, const step_args *a, int dry_run, const ampc_sgd_config *sgd,
+                          const ampc_adam_config *adam)
+{
+    if (dry_run)
+        Py_RETURN_NONE;
+    int ran;
+    if (a->device.type == AMPC_DEVICE_CUDA) {
+        const int device = a->device.index;
+        void *stream = ampc_current_stream(device, NULL);
+        if (order_step(st, a, stream, 1) < 0)
+            return NULL;
+        ran = sgd ? st->cuda->sgd(device, stream, a->refs, a->n, sgd, a->grad_scale, a->found_inf)
+                  : st->cuda->adam(device, stream, a->refs, a->n, adam, a->grad_scale, a->found_inf);
+        if (ran == AMPC_OK && order_step(st, a, stream, 0) < 0)
+            return NULL;
+    }
+    else {
+        Py_BEGIN_ALLOW_THREADS
+        ran = sgd ? ampc_sgd_cpu(a->refs, a->n, sgd, a->grad_scale, a->found_inf)
+                  : ampc_adam_cpu(a->refs, a->n, adam, a->grad_scale, a->found_inf);
+        Py_END_ALLOW_THREADS
+    }
+    return step_result(st, a, ran, sgd ? "SGD step" : "Adam step");
+}
+
 static PyObject *mod_sgd_step(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"params", "grads", "momentum_buffers", "firsts", "lr", "momentum", "dampening",
@@ -427,28 +454,8 @@ static PyObject *mod_sgd_step(PyObject *module, PyObject *args, PyObject *kwargs
     static const char *const names[3] = {"params", "grads", "momentum_buffers"};
     step_args a;
     PyObject *result = NULL;
-    const int ok = read_step(st, lists, names, 3, firsts, 1, gs_obj, fi_obj, &a) == 0;
-    if (ok && dry_run) {
-        result = Py_NewRef(Py_None);
-    }
-    else if (ok) {
-        int ran;
-        if (a.device.type == AMPC_DEVICE_CUDA) {
-            void *stream = ampc_current_stream(a.device.index, NULL);
-            if (order_step(st, &a, stream, 1) < 0)
-                goto done;
-            ran = st->cuda->sgd(a.device.index, stream, a.refs, a.n, &c, a.grad_scale, a.found_inf);
-            if (ran == AMPC_OK && order_step(st, &a, stream, 0) < 0)
-                goto done;
-        }
-        else {
-            Py_BEGIN_ALLOW_THREADS
-            ran = ampc_sgd_cpu(a.refs, a.n, &c, a.grad_scale, a.found_inf);
-            Py_END_ALLOW_THREADS
-        }
-        result = step_result(st, &a, ran, "SGD step");
-    }
-done:
+    if (read_step(st, lists, names, 3, firsts, 1, gs_obj, fi_obj, &a) == 0)
+        result = run_step(st, &a, dry_run, &c, NULL);
     args_release(&a);
     return result;
 }
@@ -474,28 +481,8 @@ static PyObject *mod_adam_step(PyObject *module, PyObject *args, PyObject *kwarg
     static const char *const names[5] = {"params", "grads", "exp_avgs", "exp_avg_sqs", "max_exp_avg_sqs"};
     step_args a;
     PyObject *result = NULL;
-    const int ok = read_step(st, lists, names, 5, steps, 0, gs_obj, fi_obj, &a) == 0;
-    if (ok && dry_run) {
-        result = Py_NewRef(Py_None);
-    }
-    else if (ok) {
-        int ran;
-        if (a.device.type == AMPC_DEVICE_CUDA) {
-            void *stream = ampc_current_stream(a.device.index, NULL);
-            if (order_step(st, &a, stream, 1) < 0)
-                goto done;
-            ran = st->cuda->adam(a.device.index, stream, a.refs, a.n, &c, a.grad_scale, a.found_inf);
-            if (ran == AMPC_OK && order_step(st, &a, stream, 0) < 0)
-                goto done;
-        }
-        else {
-            Py_BEGIN_ALLOW_THREADS
-            ran = ampc_adam_cpu(a.refs, a.n, &c, a.grad_scale, a.found_inf);
-            Py_END_ALLOW_THREADS
-        }
-        result = step_result(st, &a, ran, "Adam step");
-    }
-done:
+    if (read_step(st, lists, names, 5, steps, 0, gs_obj, fi_obj, &a) == 0)
+        result = run_step(st, &a, dry_run, NULL, &c);
     args_release(&a);
     return result;
 }
