@@ -194,20 +194,6 @@ typedef struct {
     const float *grad_scale;    /* NULL, or the caller's scale */
 } job;
 
-/* The parameter that holds element pos of the concatenation. */
-static int64_t find(const job *j, int64_t pos)
-{
-    int64_t lo = 0, hi = j->n - 1;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (j->start[mid] <= pos)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
 static void run_blocks(void *arg, int64_t first, int64_t last)
 {
     const job *j = arg;
@@ -215,7 +201,7 @@ static void run_blocks(void *arg, int64_t first, int64_t last)
     for (int64_t b = first; b < last; b++) {
         int64_t pos = b * BLOCK;
         const int64_t end = pos + BLOCK < j->total ? pos + BLOCK : j->total;
-        for (int64_t k = find(j, pos); pos < end; k++) {
+        for (int64_t k = ampc_array_at(j->start, j->n, pos); pos < end; k++) {
             const ampc_optim_ref *r = &j->refs[k];
             const int64_t offset = pos - j->start[k];
             const int64_t stop = r->numel - offset < end - pos ? r->numel : offset + (end - pos);

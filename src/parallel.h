@@ -23,4 +23,20 @@ void ampc_parallel_for(int64_t n, int64_t min_per_thread, int64_t align,
 int ampc_get_num_threads(void);
 void ampc_set_num_threads(int n);
 
+/* For kernels that cut a list of arrays laid end to end into fixed blocks:
+ * the array holding position pos, given start[k], the position of array k's
+ * first element (ascending, start[0] <= pos < the total). */
+static inline int64_t ampc_array_at(const int64_t *start, int64_t n, int64_t pos)
+{
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (start[mid] <= pos)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 #endif /* AMPC_PARALLEL_H */

@@ -196,20 +196,6 @@ static double combine(double norm_type, double a, double b)
     return a + b;
 }
 
-/* The dense gradient holding element `pos` of the concatenation. */
-static int64_t find(const job *j, int64_t pos)
-{
-    int64_t lo = 0, hi = j->ndense - 1;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (j->start[mid] <= pos)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
 static void run_blocks(void *arg, int64_t first, int64_t last)
 {
     job *j = arg;
@@ -218,7 +204,7 @@ static void run_blocks(void *arg, int64_t first, int64_t last)
     for (int64_t b = first; b < last; b++) {
         int64_t pos = b * BLOCK;
         const int64_t end = pos + BLOCK < j->total ? pos + BLOCK : j->total;
-        int64_t k = find(j, pos);
+        int64_t k = ampc_array_at(j->start, j->ndense, pos);
         double acc = 0;
         while (pos < end) {
             const ampc_grad_ref *g = &j->grads[j->dense[k]];
