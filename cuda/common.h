@@ -19,6 +19,9 @@ extern "C" {
 int ampc_cuda_fail(cudaError_t err, const char *what);
 /* Record a formatted message and return `status`. */
 int ampc_cuda_fail_msg(int status, const char *fmt, ...);
+/* Right after a kernel launch: AMPC_OK, or the launch's error as
+ * ampc_cuda_fail reports it ("launching ... : ..."). */
+int ampc_cuda_launched(const char *what);
 
 #define AMPC_CUDA_TRY(call, what)                 \
     do {                                          \

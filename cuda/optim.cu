@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "multi_tensor.cuh"
 #include "optim.h"
 #include "optim_math.h"
 
@@ -152,32 +153,6 @@ __device__ __forceinline__ bool packs_aligned(const char *const *arrays, int cou
     return bits % sizeof(Pack<S>) == 0;
 }
 
-__device__ __forceinline__ int find_tensor(const OptimTable &t, int64_t chunk)
-{
-    int lo = 0, hi = t.n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (t.first_chunk[mid] <= chunk)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
-}
-
-/* This block's piece of parameter k: [begin, end). */
-struct Piece {
-    int k;
-    int64_t begin, end;
-};
-
-__device__ __forceinline__ Piece this_piece(const OptimTable &t)
-{
-    const int k = find_tensor(t, blockIdx.x);
-    const int64_t begin = (blockIdx.x - t.first_chunk[k]) * CHUNK;
-    return {k, begin, begin + CHUNK < t.numel[k] ? begin + CHUNK : t.numel[k]};
-}
-
 template <typename S>
 __device__ void sgd_piece(const OptimTable &t, Piece w, const ampc_sgd_config *c, const float *gs)
 {
@@ -249,6 +224,18 @@ __device__ __forceinline__ bool skipped(const float *found_inf) { return found_i
 /* The scale read once per thread: the element math takes it by address. */
 #define LOCAL_SCALE(gs, scale) ((gs) ? ((scale) = *(gs), &(scale)) : nullptr)
 
+/* f(S()) for the storage type of a dtype. */
+template <class F>
+__device__ __forceinline__ void with_storage(int dtype, F f)
+{
+    switch (dtype) {
+    case AMPC_FLOAT32: f(float()); break;
+    case AMPC_FLOAT64: f(double()); break;
+    case AMPC_FLOAT16: f(f16_bits()); break;
+    default: f(bf16_bits()); break;
+    }
+}
+
 __global__ void __launch_bounds__(BLOCK) sgd_kernel(const OptimTable t, const ampc_sgd_config c,
                                                     const float *grad_scale, const float *found_inf)
 {
@@ -256,13 +243,8 @@ __global__ void __launch_bounds__(BLOCK) sgd_kernel(const OptimTable t, const am
         return;
     float scale;
     const float *gs = LOCAL_SCALE(grad_scale, scale);
-    const Piece w = this_piece(t);
-    switch (t.dtype[w.k]) {
-    case AMPC_FLOAT32: sgd_piece<float>(t, w, &c, gs); break;
-    case AMPC_FLOAT64: sgd_piece<double>(t, w, &c, gs); break;
-    case AMPC_FLOAT16: sgd_piece<f16_bits>(t, w, &c, gs); break;
-    default: sgd_piece<bf16_bits>(t, w, &c, gs); break;
-    }
+    const Piece w = this_piece<CHUNK>(t);
+    with_storage(t.dtype[w.k], [&](auto s) { sgd_piece<decltype(s)>(t, w, &c, gs); });
 }
 
 __global__ void __launch_bounds__(BLOCK) adam_kernel(const OptimTable t, const ampc_adam_config c,
@@ -272,13 +254,8 @@ __global__ void __launch_bounds__(BLOCK) adam_kernel(const OptimTable t, const a
         return;
     float scale;
     const float *gs = LOCAL_SCALE(grad_scale, scale);
-    const Piece w = this_piece(t);
-    switch (t.dtype[w.k]) {
-    case AMPC_FLOAT32: adam_piece<float>(t, w, &c, gs); break;
-    case AMPC_FLOAT64: adam_piece<double>(t, w, &c, gs); break;
-    case AMPC_FLOAT16: adam_piece<f16_bits>(t, w, &c, gs); break;
-    default: adam_piece<bf16_bits>(t, w, &c, gs); break;
-    }
+    const Piece w = this_piece<CHUNK>(t);
+    with_storage(t.dtype[w.k], [&](auto s) { adam_piece<decltype(s)>(t, w, &c, gs); });
 }
 
 /* Adam: step += 1 before the step's kernel; SGD: mark the first step done
@@ -290,16 +267,10 @@ __global__ void bump_steps_kernel(const OptimTable t, const float *found_inf, bo
         *t.step[k] = set_to_one ? 1.0f : *t.step[k] + 1.0f;
 }
 
-int launched(const char *what)
-{
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, what);
-}
-
 int bump_steps(const OptimTable &t, cudaStream_t s, const float *found_inf, bool set_to_one)
 {
     bump_steps_kernel<<<(unsigned)((t.n + 127) / 128), 128, 0, s>>>(t, found_inf, set_to_one);
-    return launched("launching the step-count kernel");
+    return ampc_cuda_launched("launching the step-count kernel");
 }
 
 /* Fill tables from the refs and call launch(table, chunks) for each. */
@@ -322,7 +293,7 @@ int for_each_table(const ampc_optim_ref *refs, int64_t n, Launch launch)
         t.numel[k] = r->numel;
         t.dtype[k] = (uint8_t)r->dtype;
         /* An empty parameter still gets a chunk (a block with nothing to do)
-         * so that find_tensor sees every table entry. */
+         * so that this_piece sees every table entry. */
         const int64_t chunks = r->numel > 0 ? (r->numel + CHUNK - 1) / CHUNK : 1;
         t.first_chunk[k + 1] = t.first_chunk[k] + chunks;
         if (t.n == TABLE || i == n - 1) {
@@ -349,7 +320,7 @@ extern "C" int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *ref
     const ampc_sgd_config c = *config;
     status = for_each_table(refs, n, [&](const OptimTable &t, int64_t chunks) {
         sgd_kernel<<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
-        const int st = launched("launching the SGD kernel");
+        const int st = ampc_cuda_launched("launching the SGD kernel");
         return st == AMPC_OK && t.any_step ? bump_steps(t, s, found_inf, true) : st;
     });
     ampc_device_leave(&guard);
@@ -370,7 +341,7 @@ extern "C" int ampc_cuda_adam(int device, void *stream, const ampc_optim_ref *re
         if (st != AMPC_OK)
             return st;
         adam_kernel<<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
-        return launched("launching the Adam kernel");
+        return ampc_cuda_launched("launching the Adam kernel");
     });
     ampc_device_leave(&guard);
     return status;

@@ -43,6 +43,12 @@ int ampc_cuda_fail(cudaError_t err, const char *what)
                               cudaGetErrorName(err));
 }
 
+int ampc_cuda_launched(const char *what)
+{
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, what);
+}
+
 int ampc_device_enter(int device, ampc_device_guard *guard)
 {
     guard->changed = 0;

@@ -31,6 +31,7 @@
 
 #include "common.h"
 #include "fp_formats.h"
+#include "multi_tensor.cuh"
 #include "scaler_rule.h"
 #include "strided.cuh"
 #include "unscale.h"
@@ -151,20 +152,9 @@ template <bool CHECK_ONLY>
 __global__ void __launch_bounds__(BLOCK) unscale_kernel(const TensorTable table, ampc_scaler_block *block, int slot,
                                                         const float *factor)
 {
-    /* The tensor this block's chunk belongs to (binary search of the table). */
-    const int64_t chunk = blockIdx.x;
-    int lo = 0, hi = table.n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (table.first_chunk[mid] <= chunk)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int64_t begin = (chunk - table.first_chunk[lo]) * CHUNK;
-    const int64_t end = begin + CHUNK < table.numel[lo] ? begin + CHUNK : table.numel[lo];
+    const Piece w = this_piece<CHUNK>(table);
     const float inv = multiplier(CHECK_ONLY, block, factor);
-    const bool bad = unscale_run<CHECK_ONLY>(table.ptr[lo], begin, end, table.dtype[lo], inv);
+    const bool bad = unscale_run<CHECK_ONLY>(table.ptr[w.k], w.begin, w.end, table.dtype[w.k], inv);
     if (__syncthreads_or(bad) && threadIdx.x == 0 && block)
         block->flags[slot] = 1.0f;
 }
@@ -288,19 +278,9 @@ template <int KIND>
 __global__ void __launch_bounds__(BLOCK) norm_kernel(const TensorTable table, ampc_scaler_block *block, int slot,
                                                      double p, double *partials)
 {
-    const int64_t chunk = blockIdx.x;
-    int lo = 0, hi = table.n - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (table.first_chunk[mid] <= chunk)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int64_t begin = (chunk - table.first_chunk[lo]) * CHUNK;
-    const int64_t end = begin + CHUNK < table.numel[lo] ? begin + CHUNK : table.numel[lo];
+    const Piece w = this_piece<CHUNK>(table);
     NormAcc<KIND> f = {block ? ampc_inv_scale(block->scale) : 1.0f, p, 0.0, false};
-    read_run(table.ptr[lo], begin, end, table.dtype[lo], f);
+    read_run(table.ptr[w.k], w.begin, w.end, table.dtype[w.k], f);
     const double acc = block_combine<KIND, BLOCK>(f.acc);
     const bool bad = __syncthreads_or(f.bad);
     if (threadIdx.x == 0) {
@@ -443,12 +423,6 @@ int for_each_launch(const ampc_grad_ref *grads, int64_t n, Dense dense, Strided 
     return AMPC_OK;
 }
 
-int launched(const char *what)
-{
-    const cudaError_t err = cudaGetLastError();
-    return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, what);
-}
-
 /* The unscale pass over a list: inv_scale from the block, or `factor`. */
 int unscale_pass(const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block, int slot, bool check_only,
                  const float *factor, cudaStream_t s)
@@ -460,12 +434,12 @@ int unscale_pass(const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block
                 unscale_kernel<true><<<(unsigned)chunks, BLOCK, 0, s>>>(table, block, slot, factor);
             else
                 unscale_kernel<false><<<(unsigned)chunks, BLOCK, 0, s>>>(table, block, slot, factor);
-            return launched("launching the unscale kernel");
+            return ampc_cuda_launched("launching the unscale kernel");
         },
         [&](const ampc_grad_ref &g) {
             unscale_strided_kernel<<<strided_blocks(g.numel, BLOCK), BLOCK, 0, s>>>(
                 g.loop->data[0], g.numel, g.dtype, strided_layout(g.loop), block, slot, check_only, factor);
-            return launched("launching the strided unscale kernel");
+            return ampc_cuda_launched("launching the strided unscale kernel");
         });
 }
 
@@ -482,7 +456,7 @@ int norm_pass(const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block, i
             if (partials != NULL)
                 norm_kernel<KIND><<<(unsigned)chunks, BLOCK, 0, s>>>(table, block, slot, p, partials + *count);
             *count += chunks;
-            return partials != NULL ? launched("launching the norm kernel") : AMPC_OK;
+            return partials != NULL ? ampc_cuda_launched("launching the norm kernel") : AMPC_OK;
         },
         [&](const ampc_grad_ref &g) {
             const unsigned blocks = strided_blocks(g.numel, BLOCK);
@@ -491,7 +465,7 @@ int norm_pass(const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block, i
                                                                    strided_layout(g.loop), block, slot, p,
                                                                    partials + *count);
             *count += blocks;
-            return partials != NULL ? launched("launching the strided norm kernel") : AMPC_OK;
+            return partials != NULL ? ampc_cuda_launched("launching the strided norm kernel") : AMPC_OK;
         });
 }
 
@@ -514,7 +488,7 @@ int unscale_clip(int device, cudaStream_t s, const ampc_grad_ref *grads, int64_t
         status = norm_pass<KIND>(grads, n, block, slot, p, scratch, &count, s);
     if (status == AMPC_OK) {
         clip_factor_kernel<KIND><<<1, FACTOR_THREADS, 0, s>>>(scratch, count, p, max_norm, block, norm_out, factor);
-        status = launched("launching the clipping kernel");
+        status = ampc_cuda_launched("launching the clipping kernel");
     }
     if (status == AMPC_OK)
         status = unscale_pass(grads, n, NULL, 0, false, factor, s);
@@ -568,9 +542,9 @@ extern "C" int ampc_cuda_update_scale(int device, void *stream, ampc_scaler_bloc
     if (status != AMPC_OK)
         return status;
     update_scale_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(block, nflags, *rule);
-    const cudaError_t err = cudaGetLastError();
+    status = ampc_cuda_launched("launching the update kernel");
     ampc_device_leave(&guard);
-    return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "launching the update kernel");
+    return status;
 }
 
 extern "C" int ampc_cuda_scale_mul(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src,
@@ -584,9 +558,9 @@ extern "C" int ampc_cuda_scale_mul(int device, void *stream, const ampc_loop *lo
         return status;
     scale_mul_kernel<<<strided_blocks(loop->numel, BLOCK), BLOCK, 0, (cudaStream_t)stream>>>(
         loop->data[0], loop->data[1], loop->numel, dst, src, strided_layout(loop), scale);
-    const cudaError_t err = cudaGetLastError();
+    status = ampc_cuda_launched("launching the scale kernel");
     ampc_device_leave(&guard);
-    return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "launching the scale kernel");
+    return status;
 }
 
 extern "C" int ampc_cuda_count_nonfinite(int device, void *stream, const ampc_grad_ref *grads, int64_t n,

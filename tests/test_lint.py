@@ -35,16 +35,16 @@ def test_no_exit_or_abort_in_library_code():
 
 
 def test_every_kernel_launch_is_checked():
-    """Right after each <<<...>>> launch, cudaGetLastError(), directly or through the file's
-    launched() helper, which must itself call it."""
+    """Right after each <<<...>>> launch, cudaGetLastError(), directly or through
+    ampc_cuda_launched() (cuda/runtime.c), which must itself call it."""
+    helper = re.search(r"\nint ampc_cuda_launched\(const char \*what\)\n\{(.*?)\n\}",
+                       (ROOT / "cuda" / "runtime.c").read_text(), re.S)
+    assert helper and "cudaGetLastError()" in helper.group(1), "ampc_cuda_launched() must check"
     for path in ROOT.glob("cuda/*.cu"):
         text = path.read_text()
-        helper = re.search(r"\nint launched\(const char \*what\)\n\{(.*?)\n\}", text, re.S)
-        if "launched(" in text:
-            assert helper and "cudaGetLastError()" in helper.group(1), f"{path.name}: launched() must check"
         for m in re.finditer(r"<<<", text):
             rest = text[m.end():m.end() + 600]
-            assert "cudaGetLastError()" in rest or "launched(" in rest, \
+            assert "cudaGetLastError()" in rest or "ampc_cuda_launched(" in rest, \
                 f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}"
 
 
