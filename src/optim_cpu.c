@@ -133,20 +133,14 @@ static inline void store_bf16(char *p, int64_t i, float v)
     CLONES static void adam_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,               \
                                   const ampc_adam_config *cfg, const float *gs)                      \
     {                                                                                                \
-        ampc_adam_config c = *cfg;                                                                   \
+        const ampc_adam_config c = *cfg;                                                             \
         O step_size, bc2_sqrt;                                                                       \
         ampc_adam_factors_##O(*r->step, &c, &step_size, &bc2_sqrt);                                  \
         char *p = r->param, *g = r->grad, *m = r->state[0], *v = r->state[1], *w = r->state[2];      \
-        const int ams = c.amsgrad;                                                                   \
-        c.amsgrad = 0; /* the loops' own constant decides */                                         \
-        if (ams && gs) {                                                                             \
-            c.amsgrad = 1;                                                                           \
+        if (c.amsgrad && gs)                                                                         \
             adam_loop_##SUFFIX(p, g, m, v, w, begin, end, &c, gs, step_size, bc2_sqrt, 1, 1);        \
-        }                                                                                            \
-        else if (ams) {                                                                              \
-            c.amsgrad = 1;                                                                           \
+        else if (c.amsgrad)                                                                          \
             adam_loop_##SUFFIX(p, g, m, v, w, begin, end, &c, NULL, step_size, bc2_sqrt, 1, 0);      \
-        }                                                                                            \
         else if (gs)                                                                                 \
             adam_loop_##SUFFIX(p, g, m, v, NULL, begin, end, &c, gs, step_size, bc2_sqrt, 0, 1);     \
         else                                                                                         \
