@@ -107,19 +107,24 @@ class Optimizer:
         # any steps (one group is checked by its own step before it writes anything).
         for dry_run in ([True, False] if len(work) > 1 else [False]):
             for group, params in work:
-                new = [p for p in params if p not in self.state]
+                known = len(self.state)  # state created by this group's step comes after these
                 try:
                     self._step_group(group, params, scaler, dry_run)
                 except BaseException:
-                    self._drop_state(new)
+                    self._drop_state_since(known)
                     raise
                 if dry_run:
-                    self._drop_state(new)
+                    self._drop_state_since(known)
         return loss
+
+    def _drop_state_since(self, known):
+        """Forget the state entries after the first `known` (dicts keep insertion order)."""
+        if len(self.state) > known:
+            self._drop_state(list(self.state)[known:])
 
     def _drop_state(self, params):
         for p in params:
-            self.state.pop(p, None)
+            del self.state[p]
 
     def _scaler_args(self):
         """grad_scale and found_inf as a GradScaler sets them for the duration of step(); None
