@@ -238,14 +238,15 @@ class SGD(Optimizer):
             elif momentum == 0:
                 s.setdefault("momentum_buffer", None)
             bufs.append(buf)
-        firsts = [self._firsts.get(p) for p in params]
+        pending = self._firsts
+        firsts = [pending.get(p) for p in params] if pending else [None] * len(params)
         ran = _C._sgd_step([p.data for p in params], [p.grad for p in params], bufs, firsts,
                            lr=float(group["lr"]), momentum=float(momentum), dampening=float(group["dampening"]),
                            weight_decay=float(group["weight_decay"]), nesterov=bool(group["nesterov"]),
                            maximize=bool(group["maximize"]), dry_run=dry_run, **scaler)
-        if not dry_run and (ran or (ran is None and scaler["found_inf"] is None)):
+        if pending and not dry_run and (ran or (ran is None and scaler["found_inf"] is None)):
             for p in params:
-                self._firsts.pop(p, None)
+                pending.pop(p, None)
 
     def _saved_state(self, p):
         """A buffer whose first step never ran (skipped by a GradScaler) is saved as None, as
