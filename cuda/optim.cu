@@ -275,7 +275,7 @@ int bump_steps(const OptimTable &t, cudaStream_t s, const float *found_inf, bool
 
 /* Fill tables from the refs and call launch(table, chunks) for each. */
 template <class Launch>
-int for_each_table(const ampc_optim_ref *refs, int64_t n, Launch launch)
+int launch_tables(const ampc_optim_ref *refs, int64_t n, Launch launch)
 {
     OptimTable t;
     t.n = 0;
@@ -307,42 +307,43 @@ int for_each_table(const ampc_optim_ref *refs, int64_t n, Launch launch)
     return AMPC_OK;
 }
 
+/* launch_tables with `device` current. */
+template <class Launch>
+int for_each_table(int device, const ampc_optim_ref *refs, int64_t n, Launch launch)
+{
+    ampc_device_guard guard;
+    const int entered = ampc_device_enter(device, &guard);
+    if (entered != AMPC_OK)
+        return entered;
+    const int status = launch_tables(refs, n, launch);
+    ampc_device_leave(&guard);
+    return status;
+}
+
 }  // namespace
 
 extern "C" int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *refs, int64_t n,
                              const ampc_sgd_config *config, const float *grad_scale, const float *found_inf)
 {
-    ampc_device_guard guard;
-    int status = ampc_device_enter(device, &guard);
-    if (status != AMPC_OK)
-        return status;
     cudaStream_t s = (cudaStream_t)stream;
     const ampc_sgd_config c = *config;
-    status = for_each_table(refs, n, [&](const OptimTable &t, int64_t chunks) {
+    return for_each_table(device, refs, n, [&](const OptimTable &t, int64_t chunks) {
         sgd_kernel<<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
         const int st = ampc_cuda_launched("launching the SGD kernel");
         return st == AMPC_OK && t.any_step ? bump_steps(t, s, found_inf, true) : st;
     });
-    ampc_device_leave(&guard);
-    return status;
 }
 
 extern "C" int ampc_cuda_adam(int device, void *stream, const ampc_optim_ref *refs, int64_t n,
                               const ampc_adam_config *config, const float *grad_scale, const float *found_inf)
 {
-    ampc_device_guard guard;
-    int status = ampc_device_enter(device, &guard);
-    if (status != AMPC_OK)
-        return status;
     cudaStream_t s = (cudaStream_t)stream;
     const ampc_adam_config c = *config;
-    status = for_each_table(refs, n, [&](const OptimTable &t, int64_t chunks) {
+    return for_each_table(device, refs, n, [&](const OptimTable &t, int64_t chunks) {
         const int st = bump_steps(t, s, found_inf, false);
         if (st != AMPC_OK)
             return st;
         adam_kernel<<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
         return ampc_cuda_launched("launching the Adam kernel");
     });
-    ampc_device_leave(&guard);
-    return status;
 }

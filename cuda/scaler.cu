@@ -273,6 +273,21 @@ __device__ __forceinline__ double block_combine(double x)
     return x;
 }
 
+/* The end of a norm block: its combined partial into partials[blockIdx.x],
+ * and the flag set if any thread saw an inf or NaN. */
+template <int KIND>
+__device__ __forceinline__ void write_partial(const NormAcc<KIND> &f, ampc_scaler_block *block, int slot,
+                                              double *partials)
+{
+    const double acc = block_combine<KIND, BLOCK>(f.acc);
+    const bool bad = __syncthreads_or(f.bad);
+    if (threadIdx.x == 0) {
+        partials[blockIdx.x] = acc;
+        if (bad && block)
+            block->flags[slot] = 1.0f;
+    }
+}
+
 /* One partial norm per chunk: partials[blockIdx.x]; inf/NaN sets the flag. */
 template <int KIND>
 __global__ void __launch_bounds__(BLOCK) norm_kernel(const TensorTable table, ampc_scaler_block *block, int slot,
@@ -281,13 +296,7 @@ __global__ void __launch_bounds__(BLOCK) norm_kernel(const TensorTable table, am
     const Piece w = this_piece<CHUNK>(table);
     NormAcc<KIND> f = {block ? ampc_inv_scale(block->scale) : 1.0f, p, 0.0, false};
     read_run(table.ptr[w.k], w.begin, w.end, table.dtype[w.k], f);
-    const double acc = block_combine<KIND, BLOCK>(f.acc);
-    const bool bad = __syncthreads_or(f.bad);
-    if (threadIdx.x == 0) {
-        partials[blockIdx.x] = acc;
-        if (bad && block)
-            block->flags[slot] = 1.0f;
-    }
+    write_partial(f, block, slot, partials);
 }
 
 template <int KIND>
@@ -304,13 +313,7 @@ __global__ void __launch_bounds__(BLOCK) norm_strided_kernel(const char *base, i
         else
             f(load_as_f32(base + off, dtype));
     }
-    const double acc = block_combine<KIND, BLOCK>(f.acc);
-    const bool bad = __syncthreads_or(f.bad);
-    if (threadIdx.x == 0) {
-        partials[blockIdx.x] = acc;
-        if (bad && block)
-            block->flags[slot] = 1.0f;
-    }
+    write_partial(f, block, slot, partials);
 }
 
 constexpr int FACTOR_THREADS = 1024;

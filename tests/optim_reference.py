@@ -42,16 +42,19 @@ def unscaled(g, grad_scale):
     return (g.astype(F64) / F64(np.float32(grad_scale))).astype(O)
 
 
+def _operands(p, g, grad_scale, maximize):
+    """Both steps' start: the parameter in opmath, the gradient unscaled (as written back)
+    and then negated when maximizing."""
+    G = unscaled(g, grad_scale)
+    return p.astype(opmath(p.dtype)), G, -G if maximize else G
+
+
 def sgd_step_exact(p, g, buf, first, *, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False,
                    maximize=False, grad_scale=None):
     """(new param, new buffer or None, the gradient as written back)."""
     dtype = p.dtype
     O = opmath(dtype)
-    P = p.astype(O)
-    G = unscaled(g, grad_scale)
-    g_out = G
-    if maximize:
-        G = -G
+    P, g_out, G = _operands(p, g, grad_scale, maximize)
     if weight_decay != 0:
         G = (G.astype(F64) + F64(weight_decay) * P.astype(F64)).astype(O)
     new_buf = None
@@ -75,11 +78,7 @@ def adam_step_exact(p, g, state, *, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight
     bias_correction1 = O(1 - math.pow(beta1, step))
     step_size = O(lr / F64(bias_correction1))
     bc2_sqrt = O(math.sqrt(1 - math.pow(beta2, step)))
-    P = p.astype(O)
-    G = unscaled(g, grad_scale)
-    g_out = G
-    if maximize:
-        G = -G
+    P, g_out, G = _operands(p, g, grad_scale, maximize)
     if weight_decay != 0:
         if decoupled:
             P = (P.astype(F64) - F64(lr * weight_decay) * P.astype(F64)).astype(O)
