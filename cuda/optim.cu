@@ -35,6 +35,7 @@ constexpr int TABLE = 128;
 
 struct OptimTable {
     int n;
+    int dtype;                       /* every entry's: one kernel instantiation a dtype */
     bool any_step;                   /* some entry has a step pointer */
     int64_t first_chunk[TABLE + 1];  /* parameter k has chunks [first_chunk[k], first_chunk[k + 1]) */
     char *param[TABLE];
@@ -42,7 +43,6 @@ struct OptimTable {
     char *state[3][TABLE];
     float *step[TABLE];
     int64_t numel[TABLE];
-    uint8_t dtype[TABLE];
 };
 
 /* The storage types and their opmath: float32 and the 16-bit formats work
@@ -226,7 +226,7 @@ __device__ __forceinline__ bool skipped(const float *found_inf) { return found_i
 
 /* f(S()) for the storage type of a dtype. */
 template <class F>
-__device__ __forceinline__ void with_storage(int dtype, F f)
+void with_storage(int dtype, F f)
 {
     switch (dtype) {
     case AMPC_FLOAT32: f(float()); break;
@@ -236,26 +236,26 @@ __device__ __forceinline__ void with_storage(int dtype, F f)
     }
 }
 
+/* One instantiation per storage type: the float64 one's registers would
+ * otherwise halve the occupancy of the float32 one. */
+template <typename S>
 __global__ void __launch_bounds__(BLOCK) sgd_kernel(const OptimTable t, const ampc_sgd_config c,
                                                     const float *grad_scale, const float *found_inf)
 {
     if (skipped(found_inf))
         return;
     float scale;
-    const float *gs = LOCAL_SCALE(grad_scale, scale);
-    const Piece w = this_piece<CHUNK>(t);
-    with_storage(t.dtype[w.k], [&](auto s) { sgd_piece<decltype(s)>(t, w, &c, gs); });
+    sgd_piece<S>(t, this_piece<CHUNK>(t), &c, LOCAL_SCALE(grad_scale, scale));
 }
 
+template <typename S>
 __global__ void __launch_bounds__(BLOCK) adam_kernel(const OptimTable t, const ampc_adam_config c,
                                                      const float *grad_scale, const float *found_inf)
 {
     if (skipped(found_inf))
         return;
     float scale;
-    const float *gs = LOCAL_SCALE(grad_scale, scale);
-    const Piece w = this_piece<CHUNK>(t);
-    with_storage(t.dtype[w.k], [&](auto s) { adam_piece<decltype(s)>(t, w, &c, gs); });
+    adam_piece<S>(t, this_piece<CHUNK>(t), &c, LOCAL_SCALE(grad_scale, scale));
 }
 
 /* Adam: step += 1 before the step's kernel; SGD: mark the first step done
@@ -273,35 +273,47 @@ int bump_steps(const OptimTable &t, cudaStream_t s, const float *found_inf, bool
     return ampc_cuda_launched("launching the step-count kernel");
 }
 
-/* Fill tables from the refs and call launch(table, chunks) for each. */
+/* Fill tables from the refs, one dtype at a time (the parameters are
+ * independent: their order does not matter), and call launch(table, chunks)
+ * for each. */
 template <class Launch>
 int launch_tables(const ampc_optim_ref *refs, int64_t n, Launch launch)
 {
+    static const int dtypes[] = {AMPC_FLOAT32, AMPC_FLOAT64, AMPC_FLOAT16, AMPC_BFLOAT16};
     OptimTable t;
-    t.n = 0;
-    t.any_step = false;
-    t.first_chunk[0] = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const ampc_optim_ref *r = &refs[i];
-        const int k = t.n++;
-        t.param[k] = r->param;
-        t.grad[k] = r->grad;
-        for (int s = 0; s < 3; s++)
-            t.state[s][k] = r->state[s];
-        t.step[k] = r->step;
-        t.any_step |= r->step != nullptr;
-        t.numel[k] = r->numel;
-        t.dtype[k] = (uint8_t)r->dtype;
-        /* An empty parameter still gets a chunk (a block with nothing to do)
-         * so that this_piece sees every table entry. */
-        const int64_t chunks = r->numel > 0 ? (r->numel + CHUNK - 1) / CHUNK : 1;
-        t.first_chunk[k + 1] = t.first_chunk[k] + chunks;
-        if (t.n == TABLE || i == n - 1) {
+    for (const int dtype : dtypes) {
+        t.n = 0;
+        t.dtype = dtype;
+        t.any_step = false;
+        t.first_chunk[0] = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const ampc_optim_ref *r = &refs[i];
+            if ((int)r->dtype != dtype)
+                continue;
+            const int k = t.n++;
+            t.param[k] = r->param;
+            t.grad[k] = r->grad;
+            for (int s = 0; s < 3; s++)
+                t.state[s][k] = r->state[s];
+            t.step[k] = r->step;
+            t.any_step |= r->step != nullptr;
+            t.numel[k] = r->numel;
+            /* An empty parameter still gets a chunk (a block with nothing to
+             * do) so that this_piece sees every table entry. */
+            const int64_t chunks = r->numel > 0 ? (r->numel + CHUNK - 1) / CHUNK : 1;
+            t.first_chunk[k + 1] = t.first_chunk[k] + chunks;
+            if (t.n == TABLE) {
+                const int status = launch(t, t.first_chunk[t.n]);
+                if (status != AMPC_OK)
+                    return status;
+                t.n = 0;
+                t.any_step = false;
+            }
+        }
+        if (t.n > 0) {
             const int status = launch(t, t.first_chunk[t.n]);
             if (status != AMPC_OK)
                 return status;
-            t.n = 0;
-            t.any_step = false;
         }
     }
     return AMPC_OK;
@@ -328,7 +340,9 @@ extern "C" int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *ref
     cudaStream_t s = (cudaStream_t)stream;
     const ampc_sgd_config c = *config;
     return for_each_table(device, refs, n, [&](const OptimTable &t, int64_t chunks) {
-        sgd_kernel<<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
+        with_storage(t.dtype, [&](auto storage) {
+            sgd_kernel<decltype(storage)><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
+        });
         const int st = ampc_cuda_launched("launching the SGD kernel");
         return st == AMPC_OK && t.any_step ? bump_steps(t, s, found_inf, true) : st;
     });
@@ -343,7 +357,9 @@ extern "C" int ampc_cuda_adam(int device, void *stream, const ampc_optim_ref *re
         const int st = bump_steps(t, s, found_inf, false);
         if (st != AMPC_OK)
             return st;
-        adam_kernel<<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
+        with_storage(t.dtype, [&](auto storage) {
+            adam_kernel<decltype(storage)><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
+        });
         return ampc_cuda_launched("launching the Adam kernel");
     });
 }

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "fp_formats.h"
+#include "cast_cpu.h"
 #include "fpenv.h"
 #include "parallel.h"
 
@@ -66,26 +67,19 @@ static inline void store_bf16(char *p, int64_t i, float v)
     memcpy(p + 2 * i, &h, 2);
 }
 
-/* sgd_run_<dtype> and adam_run_<dtype>: elements [begin, end) of one
- * parameter, O being the dtype's opmath type. The loops take what decides
- * their stores (momentum, amsgrad, the gradient written back) as constants
- * from the dispatch below, so that each variant is one straight loop the
- * compiler vectorises; the arrays of one parameter never overlap (optim.c
- * checks), hence restrict. */
+/* sgd_run_<dtype>_<isa> and adam_run_<dtype>_<isa>: elements [begin, end)
+ * of one parameter, O being the dtype's opmath type. The loops take what
+ * decides their stores (momentum, amsgrad, the gradient written back) as
+ * constants from the dispatch below, so that each variant is one straight
+ * loop the compiler vectorises; the arrays of one parameter never overlap
+ * (optim.c checks), hence restrict. */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
-/* An AVX2 copy of each run beside the baseline one, chosen at load time: the
- * float64 arithmetic doubles in width. Same IEEE operations, same bits. */
-#if defined(__x86_64__) && defined(__ELF__) && (defined(__GNUC__) || defined(__clang__))
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
 
-#define DEFINE_RUNS(SUFFIX, O, LOAD, STORE)                                                          \
-    ALWAYS_INLINE void sgd_loop_##SUFFIX(char *restrict param, char *restrict grad, char *restrict buf, \
-                                         int64_t begin, int64_t end, const ampc_sgd_config *c,       \
-                                         const float *gs, int first, const int momentum,             \
-                                         const int write_grad)                                       \
+#define DEFINE_RUNS(SUFFIX, O, LOAD, STORE, ISA, TARGET)                                              \
+    ALWAYS_INLINE void sgd_loop_##SUFFIX##ISA(char *restrict param, char *restrict grad, char *restrict buf, \
+                                              int64_t begin, int64_t end, const ampc_sgd_config *c,  \
+                                              const float *gs, int first, const int momentum,        \
+                                              const int write_grad)                                  \
     {                                                                                                \
         for (int64_t i = begin; i < end; i++) {                                                      \
             const O g = ampc_unscaled_##O(LOAD(grad, i), gs);                                        \
@@ -97,26 +91,26 @@ static inline void store_bf16(char *p, int64_t i, float v)
                 STORE(buf, i, b);                                                                    \
         }                                                                                            \
     }                                                                                                \
-    CLONES static void sgd_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,                \
-                                 const ampc_sgd_config *cfg, const float *gs)                        \
+    TARGET static void sgd_run_##SUFFIX##ISA(const ampc_optim_ref *r, int64_t begin, int64_t end,     \
+                                             const ampc_sgd_config *cfg, const float *gs)            \
     {                                                                                                \
         const ampc_sgd_config c = *cfg;                                                              \
         const int first = r->step != NULL && *r->step == 0.0f;                                       \
         char *p = r->param, *g = r->grad, *b = r->state[0];                                          \
         if (c.momentum != 0 && gs)                                                                   \
-            sgd_loop_##SUFFIX(p, g, b, begin, end, &c, gs, first, 1, 1);                             \
+            sgd_loop_##SUFFIX##ISA(p, g, b, begin, end, &c, gs, first, 1, 1);                        \
         else if (c.momentum != 0)                                                                    \
-            sgd_loop_##SUFFIX(p, g, b, begin, end, &c, NULL, first, 1, 0);                           \
+            sgd_loop_##SUFFIX##ISA(p, g, b, begin, end, &c, NULL, first, 1, 0);                      \
         else if (gs)                                                                                 \
-            sgd_loop_##SUFFIX(p, g, NULL, begin, end, &c, gs, 0, 0, 1);                              \
+            sgd_loop_##SUFFIX##ISA(p, g, NULL, begin, end, &c, gs, 0, 0, 1);                         \
         else                                                                                         \
-            sgd_loop_##SUFFIX(p, g, NULL, begin, end, &c, NULL, 0, 0, 0);                            \
+            sgd_loop_##SUFFIX##ISA(p, g, NULL, begin, end, &c, NULL, 0, 0, 0);                       \
     }                                                                                                \
-    ALWAYS_INLINE void adam_loop_##SUFFIX(char *restrict param, char *restrict grad, char *restrict m_, \
-                                          char *restrict v_, char *restrict vmax_, int64_t begin,    \
-                                          int64_t end, const ampc_adam_config *c, const float *gs,   \
-                                          O step_size, O bc2_sqrt, const int amsgrad,                \
-                                          const int write_grad)                                      \
+    ALWAYS_INLINE void adam_loop_##SUFFIX##ISA(char *restrict param, char *restrict grad, char *restrict m_, \
+                                               char *restrict v_, char *restrict vmax_, int64_t begin, \
+                                               int64_t end, const ampc_adam_config *c, const float *gs, \
+                                               O step_size, O bc2_sqrt, const int amsgrad,           \
+                                               const int write_grad)                                 \
     {                                                                                                \
         for (int64_t i = begin; i < end; i++) {                                                      \
             const O g = ampc_unscaled_##O(LOAD(grad, i), gs);                                        \
@@ -130,48 +124,64 @@ static inline void store_bf16(char *p, int64_t i, float v)
                 STORE(vmax_, i, vmax);                                                               \
         }                                                                                            \
     }                                                                                                \
-    CLONES static void adam_run_##SUFFIX(const ampc_optim_ref *r, int64_t begin, int64_t end,               \
-                                  const ampc_adam_config *cfg, const float *gs)                      \
+    TARGET static void adam_run_##SUFFIX##ISA(const ampc_optim_ref *r, int64_t begin, int64_t end,    \
+                                              const ampc_adam_config *cfg, const float *gs)          \
     {                                                                                                \
         const ampc_adam_config c = *cfg;                                                             \
         O step_size, bc2_sqrt;                                                                       \
         ampc_adam_factors_##O(*r->step, &c, &step_size, &bc2_sqrt);                                  \
         char *p = r->param, *g = r->grad, *m = r->state[0], *v = r->state[1], *w = r->state[2];      \
         if (c.amsgrad && gs)                                                                         \
-            adam_loop_##SUFFIX(p, g, m, v, w, begin, end, &c, gs, step_size, bc2_sqrt, 1, 1);        \
+            adam_loop_##SUFFIX##ISA(p, g, m, v, w, begin, end, &c, gs, step_size, bc2_sqrt, 1, 1);   \
         else if (c.amsgrad)                                                                          \
-            adam_loop_##SUFFIX(p, g, m, v, w, begin, end, &c, NULL, step_size, bc2_sqrt, 1, 0);      \
+            adam_loop_##SUFFIX##ISA(p, g, m, v, w, begin, end, &c, NULL, step_size, bc2_sqrt, 1, 0); \
         else if (gs)                                                                                 \
-            adam_loop_##SUFFIX(p, g, m, v, NULL, begin, end, &c, gs, step_size, bc2_sqrt, 0, 1);     \
+            adam_loop_##SUFFIX##ISA(p, g, m, v, NULL, begin, end, &c, gs, step_size, bc2_sqrt, 0, 1); \
         else                                                                                         \
-            adam_loop_##SUFFIX(p, g, m, v, NULL, begin, end, &c, NULL, step_size, bc2_sqrt, 0, 0);   \
+            adam_loop_##SUFFIX##ISA(p, g, m, v, NULL, begin, end, &c, NULL, step_size, bc2_sqrt, 0, 0); \
     }
 
-DEFINE_RUNS(f32, float, load_f32, store_f32)
-DEFINE_RUNS(f64, double, load_f64, store_f64)
-DEFINE_RUNS(f16, float, load_f16, store_f16)
-DEFINE_RUNS(bf16, float, load_bf16, store_bf16)
+#define DEFINE_ISA(ISA, TARGET)                                      \
+    DEFINE_RUNS(f32, float, load_f32, store_f32, ISA, TARGET)         \
+    DEFINE_RUNS(f64, double, load_f64, store_f64, ISA, TARGET)        \
+    DEFINE_RUNS(f16, float, load_f16, store_f16, ISA, TARGET)         \
+    DEFINE_RUNS(bf16, float, load_bf16, store_bf16, ISA, TARGET)
+
+/* The portable runs, and on x86-64 an AVX2 copy chosen at run time: twice
+ * the vector width, and fma() as one instruction where the portable build
+ * has to call libm's (same correctly rounded operation, same bits). */
+DEFINE_ISA(_portable, )
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HAVE_AVX2_RUNS 1
+DEFINE_ISA(_avx2, __attribute__((target("avx2,f16c,fma"))))
+#else
+#define HAVE_AVX2_RUNS 0
+DEFINE_ISA(_avx2, )  /* never chosen: keeps the dispatch below one shape */
+#endif
 
 typedef void (*run_fn)(const ampc_optim_ref *r, int64_t begin, int64_t end, const void *config, const float *gs);
 
+/* Each dtype's run for the active instruction set (AMPC_CPU_ISA or
+ * _C._set_cpu_isa choose it, as for the casts). */
+#define DISPATCH(KIND, r, ...)                                                                     \
+    do {                                                                                           \
+        const int avx2 = HAVE_AVX2_RUNS && ampc_isa_active() >= AMPC_ISA_AVX2;                     \
+        switch ((r)->dtype) {                                                                      \
+        case AMPC_FLOAT32: avx2 ? KIND##_f32_avx2(r, __VA_ARGS__) : KIND##_f32_portable(r, __VA_ARGS__); return; \
+        case AMPC_FLOAT64: avx2 ? KIND##_f64_avx2(r, __VA_ARGS__) : KIND##_f64_portable(r, __VA_ARGS__); return; \
+        case AMPC_FLOAT16: avx2 ? KIND##_f16_avx2(r, __VA_ARGS__) : KIND##_f16_portable(r, __VA_ARGS__); return; \
+        default: avx2 ? KIND##_bf16_avx2(r, __VA_ARGS__) : KIND##_bf16_portable(r, __VA_ARGS__); return;        \
+        }                                                                                          \
+    } while (0)
+
 static void sgd_run(const ampc_optim_ref *r, int64_t begin, int64_t end, const void *config, const float *gs)
 {
-    switch (r->dtype) {
-    case AMPC_FLOAT32: sgd_run_f32(r, begin, end, config, gs); return;
-    case AMPC_FLOAT64: sgd_run_f64(r, begin, end, config, gs); return;
-    case AMPC_FLOAT16: sgd_run_f16(r, begin, end, config, gs); return;
-    default: sgd_run_bf16(r, begin, end, config, gs); return;
-    }
+    DISPATCH(sgd_run, r, begin, end, config, gs);
 }
 
 static void adam_run(const ampc_optim_ref *r, int64_t begin, int64_t end, const void *config, const float *gs)
 {
-    switch (r->dtype) {
-    case AMPC_FLOAT32: adam_run_f32(r, begin, end, config, gs); return;
-    case AMPC_FLOAT64: adam_run_f64(r, begin, end, config, gs); return;
-    case AMPC_FLOAT16: adam_run_f16(r, begin, end, config, gs); return;
-    default: adam_run_bf16(r, begin, end, config, gs); return;
-    }
+    DISPATCH(adam_run, r, begin, end, config, gs);
 }
 
 /* ------------------------------------------------------------------------ */

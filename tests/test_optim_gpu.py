@@ -88,13 +88,14 @@ def torch_pair(rng, sizes, dtype=torch.float32):
     return theirs, ours
 
 
-def close_and_mostly_identical(ours, theirs, what):
-    """Against torch's fused kernels: torch's build lets nvcc fuse multiply-adds in float64, so
-    an element may differ in its last float32 bit; nearly all must be identical."""
-    a, b = ours.detach().double(), theirs.detach().double()
-    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=what)
-    identical = (ours.view(torch.int32) == theirs.view(torch.int32)).double().mean().item() if ours.numel() else 1
-    assert identical > 0.999, f"{what}: only {identical:.4%} identical"
+def same_bits_as_torch(ours, theirs, what):
+    """Against torch's fused kernels, bit for bit: ampc's element math is theirs (src/optim_math.h;
+    the tests' step counts stay clear of the few where CUDA's powf and the CPU's differ)."""
+    ours, theirs = ours.detach().contiguous(), theirs.detach().contiguous()
+    assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, what
+    same = ours.view(torch.int32) == theirs.view(torch.int32)
+    assert same.all(), f"{what}: {same.double().mean().item():.4%} identical, " \
+        f"max relative difference {((ours.double() - theirs.double()).abs() / theirs.double().abs()).max().item():.3g}"
 
 
 TORCH_FUSED = [
@@ -120,17 +121,16 @@ def test_same_as_torch_fused_optimizers(rng, name, config):
         opt_t.step()
         opt_o.step()
     for p, q in zip(theirs, ours):
-        close_and_mostly_identical(q.data, p.data, name)
+        same_bits_as_torch(q.data, p.data, name)
         for key, value in opt_t.state[p].items():
             if torch.is_tensor(value):
-                close_and_mostly_identical(opt_o.state[q][key].reshape(value.shape), value, key)
+                same_bits_as_torch(opt_o.state[q][key].reshape(value.shape), value, key)
 
 
 @pytest.mark.parametrize("name", ["SGD", "AdamW"])
 def test_same_as_torch_with_grad_scalers(rng, name):
     """torch.amp.GradScaler + torch's fused optimizer against ampc.GradScaler + ampc.optim on the
-    same model and data, an inf at iteration 2: the same scales and skips, parameters within
-    torch's fused-kernel rounding."""
+    same model and data, an inf at iteration 2: the same scales and skips, the same parameters."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).cuda()
     twin = copy.deepcopy(model)
@@ -156,7 +156,7 @@ def test_same_as_torch_with_grad_scalers(rng, name):
         assert so.get_scale() == st.get_scale()
     assert st.get_scale() == 128.0 * 2**5 * 0.5
     for a, b in zip(model.parameters(), twin.parameters()):
-        close_and_mostly_identical(b.data, a.data, name)
+        same_bits_as_torch(b.data, a.data, name)
 
 
 def test_a_scaled_step_never_waits_for_the_gpu():
@@ -203,9 +203,12 @@ def test_gpu_bad_input():
         optim.SGD([a, b], lr=0.1).step()
     assert not a.data.any() and not b.data.any()
     opt = optim.SGD([a], lr=0.1)
-    opt.found_inf = torch.zeros(())
+    opt.found_inf = torch.zeros((), device="cuda", dtype=torch.float64)
     with pytest.raises(ValueError, match="found_inf must be a one-element float32 array on cuda:0"):
         opt.step()
+    opt.found_inf = torch.ones(())  # on the CPU: copied over, as torch's fused optimizers do; skips
+    opt.step()
+    assert not a.data.any()
     a.grad = torch.ones(3, device="cuda", dtype=torch.float16)
     del opt.found_inf
     with pytest.raises(TypeError, match="has dtype float16 but its parameter has float32"):
@@ -271,16 +274,18 @@ def reference_norm(grads, norm_type):
 def test_fused_clipping(norm_type, dtypes, layouts):
     """The norm of the unscaled gradients (float64 reference), the gradients times
     inv_scale * min(1, max_norm / (norm + 1e-6)) rounded once, layouts kept; and, in
-    float32, torch's unscale_ + clip_grad_norm_(foreach=True) within its roundings."""
+    float32, torch's unscale_ + clip_grad_norm_(foreach=True) within its roundings (torch's
+    unscale_ refuses bfloat16 gradients on the GPU: "not implemented for 'BFloat16'")."""
     theirs, ours = clip_case(0, dtypes, layouts)
     scaled = [q.grad.clone() for q in ours]
+    norm_ref = reference_norm([g.double() / 512 for g in scaled], norm_type)
     opt_t, opt_o = torch.optim.SGD(theirs, lr=0.0), torch.optim.SGD(ours, lr=0.0)
     st, so = torch.amp.GradScaler("cuda", init_scale=512.0), ampc.GradScaler("cuda", init_scale=512.0)
     for s in (st, so):
         s.scale(torch.ones((), device="cuda"))
-    st.unscale_(opt_t)
-    norm_ref = reference_norm([p.grad for p in theirs], norm_type)
-    expected = torch.nn.utils.clip_grad_norm_(theirs, 5.0, norm_type=norm_type, foreach=True)
+    if dtypes == (torch.float32,):
+        st.unscale_(opt_t)
+        expected = torch.nn.utils.clip_grad_norm_(theirs, 5.0, norm_type=norm_type, foreach=True)
     norm = so.unscale_(opt_o, max_norm=5.0, norm_type=norm_type)
     assert torch.is_tensor(norm) and norm.device.type == "cuda" and norm.dtype == torch.float32 and norm.dim() == 0
     assert norm.item() == pytest.approx(norm_ref, rel=1e-6)
