@@ -31,7 +31,8 @@
 #ifdef __CUDACC__
 #define AMPC_OPTIM_FN static __device__ __forceinline__
 #else
-#define AMPC_OPTIM_FN static inline
+/* Inlined into each instruction set's loops (optim_cpu.c) so that they vectorise. */
+#define AMPC_OPTIM_FN static inline __attribute__((always_inline))
 #endif
 
 #define AMPC_OPTIM_CAT_(a, b) a##_##b

@@ -175,6 +175,35 @@ def test_results_do_not_depend_on_the_thread_count(rng):
             assert_same(a, b)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_instruction_set_gives_the_same_bits(rng, dtype):
+    """The portable loops (fma() from libm) and the AVX2 + FMA ones (fma as an instruction),
+    for every option the loops specialise on."""
+    base = make_params(rng, dtype)
+    fresh_grads(rng, base)
+    makers = [lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.1),
+              lambda ps: optim.SGD(ps, lr=0.1, maximize=True)] + \
+             [lambda ps, c=c: c["cls"](ps, **{k: v for k, v in c.items() if k != "cls"}) for c in ADAM_CONFIGS]
+    previous = ampc._C._cpu_isa()
+    results = {}
+    try:
+        for isa in ampc._C._cpu_isas():
+            ampc._C._set_cpu_isa(isa)
+            results[isa] = []
+            for make in makers:
+                params = copy.deepcopy(base)
+                opt = make(params)
+                opt.grad_scale, opt.found_inf = np.full((), 3.0, np.float32), np.zeros((), np.float32)
+                opt.step()
+                opt.step()
+                results[isa].append([p.data for p in params] + [p.grad for p in params])
+    finally:
+        ampc._C._set_cpu_isa(previous)
+    for isa, arrays in results.items():
+        for a, b in zip(sum(results["portable"], []), sum(arrays, [])):
+            assert_same(b, a, isa)
+
+
 def test_parameters_without_gradients_are_left_alone(rng):
     params = make_params(rng, np.float32, [(10,), (4,), (6,)])
     before = [p.data.copy() for p in params]
