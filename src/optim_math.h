@@ -19,6 +19,11 @@
  * closer factor and results that differ in the last bit. (NaN payloads are
  * the other: the 16-bit stores quiet NaNs as each side does.)
  *
+ * Against torch itself: the same bits on the GPU, but for SGD under a
+ * GradScaler, where torch's kernel, in its grad_scale branch, rounds
+ * `p - lr * g` otherwise than in its plain one (measured: about 1 % of the
+ * elements an ulp apart); ampc rounds both as the plain one does.
+ *
  * The body is optim_math.inc, included once per opmath type: it defines
  * ampc_<name>_float and ampc_<name>_double.
  */

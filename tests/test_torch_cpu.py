@@ -73,9 +73,14 @@ def test_close_to_torch_optimizers(name, config):
     for p, q in zip(theirs, ours):
         assert isinstance(q.data, torch.Tensor)
         d = ulps(p.detach(), q.data)
-        # Measured: 42-95 % identical, 94-99 % within 2 ulps, at most 1.2e-6 apart after 5 steps.
-        assert (d == 0).double().mean() > 0.4
-        assert (d <= 2).double().mean() > 0.93
+        if name == "SGD":
+            # torch's CPU SGD rounds as its fused CUDA kernel does, and so as ampc does.
+            assert (d == 0).all()
+        else:
+            # torch's CPU Adam takes a lerp for the first moment and float64 bias corrections
+            # where its CUDA kernel (and ampc) take fmas and float32: measured after 5 steps,
+            # 26-42 % identical, the median 1 ulp apart, at most 1.2e-6.
+            assert d.double().median() <= 2
         torch.testing.assert_close(q.data, p.detach(), rtol=1e-5, atol=2e-6)
     for key, value in opt_t.state[theirs[0]].items():
         if key != "step":
