@@ -16,6 +16,7 @@ from ampc import _C, optim
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from param_sets import SETS  # noqa: E402
+from scaler import copy_bandwidth  # noqa: E402
 
 
 def host_and_gpu(fn, repeat=40):
@@ -85,11 +86,7 @@ for name in ("ResNet-50", "GPT-2 124M"):
 
 # The optimizer kernels alone (no scaler): Adam(W) moves 28 bytes an element (param, exp_avg,
 # exp_avg_sq read and written, the gradient read), SGD with momentum 20.
-src = torch.empty(1 << 28, device="cuda")
-dst = torch.empty_like(src)
-copy_ms = host_and_gpu(lambda: dst.copy_(src))[1]
-bw = 2 * src.numel() * 4 / copy_ms / 1e6  # GB/s
-del src, dst
+bw = copy_bandwidth(repeat=20)
 for name in ("GPT-2 124M", "LLaMA-style 1.2B"):
     shapes = SETS[name]()
     params = [torch.nn.Parameter(torch.randn(s, device="cuda")) for s in shapes]

@@ -11,7 +11,7 @@ import pytest
 import ampc
 from ampc import optim
 from test_optim import ADAM_CONFIGS, SGD_CONFIGS, assert_same
-from test_torch_cpu import ulps
+from test_torch_cpu import step_side_by_side, ulps
 
 pytestmark = pytest.mark.gpu
 
@@ -115,12 +115,7 @@ def test_same_as_torch_fused_optimizers(rng, name, config):
     theirs, ours = torch_pair(rng, [(64, 33), (5000,), (16385,), (1,)])
     opt_t = getattr(torch.optim, name)(theirs, fused=True, **config)
     opt_o = getattr(optim, name)(ours, **config)
-    for _ in range(5):
-        for p, q in zip(theirs, ours):
-            p.grad = torch.randn_like(p)
-            q.grad = p.grad.clone()
-        opt_t.step()
-        opt_o.step()
+    step_side_by_side(opt_t, opt_o, theirs, ours)
     for p, q in zip(theirs, ours):
         same_bits_as_torch(q.data, p.data, name)
         for key, value in opt_t.state[p].items():

@@ -52,6 +52,16 @@ def ulps(a, b):
     return (ordered(a) - ordered(b)).abs()
 
 
+def step_side_by_side(opt_t, opt_o, theirs, ours, steps=5):
+    """Steps of torch's optimizer and ampc's on the same fresh random gradients."""
+    for _ in range(steps):
+        for p, q in zip(theirs, ours):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        opt_t.step()
+        opt_o.step()
+
+
 @pytest.mark.parametrize("name, config", [
     ("SGD", dict(lr=0.05, momentum=0.9, nesterov=True)),
     ("Adam", dict(lr=1e-2, amsgrad=True)),
@@ -64,12 +74,7 @@ def test_close_to_torch_optimizers(name, config):
     ours = [optim.Parameter(v.clone()) for v in values]
     opt_t = getattr(torch.optim, name)(theirs, **config)
     opt_o = getattr(optim, name)(ours, **config)
-    for _ in range(5):
-        for p, q in zip(theirs, ours):
-            p.grad = torch.randn_like(p)
-            q.grad = p.grad.clone()
-        opt_t.step()
-        opt_o.step()
+    step_side_by_side(opt_t, opt_o, theirs, ours)
     for p, q in zip(theirs, ours):
         assert isinstance(q.data, torch.Tensor)
         d = ulps(p.detach(), q.data)
