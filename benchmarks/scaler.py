@@ -10,13 +10,18 @@ model), fp32 parameters and gradients of random normal values:
    is 8 bytes an element (read + write).
 2. fused unscale + clip: ampc's scaler.unscale_(optimizer, max_norm=1.0) against torch's
    recipe, scaler.unscale_ then clip_grad_norm_(foreach=True); the floor is 12 bytes an
-   element (read for the norm, then read + write).
+   element (read for the norm, then read + write). And unscale_(..., defer=True), which
+   reads the gradients once (4 bytes) and leaves the division to a fused optimizer's step.
 3. a whole iteration without the backward: scale(loss), step (which unscales), update. ampc's
    GradScaler with ampc.optim.SGD(momentum=0.9) / AdamW (fused kernels that unscale and skip
    themselves) against torch's GradScaler with torch.optim.SGD(momentum=0.9, foreach=True) /
    AdamW(fused=True). The floor is what a fused iteration must move: the inf check reads the
    gradients (4 bytes), then SGD reads param, gradient, buffer and writes all three (24), AdamW
    reads and writes param, gradient and two moments (32).
+4. the same iteration with clipping to norm 1.0, AdamW: torch's recipe (unscale_,
+   clip_grad_norm_(foreach=True), fused AdamW) against ampc's unscale_(max_norm=1.0) and
+   unscale_(max_norm=1.0, defer=True). Floors: eager 12 + 28 bytes (the step after unscale_
+   does not write the gradient), deferred 4 + 32.
 
 GPU time from CUDA events (median of --repeat after warm-up) and wall time per call, which
 includes the host's work and, for torch's plain optimizers, its host synchronisation.
@@ -105,22 +110,36 @@ def unscale_rows(shapes, repeat, bw):
         ours.unscale_(opt, max_norm=1.0)
         ours.update()
 
-    result = dict(tensors=len(grads), n=n, floor8=8 * n / bw / 1e6, floor12=12 * n / bw / 1e6, kernel=kernel,
+    fused = torch.optim.AdamW(params, fused=True)  # takes grad_scale: defer=True defers to it
+
+    def ampc_deferred():
+        ours.unscale_(fused, max_norm=1.0, defer=True)
+        ours.update()
+
+    result = dict(tensors=len(grads), n=n, floor8=8 * n / bw / 1e6, floor12=12 * n / bw / 1e6,
+                  floor4=4 * n / bw / 1e6, kernel=kernel,
                   torch_unscale=timed(torch_unscale, repeat), ampc_unscale=timed(ampc_unscale, repeat),
-                  torch_clip=timed(torch_clip, repeat), ampc_clip=timed(ampc_clip, repeat))
-    del params, grads, opt
+                  torch_clip=timed(torch_clip, repeat), ampc_clip=timed(ampc_clip, repeat),
+                  ampc_deferred=timed(ampc_deferred, repeat))
+    del params, grads, opt, fused
     torch.cuda.empty_cache()
     return result
+
+
+def twins(shapes):
+    """torch parameters with gradients, and ampc.optim parameters holding copies of both."""
+    theirs = fresh_params(shapes)
+    ours = [optim.Parameter(p.data.clone()) for p in theirs]
+    for p, q in zip(theirs, ours):
+        q.grad = p.grad.clone()
+    return theirs, ours
 
 
 def iteration_rows(shapes, repeat, bw):
     n = sum(torch.Size(s).numel() for s in shapes)
     rows = {}
     for name, bytes_per in (("SGD", 28), ("AdamW", 36)):
-        theirs = fresh_params(shapes)
-        ours = [optim.Parameter(p.data.clone()) for p in theirs]
-        for p, q in zip(theirs, ours):
-            q.grad = p.grad.clone()
+        theirs, ours = twins(shapes)
         if name == "SGD":
             opt_t = torch.optim.SGD(theirs, lr=1e-6, momentum=0.9, foreach=True)
             opt_o = optim.SGD(ours, lr=1e-6, momentum=0.9)
@@ -146,6 +165,34 @@ def iteration_rows(shapes, repeat, bw):
     return rows
 
 
+def clipped_iteration_row(shapes, repeat, bw):
+    n = sum(torch.Size(s).numel() for s in shapes)
+    theirs, ours = twins(shapes)
+    opt_t = torch.optim.AdamW(theirs, lr=1e-6, fused=True)
+    opt_o = optim.AdamW(ours, lr=1e-6)
+    loss = torch.ones((), device="cuda")
+    ts, so = torch_scaler(), ampc_scaler()
+
+    def torch_iter():
+        ts.scale(loss)
+        ts.unscale_(opt_t)
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0, foreach=True)
+        ts.step(opt_t)
+        ts.update()
+
+    def ampc_iter(defer):
+        so.scale(loss)
+        so.unscale_(opt_o, max_norm=1.0, defer=defer)
+        so.step(opt_o)
+        so.update()
+
+    row = dict(floor_eager=40 * n / bw / 1e6, floor_deferred=36 * n / bw / 1e6, torch=timed(torch_iter, repeat),
+               eager=timed(lambda: ampc_iter(False), repeat), deferred=timed(lambda: ampc_iter(True), repeat))
+    del theirs, ours, opt_t, opt_o
+    torch.cuda.empty_cache()
+    return row
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=30)
@@ -155,6 +202,7 @@ def main():
     print(f"GPU {torch.cuda.get_device_name()}, device-to-device copy {bw:.0f} GB/s; times in ms (GPU, median)")
     unscale = {name: unscale_rows(SETS[name](), args.repeat, bw) for name in args.sets}
     iteration = {name: iteration_rows(SETS[name](), args.repeat, bw) for name in args.sets}
+    clipped = {name: clipped_iteration_row(SETS[name](), args.repeat, bw) for name in args.sets}
 
     print(f"\n{'unscale + inf check':<18}{'tensors':>8}{'elements':>10}{'floor':>8}{'torch kernel':>13}"
           f"{'torch unscale_':>15}{'ampc unscale_':>14}{'vs kernel':>10}{'vs unscale_':>12}{'of floor':>9}"
@@ -166,11 +214,14 @@ def main():
               f"{r['torch_unscale'][0] / ours:>11.2f}x{100 * r['floor8'] / ours:>8.0f}%{r['ampc_unscale'][1]:>10.3f}")
 
     print(f"\n{'unscale + clip':<18}{'floor':>8}{'torch recipe':>13}{'ampc fused':>11}{'speed-up':>9}"
-          f"{'of floor':>9}{'torch wall':>11}{'ampc wall':>10}")
+          f"{'of floor':>9}{'torch wall':>11}{'ampc wall':>10}"
+          f"{'floor 4B':>9}{'defer=True':>11}{'speed-up':>9}{'of floor':>9}")
     for name, r in unscale.items():
-        t, o = r["torch_clip"], r["ampc_clip"]
+        t, o, d = r["torch_clip"], r["ampc_clip"], r["ampc_deferred"]
         print(f"{name:<18}{r['floor12']:>8.3f}{t[0]:>13.3f}{o[0]:>11.3f}{t[0] / o[0]:>8.2f}x"
-              f"{100 * r['floor12'] / o[0]:>8.0f}%{t[1]:>11.3f}{o[1]:>10.3f}")
+              f"{100 * r['floor12'] / o[0]:>8.0f}%{t[1]:>11.3f}{o[1]:>10.3f}"
+              f"{r['floor4']:>9.3f}{d[0]:>11.3f}{t[0] / d[0]:>8.2f}x{100 * r['floor4'] / d[0]:>8.0f}%")
+    print("(defer=True only reads the gradients; the optimizer's fused step divides them, see the last table)")
 
     print(f"\n{'whole iteration':<18}{'optimizer':>12}{'floor':>8}{'torch':>8}{'ampc':>8}{'speed-up':>9}"
           f"{'of floor':>9}{'torch wall':>11}{'ampc wall':>10}{'wall x':>7}")
@@ -181,6 +232,15 @@ def main():
             print(f"{name:<18}{label:>12}{r['floor']:>8.3f}{t[0]:>8.3f}{o[0]:>8.3f}{t[0] / o[0]:>8.2f}x"
                   f"{100 * r['floor'] / o[0]:>8.0f}%{t[1]:>11.3f}{o[1]:>10.3f}{t[1] / o[1]:>6.2f}x")
     print("(torch's optimizer named; ampc's is always its fused SGD or AdamW)")
+
+    print(f"\n{'iteration, clip':<18}{'torch':>8}{'floor':>8}{'ampc':>8}{'speed-up':>9}{'of floor':>9}"
+          f"{'floor':>8}{'deferred':>9}{'speed-up':>9}{'of floor':>9}")
+    for name, r in clipped.items():
+        t, e, d = r["torch"][0], r["eager"][0], r["deferred"][0]
+        print(f"{name:<18}{t:>8.3f}{r['floor_eager']:>8.3f}{e:>8.3f}{t / e:>8.2f}x{100 * r['floor_eager'] / e:>8.0f}%"
+              f"{r['floor_deferred']:>8.3f}{d:>9.3f}{t / d:>8.2f}x{100 * r['floor_deferred'] / d:>8.0f}%")
+    print("(AdamW: torch's GradScaler + unscale_ + clip_grad_norm_(foreach) + AdamW(fused) against ampc's "
+          "GradScaler + ampc.optim.AdamW with unscale_(max_norm=1.0), eager and defer=True)")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 3
+#define AMPC_CUDA_ABI_VERSION 4
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 
 typedef enum {
@@ -123,9 +123,13 @@ typedef struct ampc_cuda_api {
     /* unscale_(max_norm=): unscale and check as unscale does, and clip the
      * unscaled gradients to the total norm of type norm_type, written as a
      * float32 to norm_out (device memory). block NULL: gradients that are
-     * not scaled (a disabled scaler), nothing flagged. */
+     * not scaled (a disabled scaler), nothing flagged. divisor_out (device
+     * memory) not NULL: check and take the norm only, leave the gradients as
+     * they are, and write scale / coefficient there for the optimizer's step
+     * (ABI 4). */
     int (*unscale_clip)(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
-                        ampc_scaler_block *block, int slot, double max_norm, double norm_type, float *norm_out);
+                        ampc_scaler_block *block, int slot, double max_norm, double norm_type, float *norm_out,
+                        float *divisor_out);
 
     /* Fill nbytes of device memory with a byte value, queued on stream. */
     int (*memset)(int device, void *ptr, int value, size_t nbytes, void *stream);

@@ -29,7 +29,7 @@ int ampc_cuda_scale_mul(int device, void *stream, const ampc_loop *loop, ampc_dt
                         const float *scale);
 int ampc_cuda_count_nonfinite(int device, void *stream, const ampc_grad_ref *grads, int64_t n, int64_t *counts);
 int ampc_cuda_unscale_clip(int device, void *stream, const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block,
-                           int slot, double max_norm, double norm_type, float *norm_out);
+                           int slot, double max_norm, double norm_type, float *norm_out, float *divisor_out);
 int ampc_cuda_memset(int device, void *ptr, int value, size_t nbytes, void *stream);
 int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_sgd_config *config,
                   const float *grad_scale, const float *found_inf);

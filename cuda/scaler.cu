@@ -19,6 +19,9 @@
  *                    inv_scale * min(1, max_norm / (norm + 1e-6)), and the
  *                    unscale pass with that factor: two reads and one write
  *                    of each gradient, and still no host synchronisation.
+ *                    Deferred (unscale_(defer=True)): the norm pass only, and
+ *                    the divisor scale / coefficient that the optimizer's
+ *                    fused step applies as its grad_scale: one read.
  *   update_scale     one thread applies scaler_rule.h to the block.
  *   scale_mul        outputs * scale for GradScaler.scale (any layout).
  *   count_nonfinite  per-tensor counts for overflow_report (on demand).
@@ -318,15 +321,15 @@ __global__ void __launch_bounds__(BLOCK) norm_strided_kernel(const char *base, i
 
 constexpr int FACTOR_THREADS = 1024;
 
-/* The total norm from the partials, into *norm_out, and the factor the
- * unscale pass multiplies by: inv_scale times torch's clipping coefficient
- * min(1, max_norm / (norm + 1e-6)); where the norm is not finite the step
- * is skipped anyway and the gradients are only unscaled. */
+/* The total norm from the partials, into *norm_out, and the factor of
+ * scaler_rule.h's clipping coefficient: the multiplier of the unscale pass,
+ * or with `deferred` the divisor the optimizer's step applies. */
 template <int KIND>
 __global__ void __launch_bounds__(FACTOR_THREADS) clip_factor_kernel(const double *partials, int64_t count,
                                                                      double p, double max_norm,
                                                                      const ampc_scaler_block *block,
-                                                                     float *norm_out, float *factor)
+                                                                     float *norm_out, float *factor,
+                                                                     bool deferred)
 {
     double acc = 0;
     for (int64_t i = threadIdx.x; i < count; i += FACTOR_THREADS)
@@ -336,10 +339,9 @@ __global__ void __launch_bounds__(FACTOR_THREADS) clip_factor_kernel(const doubl
         return;
     const double norm = KIND == NORM_2 ? sqrt(acc) : KIND == NORM_P ? pow(acc, 1.0 / p) : acc;
     *norm_out = (float)norm;
-    double coef = max_norm / (norm + 1e-6);
-    if (!(coef < 1.0) || !isfinite(norm))
-        coef = 1.0;
-    *factor = (float)((double)(block ? ampc_inv_scale(block->scale) : 1.0f) * coef);
+    const double coef = ampc_clip_coef(norm, max_norm);
+    const float scale = block ? block->scale : 1.0f;
+    *factor = deferred ? ampc_clip_divisor(scale, coef) : ampc_clip_multiplier(scale, coef);
 }
 
 __global__ void update_scale_kernel(ampc_scaler_block *block, int nflags, const ampc_scale_rule rule)
@@ -472,9 +474,11 @@ int norm_pass(const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block, i
         });
 }
 
+/* divisor_out NULL: the norm pass, then the unscale pass with the
+ * multiplier. Otherwise the norm pass only, and the divisor for the step. */
 template <int KIND>
 int unscale_clip(int device, cudaStream_t s, const ampc_grad_ref *grads, int64_t n, ampc_scaler_block *block,
-                 int slot, double max_norm, double p, float *norm_out)
+                 int slot, double max_norm, double p, float *norm_out, float *divisor_out)
 {
     int64_t count;
     norm_pass<KIND>(grads, n, block, slot, p, NULL, &count, s);
@@ -490,10 +494,12 @@ int unscale_clip(int device, cudaStream_t s, const ampc_grad_ref *grads, int64_t
     if (status == AMPC_OK)
         status = norm_pass<KIND>(grads, n, block, slot, p, scratch, &count, s);
     if (status == AMPC_OK) {
-        clip_factor_kernel<KIND><<<1, FACTOR_THREADS, 0, s>>>(scratch, count, p, max_norm, block, norm_out, factor);
+        const bool deferred = divisor_out != NULL;
+        clip_factor_kernel<KIND><<<1, FACTOR_THREADS, 0, s>>>(scratch, count, p, max_norm, block, norm_out,
+                                                              deferred ? divisor_out : factor, deferred);
         status = ampc_cuda_launched("launching the clipping kernel");
     }
-    if (status == AMPC_OK)
+    if (status == AMPC_OK && divisor_out == NULL)
         status = unscale_pass(grads, n, NULL, 0, false, factor, s);
     const int freed = ampc_cuda_free(device, scratch, nbytes, s);
     return status != AMPC_OK ? status : freed;
@@ -518,7 +524,7 @@ extern "C" int ampc_cuda_unscale(int device, void *stream, const ampc_grad_ref *
 
 extern "C" int ampc_cuda_unscale_clip(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
                                       ampc_scaler_block *block, int slot, double max_norm, double norm_type,
-                                      float *norm_out)
+                                      float *norm_out, float *divisor_out)
 {
     ampc_device_guard guard;
     int status = ampc_device_enter(device, &guard);
@@ -526,13 +532,17 @@ extern "C" int ampc_cuda_unscale_clip(int device, void *stream, const ampc_grad_
         return status;
     cudaStream_t s = (cudaStream_t)stream;
     if (norm_type == 2.0)
-        status = unscale_clip<NORM_2>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out);
+        status = unscale_clip<NORM_2>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
+                                          divisor_out);
     else if (norm_type == 1.0)
-        status = unscale_clip<NORM_1>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out);
+        status = unscale_clip<NORM_1>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
+                                          divisor_out);
     else if (isinf(norm_type))
-        status = unscale_clip<NORM_INF>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out);
+        status = unscale_clip<NORM_INF>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
+                                          divisor_out);
     else
-        status = unscale_clip<NORM_P>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out);
+        status = unscale_clip<NORM_P>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
+                                          divisor_out);
     ampc_device_leave(&guard);
     return status;
 }

@@ -16,7 +16,8 @@
  *
  * Beyond torch, all off by default: min_scale / max_scale, hysteresis,
  * stats(), overflow_report(), and unscale_(..., max_norm=) which clips in the
- * same pass.
+ * same pass, or with defer=True leaves the division to the optimizer's fused
+ * step.
  */
 #include "ampc.h"
 
@@ -42,6 +43,7 @@ typedef struct {
 
 typedef struct {
     int stage;
+    PyObject *divisor;          /* after unscale_(defer=True): the step's grad_scale */
     int nfound;
     struct {
         int memory;             /* index into ScalerObject.memory */
@@ -202,7 +204,9 @@ static int refresh_scale(ampc_state *st, ScalerObject *self, int m)
 
 static void opt_state_free(PyObject *capsule)
 {
-    PyMem_Free(PyCapsule_GetPointer(capsule, OPT_STATE_CAPSULE));
+    opt_state *s = PyCapsule_GetPointer(capsule, OPT_STATE_CAPSULE);
+    Py_XDECREF(s->divisor);
+    PyMem_Free(s);
 }
 
 /* The optimizer's state, created READY when `create`; NULL without an
@@ -281,26 +285,37 @@ static PyObject *float32_scalar(ampc_state *st, ampc_device device, float value)
     return a;
 }
 
-/* CPU gradients: check and unscale, or with max_norm > 0 also clip in the
- * same pass (the norm read first, then one read and write per element with
- * inv_scale times the clipping coefficient), the norm returned in *norm_out. */
-static int cpu_unscale(ampc_state *st, const ampc_grad_ref *refs, int64_t count, float inv, int check_only,
-                       double max_norm, double norm_type, int *nonfinite, PyObject **norm_out)
+/* unscale_(max_norm=...): how to clip, and what comes back. */
+typedef struct {
+    double max_norm;
+    double norm_type;
+    int deferred;               /* leave the gradients scaled; the step divides by `divisor` */
+    PyObject *norm;             /* out: a 0-d float32 on the gradients' device */
+    PyObject *divisor;          /* out, when deferred: likewise */
+} clip_request;
+
+static void clip_request_clear(clip_request *clip)
 {
+    Py_CLEAR(clip->norm);
+    Py_CLEAR(clip->divisor);
+}
+
+/* CPU gradients: check and unscale. With a clip request, the norm pass
+ * first, then (unless deferred) one read and write per element with the
+ * clipping multiplier. */
+static int cpu_unscale(ampc_state *st, const ampc_grad_ref *refs, int64_t count, float scale, int check_only,
+                       clip_request *clip, int *nonfinite)
+{
+    const float inv = check_only ? 1.0f : ampc_inv_scale(scale);
     int status;
-    double norm = 0;
+    double norm = 0, coef = 1;
     Py_BEGIN_ALLOW_THREADS
-    if (max_norm > 0) {
-        status = ampc_grad_norm_cpu(refs, count, inv, norm_type, nonfinite, &norm);
-        if (status == 0) {
-            /* torch's clip_grad_norm_: coefficient max_norm / (norm + 1e-6),
-             * at most 1. Where the norm is not finite the step is skipped
-             * anyway; the gradients are then only unscaled. */
-            double coef = max_norm / (norm + 1e-6);
-            if (!(coef < 1.0) || !isfinite(norm))
-                coef = 1.0;
+    if (clip != NULL) {
+        status = ampc_grad_norm_cpu(refs, count, inv, clip->norm_type, nonfinite, &norm);
+        coef = ampc_clip_coef(norm, clip->max_norm);
+        if (status == 0 && !clip->deferred) {
             int unused;
-            status = ampc_unscale_cpu(refs, count, (float)((double)inv * coef), 0, &unused);
+            status = ampc_unscale_cpu(refs, count, ampc_clip_multiplier(scale, coef), 0, &unused);
         }
     }
     else {
@@ -311,9 +326,11 @@ static int cpu_unscale(ampc_state *st, const ampc_grad_ref *refs, int64_t count,
         PyErr_NoMemory();
         return -1;
     }
-    if (max_norm > 0) {
-        *norm_out = float32_scalar(st, (ampc_device){AMPC_DEVICE_CPU, 0}, (float)norm);
-        if (*norm_out == NULL)
+    if (clip != NULL) {
+        const ampc_device cpu = {AMPC_DEVICE_CPU, 0};
+        if ((clip->norm = float32_scalar(st, cpu, (float)norm)) == NULL)
+            return -1;
+        if (clip->deferred && (clip->divisor = float32_scalar(st, cpu, ampc_clip_divisor(scale, coef))) == NULL)
             return -1;
     }
     return 0;
@@ -336,32 +353,31 @@ static int order_grads(ampc_state *st, const ampc_grads *g, int d, void *stream,
 }
 
 /* GPU gradients of one device: unscale, check and clip in the fused passes
- * of cuda/scaler.cu; the norm stays on the device (a new 0-d float32 array
- * in *norm_out), so nothing waits. block NULL: gradients that are not
- * scaled. The caller orders the gradients' streams around it. */
+ * of cuda/scaler.cu; the norm (and a deferred divisor) stay on the device as
+ * new 0-d float32 arrays, so nothing waits. block NULL: gradients that are
+ * not scaled. The caller orders the gradients' streams around it. */
 static int gpu_unscale_clip(ampc_state *st, ampc_device device, void *stream, const ampc_grad_ref *refs,
-                            int64_t count, ampc_scaler_block *block, int slot, double max_norm, double norm_type,
-                            PyObject **norm_out)
+                            int64_t count, ampc_scaler_block *block, int slot, clip_request *clip)
 {
-    ampc_view v;
-    PyObject *norm = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &v);
-    if (norm == NULL)
+    ampc_view norm, divisor;
+    clip->norm = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &norm);
+    if (clip->norm == NULL)
         return -1;
-    const int status = st->cuda->unscale_clip(device.index, stream, refs, count, block, slot, max_norm, norm_type,
-                                              (float *)v.data);
-    if (status != AMPC_OK) {
-        Py_DECREF(norm);
-        return ampc_cuda_raise(st, status, "unscale_");
-    }
-    *norm_out = norm;
-    return 0;
+    if (clip->deferred && (clip->divisor = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &divisor)) == NULL)
+        return -1;
+    const int status = st->cuda->unscale_clip(device.index, stream, refs, count, block, slot, clip->max_norm,
+                                              clip->norm_type, (float *)norm.data,
+                                              clip->deferred ? (float *)divisor.data : NULL);
+    return status == AMPC_OK ? 0 : ampc_cuda_raise(st, status, "unscale_");
 }
 
-/* unscale_(max_norm=) on a disabled scaler: clip only. */
-static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, double max_norm, double norm_type)
+/* unscale_(max_norm=) on a disabled scaler: clip only (never deferred: a
+ * disabled scaler's step() is the optimizer's own). */
+static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, clip_request *clip)
 {
     ampc_grads g = {0};
-    PyObject *norm = NULL;
+    int rc = -1;
+    clip->deferred = 0;
     if (ampc_grads_collect(st, optimizer, 1, 1, &g) < 0)
         return NULL;
     if (g.ndevices > 1) {
@@ -369,26 +385,28 @@ static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, double max_n
     }
     else if (g.ndevices == 1 && g.devices[0].type == AMPC_DEVICE_CUDA) {
         void *stream = ampc_current_stream(g.devices[0].index, NULL);
-        if (order_grads(st, &g, 0, stream, 1) == 0 &&
-            gpu_unscale_clip(st, g.devices[0], stream, g.refs, g.n, NULL, 0, max_norm, norm_type, &norm) == 0 &&
-            order_grads(st, &g, 0, stream, 0) < 0)
-            Py_CLEAR(norm);
+        rc = order_grads(st, &g, 0, stream, 1) == 0 &&
+                     gpu_unscale_clip(st, g.devices[0], stream, g.refs, g.n, NULL, 0, clip) == 0 &&
+                     order_grads(st, &g, 0, stream, 0) == 0
+                 ? 0 : -1;
     }
     else {
         int nonfinite;
-        if (cpu_unscale(st, g.refs, g.n, 1.0f, 0, max_norm, norm_type, &nonfinite, &norm) == 0 && norm == NULL)
-            norm = float32_scalar(st, (ampc_device){AMPC_DEVICE_CPU, 0}, 0.0f);
+        rc = cpu_unscale(st, g.refs, g.n, 1.0f, 0, clip, &nonfinite);
     }
     ampc_grads_release(&g);
+    if (rc < 0)
+        clip_request_clear(clip);
+    PyObject *norm = clip->norm;
+    clip->norm = NULL;
     return norm;
 }
 
 /* Check (and unless check_only, unscale) the optimizer's gradients, device
- * by device, recording a flag slot per device in `os`. With max_norm > 0,
- * clip to the total norm in the same pass and return it in *norm_out. */
+ * by device, recording a flag slot per device in `os`. With a clip request
+ * (one device only), clip to the total norm in the same passes. */
 static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer, opt_state *os,
-                         int check_only, int allow_fp16, double max_norm, double norm_type,
-                         PyObject **norm_out)
+                         int check_only, int allow_fp16, clip_request *clip)
 {
     ampc_grads g = self->scratch;  /* moved out while in use, and back at the end */
     memset(&self->scratch, 0, sizeof self->scratch);
@@ -401,7 +419,7 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
             goto done;
     if (reserve_flags(self, mem, g.ndevices) < 0)
         goto done;
-    if (max_norm > 0 && g.ndevices > 1) {
+    if (clip != NULL && g.ndevices > 1) {
         PyErr_SetString(PyExc_ValueError, "unscale_(max_norm=...): the gradients must be on one device");
         goto done;
     }
@@ -421,9 +439,8 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
             void *stream = stream_for(m);
             if (order_grads(st, &g, d, stream, 1) < 0)
                 goto done;
-            if (max_norm > 0) {
-                if (gpu_unscale_clip(st, m->device, stream, refs, count, m->block, slot, max_norm, norm_type,
-                                     norm_out) < 0)
+            if (clip != NULL) {
+                if (gpu_unscale_clip(st, m->device, stream, refs, count, m->block, slot, clip) < 0)
                     goto done;
             }
             else {
@@ -439,21 +456,20 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
                 goto done;
             continue;
         }
-        const float inv = check_only ? 1.0f : ampc_inv_scale(m->block->scale);
         int nonfinite = 0;
-        if (cpu_unscale(st, refs, count, inv, check_only, max_norm, norm_type, &nonfinite, norm_out) < 0)
+        if (cpu_unscale(st, refs, count, m->block->scale, check_only, clip, &nonfinite) < 0)
             goto done;
         m->block->flags[slot] = nonfinite ? 1.0f : 0.0f;
     }
-    if (max_norm > 0 && *norm_out == NULL) {  /* no gradients: the norm of nothing */
-        *norm_out = float32_scalar(st, self->memory[0].device, 0.0f);
-        if (*norm_out == NULL)
+    if (clip != NULL && clip->norm == NULL) {  /* no gradients: the norm of nothing, nothing to divide */
+        clip->norm = float32_scalar(st, self->memory[0].device, 0.0f);
+        if (clip->norm == NULL)
             goto done;
     }
     rc = 0;
 done:
-    if (rc < 0 && norm_out != NULL)
-        Py_CLEAR(*norm_out);
+    if (rc < 0 && clip != NULL)
+        clip_request_clear(clip);
     ampc_grads_clear(&g);
     if (self->scratch.entries == NULL)
         self->scratch = g;
@@ -884,14 +900,46 @@ static PyObject *Scaler_scale(PyObject *op, PyObject *outputs)
 
 static PyTypeObject *param_type(PyObject *optimizer);
 
+/* The legacy fused-optimizer contract: step(..., grad_scaler=self). */
+static int takes_grad_scaler(PyObject *optimizer)
+{
+    PyObject *amp = PyImport_ImportModule("ampc.amp");
+    PyObject *r = amp ? PyObject_CallMethod(amp, "_step_takes_grad_scaler", "O", optimizer) : NULL;
+    Py_XDECREF(amp);
+    if (r == NULL)
+        return -1;
+    const int yes = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return yes;
+}
+
+enum { AMP_PLAIN, AMP_FUSED, AMP_LEGACY };
+
+/* How an optimizer takes part in scaling: AMP_PLAIN, the scaler unscales
+ * and skips for it; AMP_FUSED, it takes grad_scale and found_inf itself
+ * (torch's _step_supports_amp_scaling); AMP_LEGACY, step(grad_scaler=self).
+ * -1 on error. */
+static int amp_kind(PyObject *optimizer)
+{
+    PyObject *supports = PyObject_GetAttrString(optimizer, "_step_supports_amp_scaling");
+    const int fused = supports != NULL && PyObject_IsTrue(supports) == 1;
+    Py_XDECREF(supports);
+    PyErr_Clear();
+    if (!fused)
+        return AMP_PLAIN;
+    const int legacy = takes_grad_scaler(optimizer);
+    return legacy < 0 ? -1 : legacy ? AMP_LEGACY : AMP_FUSED;
+}
+
 static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"optimizer", "max_norm", "norm_type", NULL};
+    static char *kwlist[] = {"optimizer", "max_norm", "norm_type", "defer", NULL};
     ScalerObject *self = SCALER(op);
     ampc_state *st = state_of(op);
     PyObject *optimizer, *max_norm_obj = Py_None, *norm_type_obj = NULL, *norm = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OO:unscale_", kwlist, &optimizer, &max_norm_obj,
-                                     &norm_type_obj))
+    int defer = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OOp:unscale_", kwlist, &optimizer, &max_norm_obj,
+                                     &norm_type_obj, &defer))
         return NULL;
     double max_norm = 0, norm_type = 2.0;
     if (max_norm_obj != Py_None) {
@@ -910,12 +958,17 @@ static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
             return NULL;
         }
     }
+    if (defer && max_norm == 0) {
+        PyErr_SetString(PyExc_ValueError, "unscale_: defer=True defers clipping and needs max_norm");
+        return NULL;
+    }
+    clip_request clip = {max_norm, norm_type, defer, NULL, NULL};
     if (!self->enabled) {
         if (max_norm == 0)
             Py_RETURN_NONE;
         /* Disabled, the gradients are not scaled, but clipping still clips:
          * the same user code runs with and without mixed precision. */
-        norm = clip_unscaled(st, optimizer, max_norm, norm_type);
+        norm = clip_unscaled(st, optimizer, &clip);
         PyTypeObject *like = norm ? param_type(optimizer) : NULL;
         return like ? ampc_return_as(st, norm, like) : norm;
     }
@@ -933,9 +986,19 @@ static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_RuntimeError, "unscale_() is being called after step().");
         return NULL;
     }
-    if (unscale_grads(st, self, optimizer, os, 0, 0, max_norm, norm_type, &norm) < 0)
+    if (defer) {
+        /* Only an optimizer that divides by grad_scale itself can take the
+         * division over; for any other, clip now. */
+        const int kind = amp_kind(optimizer);
+        if (kind < 0)
+            return NULL;
+        clip.deferred = kind == AMP_FUSED;
+    }
+    if (unscale_grads(st, self, optimizer, os, 0, 0, max_norm > 0 ? &clip : NULL) < 0)
         return NULL;
     os->stage = UNSCALED;
+    Py_XSETREF(os->divisor, clip.divisor);
+    norm = clip.norm;
     if (norm == NULL)
         Py_RETURN_NONE;
     /* The norm comes back as the gradients' own array type, as clip_grad_norm_'s does. */
@@ -1031,19 +1094,6 @@ static PyObject *with_found(PyObject *retval, int return_found_inf, PyObject *fo
     return t;
 }
 
-/* The legacy fused-optimizer contract: step(..., grad_scaler=self). */
-static int takes_grad_scaler(PyObject *optimizer)
-{
-    PyObject *amp = PyImport_ImportModule("ampc.amp");
-    PyObject *r = amp ? PyObject_CallMethod(amp, "_step_takes_grad_scaler", "O", optimizer) : NULL;
-    Py_XDECREF(amp);
-    if (r == NULL)
-        return -1;
-    const int yes = PyObject_IsTrue(r);
-    Py_DECREF(r);
-    return yes;
-}
-
 static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
 {
     ScalerObject *self = SCALER(op);
@@ -1083,15 +1133,11 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
         goto done;
     }
 
-    PyObject *supports = PyObject_GetAttrString(optimizer, "_step_supports_amp_scaling");
-    const int fused = supports != NULL && PyObject_IsTrue(supports) == 1;
-    Py_XDECREF(supports);
-    PyErr_Clear();
-    if (fused) {
-        const int legacy = takes_grad_scaler(optimizer);
-        if (legacy < 0)
-            goto done;
-        if (legacy) {
+    const int kind = amp_kind(optimizer);
+    if (kind < 0)
+        goto done;
+    if (kind != AMP_PLAIN) {
+        if (kind == AMP_LEGACY) {
             if (PyErr_WarnEx(PyExc_FutureWarning,
                              "GradScaler is going to stop passing itself as a keyword argument to the passed "
                              "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
@@ -1105,20 +1151,25 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
             result = with_found(retval, return_found_inf, Py_False);
             goto done;
         }
-        if (os->stage == READY && unscale_grads(st, self, optimizer, os, 1, 1, 0, 0, NULL) < 0)
+        if (os->stage == READY && unscale_grads(st, self, optimizer, os, 1, 1, NULL) < 0)
             goto done;
         PyTypeObject *like = param_type(optimizer);
         found = combined_found(st, self, os, like);
         if (found == NULL)
             goto done;
         PyObject *grad_scale;
-        if (os->stage == UNSCALED) {
+        if (os->stage == UNSCALED && os->divisor == NULL) {
             /* Already unscaled: the optimizer must not divide again. */
             grad_scale = PyObject_HasAttrString(optimizer, "grad_scale")
                              ? PyObject_GetAttrString(optimizer, "grad_scale") : Py_NewRef(Py_None);
         }
         else {
-            grad_scale = float_view(st, self, 0, &self->memory[0].block->scale, like);
+            /* Still scaled: the scale, or after a deferred clip the scale
+             * over the clipping coefficient. */
+            if (os->divisor != NULL)
+                grad_scale = like ? ampc_return_as(st, Py_NewRef(os->divisor), like) : Py_NewRef(os->divisor);
+            else
+                grad_scale = float_view(st, self, 0, &self->memory[0].block->scale, like);
             if (grad_scale != NULL && PyObject_HasAttrString(optimizer, "grad_scale")) {
                 PyObject *user = PyObject_GetAttrString(optimizer, "grad_scale");
                 PyObject *product = user ? PyNumber_Multiply(grad_scale, user) : NULL;
@@ -1148,7 +1199,7 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
     }
 
     if (os->stage == READY) {
-        if (unscale_grads(st, self, optimizer, os, 0, 0, 0, 0, NULL) < 0)
+        if (unscale_grads(st, self, optimizer, os, 0, 0, NULL) < 0)
             goto done;
         os->stage = UNSCALED;
     }
@@ -1722,7 +1773,7 @@ static PyObject *Scaler_check_inf_per_device(PyObject *op, PyObject *optimizer)
     if (check_scale(self, "_check_inf_per_device") < 0)
         return NULL;
     opt_state *os = get_opt_state(self, optimizer, 1);
-    if (os == NULL || unscale_grads(state_of(op), self, optimizer, os, 1, 1, 0, 0, NULL) < 0)
+    if (os == NULL || unscale_grads(state_of(op), self, optimizer, os, 1, 1, NULL) < 0)
         return NULL;
     return Scaler_found_inf_per_device(op, optimizer);
 }
@@ -1743,9 +1794,12 @@ PyDoc_STRVAR(Scaler_doc,
 static PyMethodDef Scaler_methods[] = {
     {"scale", Scaler_scale, METH_O, "scale($self, outputs, /)\n--\n\noutputs times the scale (nested lists, tuples and iterables too)."},
     {"unscale_", (PyCFunction)(void (*)(void))Scaler_unscale_, METH_VARARGS | METH_KEYWORDS,
-     "unscale_($self, optimizer, /, *, max_norm=None, norm_type=2.0)\n--\n\n"
+     "unscale_($self, optimizer, /, *, max_norm=None, norm_type=2.0, defer=False)\n--\n\n"
      "Divide the optimizer's gradients by the scale in place and check them for inf/NaN; with max_norm, also clip\n"
-     "them to that total norm in the same pass and return the norm."},
+     "them to that total norm in the same pass and return the norm. With defer=True, for an optimizer that takes\n"
+     "grad_scale itself (ampc.optim, torch's fused optimizers), only read the gradients for the check and the\n"
+     "norm; step() then hands the optimizer scale / clip coefficient as its grad_scale, and its fused step\n"
+     "writes the unscaled, clipped gradients back. Until then .grad still holds the scaled gradients."},
     {"step", (PyCFunction)(void (*)(void))Scaler_step, METH_VARARGS | METH_KEYWORDS,
      "step($self, optimizer, /, *args, return_found_inf=False, **kwargs)\n--\n\n"
      "optimizer.step(*args, **kwargs) unless an inf or NaN was found."},

@@ -100,4 +100,24 @@ AMPC_RULE_FN void ampc_update_scale(ampc_scaler_block *b, float found_inf, const
 /* The reciprocal as torch takes it: in float64, then rounded to float32. */
 AMPC_RULE_FN float ampc_inv_scale(float scale) { return (float)(1.0 / (double)scale); }
 
+/* torch.nn.utils.clip_grad_norm_'s coefficient max_norm / (norm + 1e-6), at
+ * most 1. Where the norm is not finite the step is skipped anyway, and the
+ * coefficient is 1: the gradients are only unscaled. */
+AMPC_RULE_FN double ampc_clip_coef(double norm, double max_norm)
+{
+    const double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 && norm <= 1.7976931348623157e308 ? coef : 1.0;
+}
+
+/* What a clipping pass multiplies the scaled gradients by: inv_scale times
+ * the coefficient, rounded once. */
+AMPC_RULE_FN float ampc_clip_multiplier(float scale, double coef)
+{
+    return (float)((double)ampc_inv_scale(scale) * coef);
+}
+
+/* Deferred clipping: what the optimizer's fused step divides the scaled
+ * gradients by instead (the grad_scale it is given). */
+AMPC_RULE_FN float ampc_clip_divisor(float scale, double coef) { return (float)((double)scale / coef); }
+
 #endif /* AMPC_SCALER_RULE_H */

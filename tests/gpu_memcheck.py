@@ -48,6 +48,12 @@ for norm_type in (2.0, 1.0, float("inf"), 3.0):
     scaler.step(opt)
     scaler.update()
 ampc.GradScaler("cuda", enabled=False).unscale_(opt, max_norm=0.5)
+# Deferred clipping: the norm pass alone, the divisor handed to a fused step.
+fused = torch.optim.AdamW(params, fused=True)
+scaler.scale(torch.ones((), device="cuda"))
+scaler.unscale_(fused, max_norm=0.5, defer=True)
+scaler.step(fused)
+scaler.update()
 # ampc.optim: every dtype, sizes around the chunk, misaligned (scalar path) and aligned (vector path).
 from ampc import optim  # noqa: E402
 

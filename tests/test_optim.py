@@ -412,6 +412,55 @@ def test_step_counts_only_steps_that_ran():
     assert scaler.stats()["steps"] == 5 and scaler.stats()["skipped_steps"] == 2
 
 
+def total_norm(grads, inv_scale):
+    return np.sqrt(sum(float(((g.astype(np.float64) * inv_scale) ** 2).sum()) for g in grads))
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_deferred_clipping(name):
+    """unscale_(max_norm=, defer=True) only reads the gradients: .grad stays scaled until the
+    step, which gets scale / coefficient as its grad_scale and writes the unscaled, clipped
+    gradients back (one division, so within an ulp of the exact value); the parameters follow
+    the eager clip's up to that rounding; an inf skips the step and leaves the gradients
+    scaled. The scale (96, not a power of two) follows torch's rule: 96 * 2**3 * 0.5."""
+    max_norm = 0.05
+    rng = np.random.default_rng(11)
+    eager = Net(rng)
+    deferred = copy.deepcopy(eager)
+    opt_e, opt_d = OPTIMIZERS[name](eager.params()), OPTIMIZERS[name](deferred.params())
+    se, sd = (ampc.GradScaler("cpu", init_scale=96.0, growth_interval=1) for _ in range(2))
+    for i in range(4):
+        x, t = rng.standard_normal((8, 8)).astype(np.float32), rng.standard_normal((8, 8)).astype(np.float32)
+        for net, s in ((eager, se), (deferred, sd)):
+            net.backward(x, t, s.scale(np.float32(1.0)))
+            if i == SKIP_ITER:
+                net.w2.grad[3, 4] = np.inf
+        scale = sd.get_scale()
+        scaled = [p.grad.copy() for p in deferred.params()]
+        se.unscale_(opt_e, max_norm=max_norm)
+        norm = sd.unscale_(opt_d, max_norm=max_norm, defer=True)
+        for g, p in zip(scaled, deferred.params()):
+            assert_same(p.grad, g, "before the step")
+        sd.step(opt_d)
+        se.step(opt_e)
+        for s in (se, sd):
+            s.update()
+        if i == SKIP_ITER:
+            assert not np.isfinite(norm)
+            for g, p in zip(scaled, deferred.params()):
+                assert_same(p.grad, g, "after a skipped step")
+        else:
+            expected_norm = total_norm(scaled, 1.0 / scale)
+            assert float(norm) == pytest.approx(expected_norm, rel=1e-6)
+            coef = max_norm / (expected_norm + 1e-6)
+            assert coef < 0.5  # the case clips
+            for g, p in zip(scaled, deferred.params()):
+                np.testing.assert_allclose(p.grad, g.astype(np.float64) / scale * coef, rtol=2**-23, atol=0)
+        for a, b in zip(eager.params(), deferred.params()):
+            np.testing.assert_allclose(b.data, a.data, rtol=1e-5, atol=1e-7)
+    assert sd.get_scale() == se.get_scale() == 96.0 * 2**3 * 0.5
+
+
 # ---------------------------------------------------------------------------
 # torch's constructor checks, defaults and texts
 # ---------------------------------------------------------------------------

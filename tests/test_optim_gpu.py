@@ -320,6 +320,54 @@ def test_fused_clipping_with_an_inf_skips_and_never_waits():
     assert all(not p.data.any() for p in ours)  # skipped
 
 
+@pytest.mark.parametrize("which", ["torch", "ampc"])
+def test_deferred_clipping(which):
+    """unscale_(max_norm=, defer=True) with a fused AdamW (torch's or ampc's): the gradients
+    are only read, nothing waits, and the step divides by scale / coefficient, so it writes
+    back the unscaled, clipped gradients (within one division's rounding of the float64 value)
+    and the parameters follow torch's recipe (unscale_, clip_grad_norm_, fused AdamW)."""
+    theirs, _ = clip_case(3)
+    mine = [p.grad for p in clip_case(3)[1]]
+    scaled = [g.clone() for g in mine]
+    if which == "torch":
+        ours = [torch.nn.Parameter(torch.zeros_like(g)) for g in mine]
+        for p, g in zip(ours, mine):
+            p.grad = g
+        opt_o = torch.optim.AdamW(ours, lr=1e-2, fused=True)
+    else:
+        ours = [optim.Parameter(torch.zeros_like(g)) for g in mine]
+        for p, g in zip(ours, mine):
+            p.grad = g
+        opt_o = optim.AdamW(ours, lr=1e-2)
+    opt_t = torch.optim.AdamW(theirs, lr=1e-2, fused=True)
+    st, so = torch.amp.GradScaler("cuda", init_scale=512.0), ampc.GradScaler("cuda", init_scale=512.0)
+    for s in (st, so):
+        s.scale(torch.ones((), device="cuda"))
+    st.unscale_(opt_t)
+    expected_norm = torch.nn.utils.clip_grad_norm_(theirs, 5.0, foreach=True)
+    st.step(opt_t)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)
+    start = torch.cuda.Event()
+    start.record()
+    norm = so.unscale_(opt_o, max_norm=5.0, defer=True)
+    # Compared on the device, between unscale_ and step, without waiting.
+    still_scaled = torch.stack([(p.grad == g).all() for p, g in zip(ours, scaled)]).all()
+    so.step(opt_o)
+    so.update()
+    assert not start.query()
+    assert still_scaled.item()
+    norm_ref = reference_norm([g.double() / 512 for g in scaled], 2.0)
+    assert norm.item() == pytest.approx(norm_ref, rel=1e-6)
+    torch.testing.assert_close(norm, expected_norm, rtol=1e-5, atol=0)
+    coef = 5.0 / (norm_ref + 1e-6)
+    assert coef < 0.1
+    for g, q in zip(scaled, ours):
+        torch.testing.assert_close(q.grad.double(), g.double() / 512 * coef, rtol=1.5e-7, atol=0)
+    for p, q in zip(theirs, ours):
+        torch.testing.assert_close(q.data, p.data, rtol=1e-5, atol=1e-7)
+
+
 def test_fused_clipping_on_a_disabled_scaler_clips():
     theirs, ours = clip_case(2)
     expected = torch.nn.utils.clip_grad_norm_(theirs, 0.5)

@@ -477,7 +477,10 @@ def test_scaling_case(momentum, pickle_each_iter):
     run_case(plain_body, 3, 1, momentum=momentum, pickle_each_iter=pickle_each_iter)
 
 
-def test_scaling_case_with_separate_unscale_and_fused_clipping():
+@pytest.mark.parametrize("defer", [False, True])
+def test_scaling_case_with_separate_unscale_and_fused_clipping(defer):
+    """defer=True with an optimizer that does not take grad_scale itself clips at once,
+    exactly as without it."""
     max_norm = 0.2
 
     def control_clip(model):
@@ -499,7 +502,7 @@ def test_scaling_case_with_separate_unscale_and_fused_clipping():
             scaled.loss_and_backward(x, t, seed=scaler.scale(np.float32(1.0)))
             if i == SKIP_ITER and enabled:
                 scaled.layers[1][0].grad[...] = np.inf
-            norm = scaler.unscale_(opt_s, max_norm=max_norm)
+            norm = scaler.unscale_(opt_s, max_norm=max_norm, defer=defer)
             assert isinstance(norm, np.ndarray) and norm.dtype == np.float32
             if i != SKIP_ITER or not enabled:
                 assert float(norm) == pytest.approx(expected_norm, rel=1e-6)
@@ -509,6 +512,17 @@ def test_scaling_case_with_separate_unscale_and_fused_clipping():
             scaler.update()
         for a, b in zip(params_of(control), params_of(scaled)):
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # one rounding fused where the control has two
+
+
+def test_defer_needs_max_norm_and_changes_nothing():
+    g = np.full(3, 8.0, np.float32)
+    opt = opt_with(g)
+    s = cpu_scaler()
+    with pytest.raises(ValueError, match="defer=True defers clipping and needs max_norm"):
+        s.unscale_(opt, defer=True)
+    np.testing.assert_array_equal(g, 8.0)
+    s.unscale_(opt)  # still READY
+    np.testing.assert_array_equal(g, 8.0 / 128)
 
 
 def test_scaling_case_accumulation():
