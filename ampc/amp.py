@@ -3,6 +3,7 @@ adds what torch has beside it."""
 
 import enum
 import inspect
+import weakref
 
 from ampc._C import GradScaler
 
@@ -17,9 +18,26 @@ class OptState(enum.Enum):
     STEPPED = 2
 
 
+# step function -> whether it takes grad_scaler=; inspect.signature costs tens of microseconds,
+# and GradScaler asks at every step of a fused optimizer.
+_takes_grad_scaler = weakref.WeakKeyDictionary()
+
+
 def _step_takes_grad_scaler(optimizer):
     """The legacy fused-optimizer contract: does optimizer.step take grad_scaler=?"""
+    step = optimizer.step
+    function = getattr(step, "__func__", None)  # the same answer for every instance's bound step
+    if function is not None:
+        known = _takes_grad_scaler.get(function)
+        if known is not None:
+            return known
     try:
-        return "grad_scaler" in inspect.signature(optimizer.step).parameters
+        takes = "grad_scaler" in inspect.signature(step).parameters
     except (TypeError, ValueError):
-        return False
+        takes = False
+    if function is not None:
+        try:
+            _takes_grad_scaler[function] = takes
+        except TypeError:  # not weakly referable
+            pass
+    return takes
