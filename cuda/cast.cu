@@ -260,18 +260,14 @@ extern "C" int ampc_cuda_cast(int device, void *stream, const ampc_loop *loop, a
 {
     if (loop->numel == 0)
         return AMPC_OK;
-    ampc_device_guard guard;
-    int status = ampc_device_enter(device, &guard);
-    if (status != AMPC_OK)
-        return status;
     cudaStream_t s = (cudaStream_t)stream;
-    switch (src) {
-    case AMPC_FLOAT32: status = dispatch_dst<F32>(dst, loop, s); break;
-    case AMPC_FLOAT16: status = dispatch_dst<F16>(dst, loop, s); break;
-    case AMPC_BFLOAT16: status = dispatch_dst<BF16>(dst, loop, s); break;
-    case AMPC_FLOAT64: status = dispatch_dst<F64>(dst, loop, s); break;
-    default: status = ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d is not floating", (int)src);
-    }
-    ampc_device_leave(&guard);
-    return status;
+    return ampc_on_device(device, [&] {
+        switch (src) {
+        case AMPC_FLOAT32: return dispatch_dst<F32>(dst, loop, s);
+        case AMPC_FLOAT16: return dispatch_dst<F16>(dst, loop, s);
+        case AMPC_BFLOAT16: return dispatch_dst<BF16>(dst, loop, s);
+        case AMPC_FLOAT64: return dispatch_dst<F64>(dst, loop, s);
+        default: return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d is not floating", (int)src);
+        }
+    });
 }

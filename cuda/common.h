@@ -40,6 +40,20 @@ void ampc_device_leave(const ampc_device_guard *guard);
 
 #ifdef __cplusplus
 }
+
+/* Run body() (returning an ampc_status) with `device` current, restoring the
+ * caller's device after it: the frame of every entry point in cuda/. */
+template <class Body>
+int ampc_on_device(int device, Body body)
+{
+    ampc_device_guard guard;
+    const int entered = ampc_device_enter(device, &guard);
+    if (entered != AMPC_OK)
+        return entered;
+    const int status = body();
+    ampc_device_leave(&guard);
+    return status;
+}
 #endif
 
 #endif /* AMPC_CUDA_COMMON_H */

@@ -323,13 +323,7 @@ int launch_tables(const ampc_optim_ref *refs, int64_t n, Launch launch)
 template <class Launch>
 int for_each_table(int device, const ampc_optim_ref *refs, int64_t n, Launch launch)
 {
-    ampc_device_guard guard;
-    const int entered = ampc_device_enter(device, &guard);
-    if (entered != AMPC_OK)
-        return entered;
-    const int status = launch_tables(refs, n, launch);
-    ampc_device_leave(&guard);
-    return status;
+    return ampc_on_device(device, [&] { return launch_tables(refs, n, launch); });
 }
 
 }  // namespace

@@ -510,54 +510,37 @@ int unscale_clip(int device, cudaStream_t s, const ampc_grad_ref *grads, int64_t
 extern "C" int ampc_cuda_unscale(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
                                  ampc_scaler_block *block, int slot, int check_only)
 {
-    ampc_device_guard guard;
-    int status = ampc_device_enter(device, &guard);
-    if (status != AMPC_OK)
-        return status;
     cudaStream_t s = (cudaStream_t)stream;
-    status = zero_flag(block, slot, s);
-    if (status == AMPC_OK)
-        status = unscale_pass(grads, n, block, slot, check_only != 0, NULL, s);
-    ampc_device_leave(&guard);
-    return status;
+    return ampc_on_device(device, [&] {
+        const int status = zero_flag(block, slot, s);
+        return status != AMPC_OK ? status : unscale_pass(grads, n, block, slot, check_only != 0, NULL, s);
+    });
 }
 
 extern "C" int ampc_cuda_unscale_clip(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
                                       ampc_scaler_block *block, int slot, double max_norm, double norm_type,
                                       float *norm_out, float *divisor_out)
 {
-    ampc_device_guard guard;
-    int status = ampc_device_enter(device, &guard);
-    if (status != AMPC_OK)
-        return status;
     cudaStream_t s = (cudaStream_t)stream;
-    if (norm_type == 2.0)
-        status = unscale_clip<NORM_2>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
+    return ampc_on_device(device, [&] {
+        if (norm_type == 2.0)
+            return unscale_clip<NORM_2>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out, divisor_out);
+        if (norm_type == 1.0)
+            return unscale_clip<NORM_1>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out, divisor_out);
+        if (isinf(norm_type))
+            return unscale_clip<NORM_INF>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
                                           divisor_out);
-    else if (norm_type == 1.0)
-        status = unscale_clip<NORM_1>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
-                                          divisor_out);
-    else if (isinf(norm_type))
-        status = unscale_clip<NORM_INF>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
-                                          divisor_out);
-    else
-        status = unscale_clip<NORM_P>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out,
-                                          divisor_out);
-    ampc_device_leave(&guard);
-    return status;
+        return unscale_clip<NORM_P>(device, s, grads, n, block, slot, max_norm, norm_type, norm_out, divisor_out);
+    });
 }
 
 extern "C" int ampc_cuda_update_scale(int device, void *stream, ampc_scaler_block *block, int nflags,
                                       const ampc_scale_rule *rule)
 {
-    ampc_device_guard guard;
-    int status = ampc_device_enter(device, &guard);
-    if (status != AMPC_OK)
-        return status;
-    update_scale_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(block, nflags, *rule);
-    status = ampc_cuda_launched("launching the update kernel");
-    ampc_device_leave(&guard);
-    return status;
+    return ampc_on_device(device, [&] {
+        update_scale_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(block, nflags, *rule);
+        return ampc_cuda_launched("launching the update kernel");
+    });
 }
 
 extern "C" int ampc_cuda_scale_mul(int device, void *stream, const ampc_loop *loop, ampc_dtype dst, ampc_dtype src,
@@ -565,15 +548,11 @@ extern "C" int ampc_cuda_scale_mul(int device, void *stream, const ampc_loop *lo
 {
     if (loop->numel == 0)
         return AMPC_OK;
-    ampc_device_guard guard;
-    int status = ampc_device_enter(device, &guard);
-    if (status != AMPC_OK)
-        return status;
-    scale_mul_kernel<<<strided_blocks(loop->numel, BLOCK), BLOCK, 0, (cudaStream_t)stream>>>(
-        loop->data[0], loop->data[1], loop->numel, dst, src, strided_layout(loop), scale);
-    status = ampc_cuda_launched("launching the scale kernel");
-    ampc_device_leave(&guard);
-    return status;
+    return ampc_on_device(device, [&] {
+        scale_mul_kernel<<<strided_blocks(loop->numel, BLOCK), BLOCK, 0, (cudaStream_t)stream>>>(
+            loop->data[0], loop->data[1], loop->numel, dst, src, strided_layout(loop), scale);
+        return ampc_cuda_launched("launching the scale kernel");
+    });
 }
 
 extern "C" int ampc_cuda_count_nonfinite(int device, void *stream, const ampc_grad_ref *grads, int64_t n,
@@ -581,36 +560,33 @@ extern "C" int ampc_cuda_count_nonfinite(int device, void *stream, const ampc_gr
 {
     if (n == 0)
         return AMPC_OK;
-    ampc_device_guard guard;
-    int status = ampc_device_enter(device, &guard);
-    if (status != AMPC_OK)
-        return status;
-    cudaStream_t s = (cudaStream_t)stream;
-    const size_t nbytes = (size_t)n * sizeof(unsigned long long);
-    unsigned long long *dev_counts = NULL;
-    status = ampc_cuda_alloc(device, nbytes, stream, (void **)&dev_counts);
-    if (status == AMPC_OK) {
-        cudaError_t err = cudaMemsetAsync(dev_counts, 0, nbytes, s);
-        for (int64_t i = 0; err == cudaSuccess && i < n; i++) {
-            const ampc_grad_ref *g = &grads[i];
-            if (g->numel == 0)
-                continue;
-            StridedLayout layout;
-            layout.ndim = 0;
-            if (g->loop)
-                layout = strided_layout(g->loop);
-            count_nonfinite_kernel<<<strided_blocks(g->numel, BLOCK), BLOCK, 0, s>>>(
-                g->loop ? g->loop->data[0] : g->data, g->numel, g->dtype, layout, g->loop == NULL, &dev_counts[i]);
-            err = cudaGetLastError();
+    return ampc_on_device(device, [&] {
+        cudaStream_t s = (cudaStream_t)stream;
+        const size_t nbytes = (size_t)n * sizeof(unsigned long long);
+        unsigned long long *dev_counts = NULL;
+        int status = ampc_cuda_alloc(device, nbytes, stream, (void **)&dev_counts);
+        if (status == AMPC_OK) {
+            cudaError_t err = cudaMemsetAsync(dev_counts, 0, nbytes, s);
+            for (int64_t i = 0; err == cudaSuccess && i < n; i++) {
+                const ampc_grad_ref *g = &grads[i];
+                if (g->numel == 0)
+                    continue;
+                StridedLayout layout;
+                layout.ndim = 0;
+                if (g->loop)
+                    layout = strided_layout(g->loop);
+                count_nonfinite_kernel<<<strided_blocks(g->numel, BLOCK), BLOCK, 0, s>>>(
+                    g->loop ? g->loop->data[0] : g->data, g->numel, g->dtype, layout, g->loop == NULL, &dev_counts[i]);
+                err = cudaGetLastError();
+            }
+            if (err == cudaSuccess)
+                err = cudaMemcpyAsync(counts, dev_counts, nbytes, cudaMemcpyDeviceToHost, s);
+            if (err == cudaSuccess)
+                err = cudaStreamSynchronize(s);
+            if (err != cudaSuccess)
+                status = ampc_cuda_fail(err, "counting inf and NaN");
+            ampc_cuda_free(device, dev_counts, nbytes, stream);
         }
-        if (err == cudaSuccess)
-            err = cudaMemcpyAsync(counts, dev_counts, nbytes, cudaMemcpyDeviceToHost, s);
-        if (err == cudaSuccess)
-            err = cudaStreamSynchronize(s);
-        if (err != cudaSuccess)
-            status = ampc_cuda_fail(err, "counting inf and NaN");
-        ampc_cuda_free(device, dev_counts, nbytes, stream);
-    }
-    ampc_device_leave(&guard);
-    return status;
+        return status;
+    });
 }
