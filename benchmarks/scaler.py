@@ -135,17 +135,20 @@ def twins(shapes):
     return theirs, ours
 
 
+def optimizer_pair(name, theirs, ours):
+    """torch's SGD(momentum, foreach) or fused AdamW, and ampc's fused counterpart."""
+    if name == "SGD":
+        return (torch.optim.SGD(theirs, lr=1e-6, momentum=0.9, foreach=True),
+                optim.SGD(ours, lr=1e-6, momentum=0.9))
+    return torch.optim.AdamW(theirs, lr=1e-6, fused=True), optim.AdamW(ours, lr=1e-6)
+
+
 def iteration_rows(shapes, repeat, bw):
     n = sum(torch.Size(s).numel() for s in shapes)
     rows = {}
     for name, bytes_per in (("SGD", 28), ("AdamW", 36)):
         theirs, ours = twins(shapes)
-        if name == "SGD":
-            opt_t = torch.optim.SGD(theirs, lr=1e-6, momentum=0.9, foreach=True)
-            opt_o = optim.SGD(ours, lr=1e-6, momentum=0.9)
-        else:
-            opt_t = torch.optim.AdamW(theirs, lr=1e-6, fused=True)
-            opt_o = optim.AdamW(ours, lr=1e-6)
+        opt_t, opt_o = optimizer_pair(name, theirs, ours)
         loss = torch.ones((), device="cuda")
         ts, so = torch_scaler(), ampc_scaler()
 
@@ -168,8 +171,7 @@ def iteration_rows(shapes, repeat, bw):
 def clipped_iteration_row(shapes, repeat, bw):
     n = sum(torch.Size(s).numel() for s in shapes)
     theirs, ours = twins(shapes)
-    opt_t = torch.optim.AdamW(theirs, lr=1e-6, fused=True)
-    opt_o = optim.AdamW(ours, lr=1e-6)
+    opt_t, opt_o = optimizer_pair("AdamW", theirs, ours)
     loss = torch.ones((), device="cuda")
     ts, so = torch_scaler(), ampc_scaler()
 

@@ -326,18 +326,15 @@ def test_deferred_clipping(which):
     are only read, nothing waits, and the step divides by scale / coefficient, so it writes
     back the unscaled, clipped gradients (within one division's rounding of the float64 value)
     and the parameters follow torch's recipe (unscale_, clip_grad_norm_, fused AdamW)."""
-    theirs, _ = clip_case(3)
-    mine = [p.grad for p in clip_case(3)[1]]
-    scaled = [g.clone() for g in mine]
+    theirs, ours = clip_case(3)
+    scaled = [q.grad.clone() for q in ours]
     if which == "torch":
-        ours = [torch.nn.Parameter(torch.zeros_like(g)) for g in mine]
-        for p, g in zip(ours, mine):
-            p.grad = g
         opt_o = torch.optim.AdamW(ours, lr=1e-2, fused=True)
     else:
-        ours = [optim.Parameter(torch.zeros_like(g)) for g in mine]
-        for p, g in zip(ours, mine):
-            p.grad = g
+        wrapped = [optim.Parameter(q.data) for q in ours]
+        for p, q in zip(wrapped, ours):
+            p.grad = q.grad
+        ours = wrapped
         opt_o = optim.AdamW(ours, lr=1e-2)
     opt_t = torch.optim.AdamW(theirs, lr=1e-2, fused=True)
     st, so = torch.amp.GradScaler("cuda", init_scale=512.0), ampc.GradScaler("cuda", init_scale=512.0)
