@@ -30,3 +30,16 @@ _BY_MODULE = {"torch": _torch, "cupy": _cupy, "jax": _jax, "jaxlib": _jax}
 
 def converter_for(tp):
     return _BY_MODULE.get(tp.__module__.partition(".")[0])
+
+
+def float32_for(tp):
+    """The float32 dtype that a function on arrays of type tp takes as dtype= (autocast's
+    fp32_set_opt_dtype policy passes it): torch.float32 for torch, NumPy's for NumPy, CuPy,
+    JAX and the rest."""
+    if tp.__module__.partition(".")[0] == "torch":
+        import torch
+
+        return torch.float32
+    import numpy
+
+    return numpy.dtype(numpy.float32)

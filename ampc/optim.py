@@ -19,25 +19,9 @@ from ampc import _C
 __all__ = ["Adam", "AdamW", "Optimizer", "Parameter", "SGD"]
 
 
-class Parameter:
-    """An array that an optimizer updates in place, and its gradient: None, or an array of the
-    same shape, dtype, device and strides (NumPy on the CPU; any DLPack array on a GPU)."""
-
-    def __init__(self, data, requires_grad=True):
-        self.data = data
-        self.grad = None
-        self.requires_grad = requires_grad
-
-    @property
-    def shape(self):
-        return tuple(self.data.shape)
-
-    @property
-    def dtype(self):
-        return self.data.dtype
-
-    def __repr__(self):
-        return f"Parameter(shape={self.shape}, dtype={self.dtype})"
+# An array that an optimizer updates in place, its gradient, and a count of writes (autocast's
+# weight-cast cache reads it): ampc._C.Parameter, also ampc.Parameter.
+Parameter = _C.Parameter
 
 
 class Optimizer:
@@ -115,6 +99,8 @@ class Optimizer:
                     raise
                 if dry_run:
                     self._drop_state_since(known)
+                else:
+                    _C._bump_versions(params)  # a float16 copy cached by autocast is stale now
         return loss
 
     def _drop_state_since(self, known):

@@ -50,6 +50,17 @@ typedef struct {
     PyObject *cuda_module;
     PyObject *cuda_load_error;                 /* why it could not be loaded */
     int cuda_device_count;                     /* -1 until asked */
+    int cuda_bf16_supported;                   /* -1 until asked */
+    /* ampc.Parameter and autocast (parameter.c, autocast_*.c) */
+    PyTypeObject *parameter_type;
+    PyTypeObject *autocast_type;               /* ampc._C.autocast: the region */
+    PyTypeObject *autocast_op_type;            /* ampc.AutocastOp: a function autocast dispatches */
+    PyTypeObject *op_policy_type;              /* a registry entry: an op name's policy per device */
+    PyObject *autocast_registry;               /* dict: op name -> op_policy */
+    PyObject *cast_cache;                      /* dict: Parameter -> (data, version, dtype, cast) */
+    PyObject *array_like_types;                /* dict: type -> whether its objects are arrays (__dlpack__) */
+    PyObject *float32_for;                     /* dict: array type -> its library's float32 dtype */
+    PyObject *interop;                         /* ampc._interop, once imported */
 } ampc_state;
 
 extern PyModuleDef ampc_module_def;
@@ -190,6 +201,12 @@ PyObject *ampc_dlpack_export(const ampc_view *view, PyObject *owner, int version
 
 /* Load ampc._cuda if needed; -1 with a RuntimeError saying how to build it. */
 int ampc_cuda_require(ampc_state *st);
+/* Visible GPUs: 0 without a driver, a device or ampc._cuda; -1 with an
+ * exception only when the driver reports a failure. */
+int ampc_cuda_device_count(ampc_state *st);
+/* 1 if GPU 0 computes in bfloat16 (capability 8.0 on), 0 if not or no GPU,
+ * -1 with an exception. */
+int ampc_cuda_bf16_supported(ampc_state *st);
 /* Check that a CUDA device index exists; -1 with RuntimeError/ValueError. */
 int ampc_cuda_check_device(ampc_state *st, int device);
 /* Raise the exception for a failed ampc_status; returns -1. */
@@ -214,6 +231,28 @@ int ampc_order_stream(ampc_state *st, int device, void *stream, void *producer, 
                       ampc_streams_seen *seen);
 
 extern PyMethodDef ampc_cuda_methods[];
+
+/* ------------------------------------------------------------------------ */
+/* ampc.Parameter (parameter.c)                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *data;
+    PyObject *grad;             /* None or an array */
+    char requires_grad;
+    unsigned long long version; /* writes counted: the cast cache's check */
+    PyObject *dict;
+    PyObject *weakreflist;
+} ampc_parameter;
+
+static inline int ampc_is_parameter(ampc_state *st, PyObject *obj)
+{
+    return Py_IS_TYPE(obj, st->parameter_type) || PyObject_TypeCheck(obj, st->parameter_type);
+}
+
+int ampc_parameter_type_init(PyObject *module, ampc_state *st);
+extern PyMethodDef ampc_parameter_methods[];
 
 /* ------------------------------------------------------------------------ */
 /* GradScaler (scaler.c)                                                     */

@@ -75,7 +75,7 @@ int ampc_cuda_raise(ampc_state *st, int status, const char *what)
 /* Number of GPUs, 0 without a driver, device or ampc._cuda; -1 only when the
  * driver itself reports a failure. Counted once: the CUDA runtime fixes the
  * visible devices when it starts. */
-static int device_count(ampc_state *st)
+int ampc_cuda_device_count(ampc_state *st)
 {
     if (st->cuda_device_count >= 0)
         return st->cuda_device_count;
@@ -92,7 +92,7 @@ int ampc_cuda_check_device(ampc_state *st, int device)
 {
     if (ampc_cuda_require(st) < 0)
         return -1;
-    const int count = device_count(st);
+    const int count = ampc_cuda_device_count(st);
     if (count < 0)
         return -1;
     if (count == 0) {
@@ -106,6 +106,20 @@ int ampc_cuda_check_device(ampc_state *st, int device)
         return -1;
     }
     return 0;
+}
+
+int ampc_cuda_bf16_supported(ampc_state *st)
+{
+    if (st->cuda_bf16_supported >= 0)
+        return st->cuda_bf16_supported;
+    const int count = ampc_cuda_device_count(st);
+    if (count <= 0)
+        return count < 0 ? -1 : (st->cuda_bf16_supported = 0);
+    ampc_cuda_device_props p;
+    const int status = st->cuda->device_props(0, &p);
+    if (status != AMPC_OK)
+        return ampc_cuda_raise(st, status, "reading device properties");
+    return st->cuda_bf16_supported = p.major >= 8;
 }
 
 int ampc_order_stream(ampc_state *st, int device, void *stream, void *producer, int before,
@@ -203,7 +217,7 @@ static PyObject *mod_cuda_build_info(PyObject *module, PyObject *Py_UNUSED(ignor
 
 static PyObject *mod_cuda_device_count(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    const int n = device_count(ampc_state_of(module));
+    const int n = ampc_cuda_device_count(ampc_state_of(module));
     return n < 0 ? NULL : PyLong_FromLong(n);
 }
 
@@ -254,7 +268,7 @@ static int no_gpu_or_valid(ampc_state *st, PyObject *args, const char *fmt, int 
 {
     if (!PyArg_ParseTuple(args, fmt, device))
         return -1;
-    const int count = device_count(st);
+    const int count = ampc_cuda_device_count(st);
     if (count <= 0)
         return count < 0 ? -1 : 1;
     return ampc_cuda_check_device(st, *device);

@@ -7,6 +7,7 @@
  */
 #define AMPC_IMPORTS_NUMPY
 #include "ampc.h"
+#include "autocast.h"
 
 #include "cast_cpu.h"
 #include "cpu_features.h"
@@ -163,6 +164,15 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->oom_error);
     Py_VISIT(st->cuda_module);
     Py_VISIT(st->cuda_load_error);
+    Py_VISIT(st->parameter_type);
+    Py_VISIT(st->autocast_type);
+    Py_VISIT(st->autocast_op_type);
+    Py_VISIT(st->op_policy_type);
+    Py_VISIT(st->autocast_registry);
+    Py_VISIT(st->cast_cache);
+    Py_VISIT(st->array_like_types);
+    Py_VISIT(st->float32_for);
+    Py_VISIT(st->interop);
     return 0;
 }
 
@@ -181,6 +191,15 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->oom_error);
     Py_CLEAR(st->cuda_module);
     Py_CLEAR(st->cuda_load_error);
+    Py_CLEAR(st->parameter_type);
+    Py_CLEAR(st->autocast_type);
+    Py_CLEAR(st->autocast_op_type);
+    Py_CLEAR(st->op_policy_type);
+    Py_CLEAR(st->autocast_registry);
+    Py_CLEAR(st->cast_cache);
+    Py_CLEAR(st->array_like_types);
+    Py_CLEAR(st->float32_for);
+    Py_CLEAR(st->interop);
     /* The table lives in ampc._cuda's shared object, which stays loaded. */
     st->cuda = NULL;
     return 0;
@@ -192,6 +211,7 @@ static int module_exec(PyObject *module)
 {
     ampc_state *st = ampc_state_of(module);
     st->cuda_device_count = -1;
+    st->cuda_bf16_supported = -1;
     if (PyArray_ImportNumPyAPI() < 0)
         return -1;
     if (ampc_dtype_init(st) < 0 || ampc_array_type_init(module, st) < 0)
@@ -224,9 +244,14 @@ static int module_exec(PyObject *module)
     Py_DECREF(bases);
     if (st->argument_error == NULL || PyModule_AddObjectRef(module, "ArgumentError", st->argument_error) < 0)
         return -1;
-    if (ampc_scaler_type_init(module, st) < 0)
+    if (ampc_scaler_type_init(module, st) < 0 || ampc_parameter_type_init(module, st) < 0 ||
+        ampc_autocast_state_init(module, st) < 0 || ampc_autocast_dispatch_init(module, st) < 0)
         return -1;
     if (PyModule_AddFunctions(module, module_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_parameter_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_autocast_state_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_autocast_dispatch_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_autocast_cache_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cast_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_optim_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cuda_methods) < 0)

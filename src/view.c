@@ -75,8 +75,24 @@ void ampc_rename_error(const char *given, const char *name)
     Py_XDECREF(msg);
 }
 
+static int view_from_any(ampc_state *st, PyObject *obj, const char *argname, ampc_access access,
+                         ampc_view *view);
+
 int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
                           ampc_access access, ampc_view *view)
+{
+    if (!ampc_is_parameter(st, obj))
+        return view_from_any(st, obj, argname, access, view);
+    /* A Parameter reads as its array (held: a write to p.data may run while
+     * a kernel has the GIL released). */
+    PyObject *data = Py_NewRef(((ampc_parameter *)obj)->data);
+    const int rc = view_from_any(st, data, argname, access, view);
+    Py_DECREF(data);
+    return rc;
+}
+
+static int view_from_any(ampc_state *st, PyObject *obj, const char *argname, ampc_access access,
+                         ampc_view *view)
 {
     view->owner = NULL;
     view->source = NULL;

@@ -1,0 +1,76 @@
+/*
+ * autocast_cache.c: the weight-cast cache. Inside a region, a float32
+ * Parameter that an op wants in the region's lower dtype is cast once and the
+ * copy reused by every later op of the region, as torch's cached_cast does.
+ *
+ * Process-wide (a region opened by another thread, say a backward pass,
+ * reuses the casts), keyed by the Parameter's identity; the entry keeps the
+ * Parameter, its data object and its version at the time of the cast, so a
+ * write (an optimizer step, p.data = ..., bump_version()) makes the next op
+ * cast again instead of reading a stale copy, and a reused id can never
+ * match. Cleared when a thread leaves its outermost region, so nothing grows
+ * from one iteration to the next.
+ */
+#include "autocast.h"
+
+ampc_autocast_counters ampc_autocast_count;
+
+enum { ENTRY_PARAM, ENTRY_DATA, ENTRY_VERSION, ENTRY_DTYPE, ENTRY_CAST, ENTRY_SIZE };
+
+PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype)
+{
+    PyObject *key = PyLong_FromVoidPtr(param);
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *entry = PyDict_GetItemWithError(st->cast_cache, key);
+    Py_DECREF(key);
+    if (entry == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    const ampc_parameter *p = (const ampc_parameter *)param;
+    if (PyTuple_GET_ITEM(entry, ENTRY_DATA) != p->data ||
+        PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, ENTRY_VERSION)) != p->version ||
+        PyLong_AsLong(PyTuple_GET_ITEM(entry, ENTRY_DTYPE)) != (long)dtype)
+        return NULL;
+    return PyTuple_GET_ITEM(entry, ENTRY_CAST);
+}
+
+int ampc_cast_cache_put(ampc_state *st, PyObject *param, ampc_dtype dtype, PyObject *cast)
+{
+    const ampc_parameter *p = (const ampc_parameter *)param;
+    PyObject *key = PyLong_FromVoidPtr(param);
+    PyObject *entry = key ? Py_BuildValue("(OOKiO)", param, p->data, p->version, (int)dtype, cast) : NULL;
+    const int rc = entry ? PyDict_SetItem(st->cast_cache, key, entry) : -1;
+    Py_XDECREF(key);
+    Py_XDECREF(entry);
+    return rc;
+}
+
+void ampc_cast_cache_clear(ampc_state *st)
+{
+    if (st != NULL && st->cast_cache != NULL)
+        PyDict_Clear(st->cast_cache);
+}
+
+static PyObject *mod_clear_autocast_cache(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    ampc_cast_cache_clear(ampc_state_of(module));
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_autocast_cache_info(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("{s:n,s:K,s:K}", "entries", PyDict_GET_SIZE(ampc_state_of(module)->cast_cache),
+                         "casts", ampc_autocast_count.casts, "cache_hits", ampc_autocast_count.cache_hits);
+}
+
+PyMethodDef ampc_autocast_cache_methods[] = {
+    {"clear_autocast_cache", mod_clear_autocast_cache, METH_NOARGS,
+     "clear_autocast_cache()\n--\n\nDrop every cached weight cast (leaving the outermost region does it)."},
+    {"_autocast_cache_info", mod_autocast_cache_info, METH_NOARGS,
+     "entries in the cast cache now; casts autocast made and cache hits since the process started."},
+    {NULL, NULL, 0, NULL},
+};
