@@ -75,5 +75,17 @@ for dt in DTYPES:
             s.update()
         o.step()
         o.zero_grad(set_to_none=False)
+# autocast: the engine's casts of CUDA arguments (nested, strided, cached weights), both dtypes.
+linear = ampc.AutocastOp(torch.nn.functional.linear, "linear")
+cat = ampc.AutocastOp(torch.cat, "cat")
+w = ampc.Parameter(torch.randn(33, 17, device="cuda"))
+for dtype in (torch.float16, torch.bfloat16):
+    with ampc.autocast("cuda", dtype=dtype):
+        for n in (1, 7, 1025):
+            linear(torch.randn(n, 17, device="cuda"), w)
+            linear(torch.randn(17, n, device="cuda").t(), w)
+        ampc.register_autocast("cat", "promote", "cuda")
+        cat([torch.randn(3, device="cuda", dtype=dtype), torch.randn(5, device="cuda")])
+        ampc.register_autocast("cat", "none", "cuda")
 torch.cuda.synchronize()
 print("memcheck workload done")
