@@ -194,6 +194,12 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
  * deleter runs. */
 PyObject *ampc_dlpack_export(const ampc_view *view, PyObject *owner, int versioned,
                              unsigned minor, int copied);
+/* Hand `view` (kept alive by `owner`) to the library of `type` through its
+ * C exchange API, with no Python call: 1 with *out set, 0 (nothing set)
+ * when the type has no such table, -1 with an exception. On a GPU the
+ * library's current stream is ordered after the view's. */
+int ampc_dlpack_fast_return(ampc_state *st, const ampc_view *view, PyObject *owner, PyTypeObject *type,
+                            PyObject **out);
 
 /* ------------------------------------------------------------------------ */
 /* CUDA backend (cuda_backend.c)                                             */

@@ -490,8 +490,10 @@ static void capsule_destructor(PyObject *capsule)
 #endif
 }
 
-PyObject *ampc_dlpack_export(const ampc_view *v, PyObject *owner, int versioned,
-                             unsigned minor, int copied)
+/* The DLPack description of `view`, owning a reference to `owner` (released
+ * by its deleter): a DLManagedTensorVersioned, or a legacy DLManagedTensor.
+ * NULL with an exception. */
+static void *managed_tensor(const ampc_view *v, PyObject *owner, int versioned, unsigned minor, int copied)
 {
     const int64_t itemsize = ampc_dtype_size(v->dtype);
     for (int d = 0; d < v->ndim; d++) {
@@ -503,8 +505,10 @@ PyObject *ampc_dlpack_export(const ampc_view *v, PyObject *owner, int versioned,
     }
     const size_t header = versioned ? sizeof(DLManagedTensorVersioned) : sizeof(DLManagedTensor);
     char *block = PyMem_RawMalloc(header + 2 * (size_t)v->ndim * sizeof(int64_t) + 1);
-    if (block == NULL)
-        return PyErr_NoMemory();
+    if (block == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
     int64_t *shape = (int64_t *)(block + header);
     int64_t *strides = shape + v->ndim;
     DLTensor *t;
@@ -538,6 +542,15 @@ PyObject *ampc_dlpack_export(const ampc_view *v, PyObject *owner, int versioned,
     t->strides = strides;
 
     Py_INCREF(owner);
+    return block;
+}
+
+PyObject *ampc_dlpack_export(const ampc_view *v, PyObject *owner, int versioned,
+                             unsigned minor, int copied)
+{
+    void *block = managed_tensor(v, owner, versioned, minor, copied);
+    if (block == NULL)
+        return NULL;
     PyObject *capsule = PyCapsule_New(block, versioned ? DLPACK_VERSIONED_CAPSULE_NAME
                                                        : DLPACK_CAPSULE_NAME, capsule_destructor);
     if (capsule == NULL) {
@@ -545,4 +558,32 @@ PyObject *ampc_dlpack_export(const ampc_view *v, PyObject *owner, int versioned,
         PyMem_RawFree(block);
     }
     return capsule;
+}
+
+int ampc_dlpack_fast_return(ampc_state *st, const ampc_view *v, PyObject *owner, PyTypeObject *type,
+                            PyObject **out)
+{
+    const DLPackExchangeAPI *api = exchange_api(st, type);
+    if (api == NULL || api->managed_tensor_to_py_object_no_sync == NULL)
+        return 0;
+    if (v->device.type == AMPC_DEVICE_CUDA) {
+        /* The library's work goes on its current stream: order it after
+         * what ampc wrote on the view's. */
+        void *consumer = NULL;
+        if (api->current_work_stream(kDLCUDA, v->device.index, &consumer) < 0)
+            return -1;
+        if (consumer != v->stream) {
+            const int status = st->cuda->stream_wait(v->device.index, consumer, v->stream);
+            if (status != AMPC_OK)
+                return ampc_cuda_raise(st, status, "ordering the consumer's stream");
+        }
+    }
+    DLManagedTensorVersioned *m = managed_tensor(v, owner, 1, DLPACK_MINOR_VERSION, 0);
+    if (m == NULL)
+        return -1;
+    void *result = NULL;
+    if (api->managed_tensor_to_py_object_no_sync(m, &result) < 0)
+        return -1;  /* the tensor was stolen, freed by the library */
+    *out = (PyObject *)result;
+    return 1;
 }

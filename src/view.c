@@ -193,6 +193,9 @@ PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source)
     }
     if (source == st->array_type || PyType_IsSubtype(source, &PyCapsule_Type))
         return array;
+    const int fast = ampc_dlpack_fast_return(st, ampc_array_view(array), array, source, &out);
+    if (fast != 0)
+        goto done;
     conv = converter_for(st, source);
     if (conv == NULL)
         goto done;
