@@ -8,14 +8,28 @@
  * Parameter, its data object and its version at the time of the cast, so a
  * write (an optimizer step, p.data = ..., bump_version()) makes the next op
  * cast again instead of reading a stale copy, and a reused id can never
- * match. Cleared when a thread leaves its outermost region, so nothing grows
+ * match. Data with a version counter of its own (a torch tensor's
+ * _version, which its in-place ops count) is checked by that too. Cleared when a thread leaves its outermost region, so nothing grows
  * from one iteration to the next.
  */
 #include "autocast.h"
 
 ampc_autocast_counters ampc_autocast_count;
 
-enum { ENTRY_PARAM, ENTRY_DATA, ENTRY_VERSION, ENTRY_DTYPE, ENTRY_CAST, ENTRY_SIZE };
+enum { ENTRY_PARAM, ENTRY_DATA, ENTRY_VERSION, ENTRY_DATA_VERSION, ENTRY_DTYPE, ENTRY_CAST };
+
+/* The data's own write counter (torch's Tensor._version), or -1 for data
+ * without one (NumPy arrays, CuPy, ...). */
+static long long data_version(PyObject *data)
+{
+    if (PyArray_Check(data))
+        return -1;
+    PyObject *v = PyObject_GetAttrString(data, "_version");
+    const long long version = v != NULL && PyLong_Check(v) ? PyLong_AsLongLong(v) : -1;
+    Py_XDECREF(v);
+    PyErr_Clear();
+    return version;
+}
 
 PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype)
 {
@@ -33,7 +47,8 @@ PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype)
     const ampc_parameter *p = (const ampc_parameter *)param;
     if (PyTuple_GET_ITEM(entry, ENTRY_DATA) != p->data ||
         PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, ENTRY_VERSION)) != p->version ||
-        PyLong_AsLong(PyTuple_GET_ITEM(entry, ENTRY_DTYPE)) != (long)dtype)
+        PyLong_AsLong(PyTuple_GET_ITEM(entry, ENTRY_DTYPE)) != (long)dtype ||
+        PyLong_AsLongLong(PyTuple_GET_ITEM(entry, ENTRY_DATA_VERSION)) != data_version(p->data))
         return NULL;
     return PyTuple_GET_ITEM(entry, ENTRY_CAST);
 }
@@ -42,7 +57,8 @@ int ampc_cast_cache_put(ampc_state *st, PyObject *param, ampc_dtype dtype, PyObj
 {
     const ampc_parameter *p = (const ampc_parameter *)param;
     PyObject *key = PyLong_FromVoidPtr(param);
-    PyObject *entry = key ? Py_BuildValue("(OOKiO)", param, p->data, p->version, (int)dtype, cast) : NULL;
+    PyObject *entry = key ? Py_BuildValue("(OOKLiO)", param, p->data, p->version, data_version(p->data),
+                                          (int)dtype, cast) : NULL;
     const int rc = entry ? PyDict_SetItem(st->cast_cache, key, entry) : -1;
     Py_XDECREF(key);
     Py_XDECREF(entry);

@@ -96,8 +96,22 @@ def test_weight_cache_with_torch_parameters_on_the_gpu():
         second = op(x, w)
         assert ampc._C._autocast_cache_info()["cache_hits"] == info["cache_hits"] + 1
         assert torch.equal(first, second)
-        w.data.mul_(2)
-        w.bump_version()
+        w.data.mul_(2)  # an in-place torch op: torch's own version counter says so
         third = op(x, w)
     assert torch.equal(third, linear(x.half(), w.data.half()))
     assert not torch.equal(third, first)
+
+
+def test_jax_arrays(rng):
+    jax = pytest.importorskip("jax")
+    import jax.numpy as jnp
+
+    matmul = ampc.autocast_op(name="matmul")(jnp.matmul)
+    x = jax.device_put(rng.standard_normal((16, 16)).astype("float32"), jax.devices("gpu")[0])
+    with ampc.autocast("cuda", dtype="bfloat16"):
+        out = matmul(x, x)
+        _, kwargs = probe("sum")(x)
+    assert isinstance(out, jax.Array) and out.dtype == jnp.bfloat16
+    xb = x.astype(jnp.bfloat16)
+    assert bool((out == jnp.matmul(xb, xb)).all())
+    assert kwargs == {"dtype": jnp.dtype("float32")}
