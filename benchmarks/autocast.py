@@ -14,13 +14,15 @@ op it dispatches, against torch.autocast measured in the same run where torch is
    and inside ampc.autocast with F.linear registered as ampc's "linear" op (the weight an
    ampc.Parameter, cast once per region as torch caches it). The added cost of each engine
    is its time minus the no-autocast time; the ratio is torch's added cost over ampc's.
-   Each loop waits for the GPU at its end only, so launch-bound ops show the host's cost.
+   Each loop of 5000 calls runs in one region (the weight cast once, as in a forward pass) and
+   waits for the GPU at its end only, so launch-bound ops show the host's cost.
 
-Median of --rounds, after a warm-up round; times in microseconds per call.
+Each row's loop runs once per round, the rows of a table in turn (interleaved, so a slow moment
+of a shared host hits them alike); the best of --rounds after a warm-up; microseconds per call.
 """
 
 import argparse
-import statistics
+import contextlib
 import time
 
 import numpy as np
@@ -28,17 +30,26 @@ import numpy as np
 import ampc
 
 
-def per_call_us(fn, calls, rounds, sync=None):
-    def loop():
+def per_call_us(fns, calls, rounds, sync=None, regions=None):
+    """The best time a call of each of fns, their loops interleaved round by round; regions[i],
+    if given, is entered around fns[i]'s loop (a forward pass's region holds many ops)."""
+    regions = regions or [None] * len(fns)
+
+    def loop(fn, region):
         t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
+        with region or contextlib.nullcontext():
+            for _ in range(calls):
+                fn()
         if sync:
             sync()
         return (time.perf_counter() - t0) / calls * 1e6
 
-    loop()
-    return statistics.median(loop() for _ in range(rounds))
+    for fn, region in zip(fns, regions):  # warm-up
+        loop(fn, region)
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        best = [min(b, loop(fn, region)) for b, fn, region in zip(best, fns, regions)]
+    return best
 
 
 def region_rows(calls, rounds, torch):
@@ -52,8 +63,8 @@ def region_rows(calls, rounds, torch):
         with made:
             pass
 
-    rows = [("ampc.autocast('cpu'): construct, enter, exit", per_call_us(ampc_region, calls, rounds)),
-            ("ampc: enter and exit an existing region", per_call_us(ampc_reentered, calls, rounds))]
+    names = ["ampc.autocast('cpu'): construct, enter, exit", "ampc: enter and exit an existing region"]
+    fns = [ampc_region, ampc_reentered]
     if torch is not None:
         def torch_region():
             with torch.autocast("cpu"):
@@ -65,9 +76,9 @@ def region_rows(calls, rounds, torch):
             with made_torch:
                 pass
 
-        rows += [("torch.autocast('cpu'): construct, enter, exit", per_call_us(torch_region, calls, rounds)),
-                 ("torch: enter and exit an existing region", per_call_us(torch_reentered, calls, rounds))]
-    return rows
+        names += ["torch.autocast('cpu'): construct, enter, exit", "torch: enter and exit an existing region"]
+        fns += [torch_region, torch_reentered]
+    return list(zip(names, per_call_us(fns, calls, rounds)))
 
 
 def dispatch_rows(calls, rounds):
@@ -78,13 +89,12 @@ def dispatch_rows(calls, rounds):
     low = np.ones((8, 8), ampc.bfloat16)
     high = np.ones((8, 8), np.float32)
     weight = ampc.Parameter(np.ones((8, 8), np.float32))
-    bare = per_call_us(lambda: first(low, low), calls, rounds)
-    outside = per_call_us(lambda: op(low, low), calls, rounds)
-    with ampc.autocast("cpu"):
-        inside = per_call_us(lambda: op(low, low), calls, rounds)
-        cast_and_cached = per_call_us(lambda: op(high, weight), calls, rounds)
+    region = ampc.autocast("cpu")
+    bare, outside, nothing, cast_and_cached = per_call_us(
+        [lambda: first(low, low), lambda: op(low, low), lambda: op(low, low), lambda: op(high, weight)],
+        calls, rounds, regions=[None, None, region, region])
     return [("bare function", bare), ("autocast op outside a region", outside),
-            ("inside a region, nothing to cast", inside), ("inside, one input cast + a cached weight", cast_and_cached)]
+            ("inside a region, nothing to cast", nothing), ("inside, one input cast + a cached weight", cast_and_cached)]
 
 
 def linear_rows(torch, device, calls, rounds):
@@ -95,16 +105,15 @@ def linear_rows(torch, device, calls, rounds):
     param = ampc.Parameter(w)
     linear = ampc.AutocastOp(F.linear, "linear")
     sync = torch.cuda.synchronize if device == "cuda" else None
-    plain = per_call_us(lambda: F.linear(x, w, b), calls, rounds, sync)
-    with torch.autocast(device):
-        torch_time = per_call_us(lambda: F.linear(x, w, b), calls, rounds, sync)
+    plain_time, torch_time, ampc_time = per_call_us(
+        [lambda: F.linear(x, w, b), lambda: F.linear(x, w, b), lambda: linear(x, param, b)], calls, rounds, sync,
+        regions=[None, torch.autocast(device), ampc.autocast(device)])
     with ampc.autocast(device):
-        ampc_time = per_call_us(lambda: linear(x, param, b), calls, rounds, sync)
         out = linear(x, param, b)
     with torch.autocast(device):
         expected = F.linear(x, w, b)
     assert out.dtype == expected.dtype and torch.equal(out, expected), "ampc and torch disagree"
-    return plain, torch_time, ampc_time
+    return plain_time, torch_time, ampc_time
 
 
 def main():
