@@ -83,8 +83,8 @@ int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
 {
     if (!ampc_is_parameter(st, obj))
         return view_from_any(st, obj, argname, access, view);
-    /* A Parameter reads as its array (held: a write to p.data may run while
-     * a kernel has the GIL released). */
+    /* A Parameter reads as its array (held while it is described, which may
+     * run Python code, __dlpack__, that assigns p.data). */
     PyObject *data = Py_NewRef(((ampc_parameter *)obj)->data);
     const int rc = view_from_any(st, data, argname, access, view);
     Py_DECREF(data);
