@@ -33,14 +33,20 @@ from ampc.amp import (
     clear_autocast_cache,
     custom_bwd,
     custom_fwd,
+    get_autocast_cpu_dtype,
     get_autocast_dtype,
+    get_autocast_gpu_dtype,
+    is_autocast_cpu_enabled,
     is_autocast_available,
     is_autocast_cache_enabled,
     is_autocast_enabled,
     register_autocast,
     set_autocast_cache_enabled,
+    set_autocast_cpu_dtype,
+    set_autocast_cpu_enabled,
     set_autocast_dtype,
     set_autocast_enabled,
+    set_autocast_gpu_dtype,
 )
 
 __version__ = "0.1.0"

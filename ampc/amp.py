@@ -5,6 +5,7 @@ forms, custom_fwd / custom_bwd, and the registry's front door."""
 import enum
 import functools
 import inspect
+import warnings
 import weakref
 
 from ampc import _C
@@ -151,6 +152,46 @@ def autocast_op(policy=None, *, name=None, device_type=None):
         return op
 
     return wrap
+
+
+def _deprecated_form(old, new):
+    warnings.warn(f"ampc.{old} is deprecated. Please use ampc.{new} instead.", DeprecationWarning, stacklevel=3)
+
+
+def is_autocast_cpu_enabled():
+    """Deprecated, as in torch: is_autocast_enabled("cpu")."""
+    _deprecated_form("is_autocast_cpu_enabled()", "is_autocast_enabled('cpu')")
+    return is_autocast_enabled("cpu")
+
+
+def set_autocast_cpu_enabled(enabled):
+    """Deprecated, as in torch: set_autocast_enabled("cpu", enabled)."""
+    _deprecated_form("set_autocast_cpu_enabled(enabled)", "set_autocast_enabled('cpu', enabled)")
+    set_autocast_enabled("cpu", enabled)
+
+
+def get_autocast_cpu_dtype():
+    """Deprecated, as in torch: get_autocast_dtype("cpu")."""
+    _deprecated_form("get_autocast_cpu_dtype()", "get_autocast_dtype('cpu')")
+    return get_autocast_dtype("cpu")
+
+
+def set_autocast_cpu_dtype(dtype):
+    """Deprecated, as in torch: set_autocast_dtype("cpu", dtype)."""
+    _deprecated_form("set_autocast_cpu_dtype(dtype)", "set_autocast_dtype('cpu', dtype)")
+    set_autocast_dtype("cpu", dtype)
+
+
+def get_autocast_gpu_dtype():
+    """Deprecated, as in torch: get_autocast_dtype("cuda")."""
+    _deprecated_form("get_autocast_gpu_dtype()", "get_autocast_dtype('cuda')")
+    return get_autocast_dtype("cuda")
+
+
+def set_autocast_gpu_dtype(dtype):
+    """Deprecated, as in torch: set_autocast_dtype("cuda", dtype)."""
+    _deprecated_form("set_autocast_gpu_dtype(dtype)", "set_autocast_dtype('cuda', dtype)")
+    set_autocast_dtype("cuda", dtype)
 
 
 def _device_type_str(device_type):

@@ -120,6 +120,27 @@ def test_defaults_and_state_functions():
     assert ampc.get_autocast_dtype("cpu") == BF16
 
 
+def test_deprecated_per_device_forms():
+    forms = [(ampc.is_autocast_cpu_enabled, (), False), (ampc.get_autocast_cpu_dtype, (), BF16),
+             (ampc.get_autocast_gpu_dtype, (), F16)]
+    for fn, args, expected in forms:
+        with pytest.warns(DeprecationWarning, match=f"ampc.{fn.__name__}\\(\\) is deprecated"):
+            assert fn(*args) == expected
+    with pytest.warns(DeprecationWarning):
+        ampc.set_autocast_cpu_enabled(True)
+    with pytest.warns(DeprecationWarning):
+        ampc.set_autocast_cpu_dtype(F16)
+    with pytest.warns(DeprecationWarning):
+        ampc.set_autocast_gpu_dtype(BF16)
+    try:
+        assert ampc.is_autocast_enabled("cpu") and ampc.get_autocast_dtype("cpu") == F16
+        assert ampc.get_autocast_dtype("cuda") == BF16
+    finally:
+        ampc.set_autocast_enabled("cpu", False)
+        ampc.set_autocast_dtype("cpu", BF16)
+        ampc.set_autocast_dtype("cuda", F16)
+
+
 def test_nesting_counter():
     assert ampc.autocast_increment_nesting() == 1
     assert ampc.autocast_increment_nesting() == 2
