@@ -22,7 +22,7 @@ from ampc._C import (
     get_num_threads,
     set_num_threads,
 )
-from ampc import amp, cpu, cuda, optim
+from ampc import amp, cpu, cuda, nn, optim
 from ampc.amp import (
     AutocastOp,
     autocast,
@@ -82,6 +82,7 @@ __all__ = [
     "is_autocast_available",
     "is_autocast_cache_enabled",
     "is_autocast_enabled",
+    "nn",
     "optim",
     "register_autocast",
     "set_autocast_cache_enabled",

@@ -61,6 +61,7 @@ typedef struct {
     PyObject *array_like_types;                /* dict: type -> whether its objects are arrays (__dlpack__) */
     PyObject *float32_for;                     /* dict: array type -> its library's float32 dtype */
     PyObject *interop;                         /* ampc._interop, once imported */
+    PyObject *np_matmul;                       /* numpy.matmul, once asked for (ops_gemm.c) */
 } ampc_state;
 
 extern PyModuleDef ampc_module_def;
@@ -149,6 +150,8 @@ void ampc_view_release(ampc_view *view);
 void ampc_rename_error(const char *given, const char *name);
 /* The same for an ndarray; `source` is left NULL. */
 int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *view);
+/* "(2, 3)": the shape, as Python writes a tuple. */
+void ampc_shape_str(const ampc_view *v, char *buf, size_t size);
 /* "cpu" or "cuda:N" */
 const char *ampc_device_str(ampc_device device, char *buf, size_t size);
 /* Hand a result (an ndarray or ampc.Array, stolen) back as the type the

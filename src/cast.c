@@ -15,16 +15,6 @@
  * the cast. */
 #define GIL_RELEASE_ELEMENTS (1 << 14)
 
-static void describe_shape(const ampc_view *v, char *buf, size_t size)
-{
-    size_t n = 0;
-    n += (size_t)snprintf(buf + n, size - n, "(");
-    for (int d = 0; d < v->ndim && n < size; d++)
-        n += (size_t)snprintf(buf + n, size - n, d ? ", %lld" : "%lld", (long long)v->shape[d]);
-    if (n < size)
-        snprintf(buf + n, size - n, v->ndim == 1 ? ",)" : ")");
-}
-
 static int same_shape(const ampc_view *a, const ampc_view *b)
 {
     if (a->ndim != b->ndim)
@@ -126,8 +116,8 @@ static int check_out(const ampc_view *out, const ampc_view *x, int have_dtype, a
     }
     if (!same_shape(out, x)) {
         char sa[256], sb[256];
-        describe_shape(out, sa, sizeof sa);
-        describe_shape(x, sb, sizeof sb);
+        ampc_shape_str(out, sa, sizeof sa);
+        ampc_shape_str(x, sb, sizeof sb);
         PyErr_Format(PyExc_ValueError, "cast: out has shape %s but x has shape %s", sa, sb);
         return -1;
     }

@@ -7,6 +7,7 @@
  */
 #define AMPC_IMPORTS_NUMPY
 #include "ampc.h"
+#include "ops_args.h"
 #include "autocast.h"
 
 #include "cast_cpu.h"
@@ -173,6 +174,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->array_like_types);
     Py_VISIT(st->float32_for);
     Py_VISIT(st->interop);
+    Py_VISIT(st->np_matmul);
     return 0;
 }
 
@@ -200,6 +202,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->array_like_types);
     Py_CLEAR(st->float32_for);
     Py_CLEAR(st->interop);
+    Py_CLEAR(st->np_matmul);
     /* The table lives in ampc._cuda's shared object, which stays loaded. */
     st->cuda = NULL;
     return 0;
@@ -254,6 +257,8 @@ static int module_exec(PyObject *module)
         PyModule_AddFunctions(module, ampc_autocast_cache_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cast_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_optim_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_ops_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_gemm_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cuda_methods) < 0)
         return -1;
     for (int d = 0; d < AMPC_NUM_FLOAT_DTYPES; d++)

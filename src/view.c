@@ -210,3 +210,13 @@ done:
     Py_XDECREF(array);
     return out;
 }
+
+void ampc_shape_str(const ampc_view *v, char *buf, size_t size)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, size - n, "(");
+    for (int d = 0; d < v->ndim && n < size; d++)
+        n += (size_t)snprintf(buf + n, size - n, d ? ", %lld" : "%lld", (long long)v->shape[d]);
+    if (n < size)
+        snprintf(buf + n, size - n, v->ndim == 1 ? ",)" : ")");
+}

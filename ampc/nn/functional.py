@@ -1,0 +1,499 @@
+"""ampc.nn.functional: the ops autocast governs, forward and backward, on NumPy arrays (C kernels,
+NumPy's BLAS) and GPU buffers (CUDA kernels, cuBLASLt), with PyTorch's names, arguments and
+defaults.
+
+Each forward op that torch's autocast lists is an ampc.AutocastOp under torch's op name, so inside
+``ampc.autocast`` it runs in the precision torch would choose (``linear`` in float16/bfloat16,
+``softmax`` and the losses in float32), through the one policy engine. The kernels load every
+operand into float32 (float64 for float64 data), compute there and round each result once.
+
+Arrays come back as the caller's type (NumPy in, NumPy out; torch in, torch out). The
+``*_backward`` functions take the gradient of the output and what the forward saw, and return
+the gradients of the inputs, in the dtypes the forward ran in.
+"""
+
+import math
+
+import numpy as np
+
+from ampc import _C
+from ampc._C import as_dtype
+from ampc.amp import autocast_op
+
+_OPS = _C._ew_ops()
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None):
+    return _C._ew(_OPS[op], a, b, c, param=param, scale=scale, dtype=dtype)
+
+
+
+def _dtype(x):
+    """The NumPy dtype of an array of any library (ml_dtypes.bfloat16 for bfloat16)."""
+    if isinstance(x, (float, int)):
+        return _F64
+    return as_dtype(x.dtype)
+
+
+def _acc(dtype):
+    """The dtype the kernels accumulate in for data of this dtype."""
+    return _F64 if dtype == _F64 else _F32
+
+
+def _promote(*dtypes):
+    """torch's promotion among floating dtypes: equal stays, float64 wins, any other mix is float32."""
+    first = dtypes[0]
+    if all(d == first for d in dtypes):
+        return first
+    return _F64 if _F64 in dtypes else _F32
+
+
+def _check_reduction(op, reduction):
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{op}: {reduction} is not a valid value for reduction")
+
+
+def _numel(x):
+    return math.prod(x.shape)
+
+
+def _reshape(x, shape):
+    return x.reshape(tuple(shape))
+
+
+def _reduce(op, loss, reduction, dtype):
+    """Apply a loss's reduction to its per-element values (computed in the accumulation dtype)."""
+    if reduction == "none":
+        return loss if _dtype(loss) == dtype else _C._ew(_OPS["copy"], loss, dtype=dtype)
+    n = _numel(loss)
+    scale = 1.0 / n if reduction == "mean" and n > 0 else (math.nan if reduction == "mean" else 1.0)
+    return _C._sum(loss, None, False, scale, dtype=dtype)
+
+
+def _reduction_grad(grad_output, shape, reduction):
+    """The factor the gradient of each element of a reduced loss carries: grad_output (broadcast)
+    times 1/n for a mean."""
+    if reduction == "mean":
+        n = math.prod(shape)
+        return grad_output, (1.0 / n if n > 0 else math.nan)
+    return grad_output, 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# Matrix products: lower precision under autocast
+# --------------------------------------------------------------------------------------------
+
+
+@autocast_op(name="linear")
+def linear(input, weight, bias=None):
+    """y = input @ weight.T + bias (weight: (out_features, in_features))."""
+    return _C._matmul(input, weight, bias=bias, transpose_b=True, op="linear")
+
+
+def linear_backward(grad_output, input, weight, *, input_grad=True, weight_grad=True, bias_grad=True):
+    """(grad_input, grad_weight, grad_bias) of linear; None for the ones not asked for."""
+    gi = _C._matmul(grad_output, weight, op="linear_backward") if input_grad else None
+    gw = gb = None
+    if weight_grad or bias_grad:
+        k = grad_output.shape[-1]
+        g2 = _reshape(grad_output, (-1, k))
+        if weight_grad:
+            x2 = _reshape(input, (-1, input.shape[-1]))
+            gw = _C._matmul(g2, x2, transpose_a=True, op="linear_backward")
+        if bias_grad:
+            gb = _C._sum(g2, (0,))
+    return gi, gw, gb
+
+
+@autocast_op(name="matmul")
+def matmul(input, other):
+    """torch.matmul: 1-D operands, broadcast batch dimensions."""
+    return _C._matmul(input, other, op="matmul")
+
+
+def _unbroadcast(grad, shape):
+    """Sum grad down to `shape` (the inverse of broadcasting it)."""
+    extra = len(grad.shape) - len(shape)
+    dims = list(range(extra))
+    for d, s in enumerate(shape):
+        if s == 1 and grad.shape[extra + d] != 1:
+            dims.append(extra + d)
+    if not dims:
+        return grad
+    summed = _C._sum(grad, tuple(dims), True)
+    return _reshape(summed, shape)
+
+
+def matmul_backward(grad_output, input, other):
+    """(grad_input, grad_other) of matmul for inputs of 2 dimensions or more."""
+    if len(input.shape) < 2 or len(other.shape) < 2:
+        raise ValueError("matmul_backward: both operands need 2 dimensions or more")
+    gi = _C._matmul(grad_output, other, transpose_b=True, op="matmul_backward")
+    go = _C._matmul(input, grad_output, transpose_a=True, op="matmul_backward")
+    return _unbroadcast(gi, tuple(input.shape)), _unbroadcast(go, tuple(other.shape))
+
+
+def _check_ndim(op, x, name, ndim):
+    if len(x.shape) != ndim:
+        raise ValueError(f"{op}: {name} must be a {ndim}-D array, got {len(x.shape)}-D")
+
+
+@autocast_op(name="mm")
+def mm(input, mat2):
+    _check_ndim("mm", input, "input", 2)
+    _check_ndim("mm", mat2, "mat2", 2)
+    return _C._matmul(input, mat2, op="mm")
+
+
+@autocast_op(name="bmm")
+def bmm(input, mat2):
+    _check_ndim("bmm", input, "input", 3)
+    _check_ndim("bmm", mat2, "mat2", 3)
+    if input.shape[0] != mat2.shape[0]:
+        raise ValueError(f"bmm: batch sizes differ: input has {input.shape[0]}, mat2 has {mat2.shape[0]}")
+    return _C._matmul(input, mat2, op="bmm")
+
+
+@autocast_op(name="addmm")
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """beta * input + alpha * mat1 @ mat2, input broadcast."""
+    _check_ndim("addmm", mat1, "mat1", 2)
+    _check_ndim("addmm", mat2, "mat2", 2)
+    return _C._matmul(mat1, mat2, c=input, alpha=float(alpha), beta=float(beta), op="addmm")
+
+
+@autocast_op(name="baddbmm")
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    """beta * input + alpha * batch1 @ batch2, input broadcast."""
+    _check_ndim("baddbmm", batch1, "batch1", 3)
+    _check_ndim("baddbmm", batch2, "batch2", 3)
+    return _C._matmul(batch1, batch2, c=input, alpha=float(alpha), beta=float(beta), op="baddbmm")
+
+
+# --------------------------------------------------------------------------------------------
+# softmax and the norms: float32 under autocast
+# --------------------------------------------------------------------------------------------
+
+
+def _softmax_dim(op, input, dim):
+    if dim is None:
+        # torch's legacy choice (with a warning there): 0 for 0-, 1- and 3-D, else 1
+        ndim = len(input.shape)
+        return 0 if ndim in (0, 1, 3) else 1
+    return dim
+
+
+@autocast_op(name="softmax")
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return _C._softmax(input, _softmax_dim("softmax", input, dim), False, dtype)
+
+
+@autocast_op(name="log_softmax")
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    return _C._softmax(input, _softmax_dim("log_softmax", input, dim), True, dtype)
+
+
+def softmax_backward(grad_output, output, dim, input_dtype=None):
+    """The gradient of softmax's input from its output; in input_dtype (default output's)."""
+    return _C._softmax_backward(grad_output, output, dim, False, input_dtype)
+
+
+def log_softmax_backward(grad_output, output, dim, input_dtype=None):
+    return _C._softmax_backward(grad_output, output, dim, True, input_dtype)
+
+
+def _normalized_size(op, input, normalized_shape):
+    if isinstance(normalized_shape, int):
+        normalized_shape = (normalized_shape,)
+    normalized_shape = tuple(int(s) for s in normalized_shape)
+    shape = tuple(input.shape)
+    if len(normalized_shape) == 0 or shape[len(shape) - len(normalized_shape):] != normalized_shape:
+        raise ValueError(f"{op}: Given normalized_shape={list(normalized_shape)}, expected input with shape "
+                         f"[*, {', '.join(str(s) for s in normalized_shape)}], but got input of size {list(shape)}")
+    return math.prod(normalized_shape)
+
+
+def _layer_norm_forward(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """(output, mean, rstd): layer_norm and what its backward needs."""
+    n = _normalized_size("layer_norm", input, normalized_shape)
+    return _C._layer_norm(input, n, weight, bias, float(eps))
+
+
+@autocast_op(name="layer_norm")
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return _layer_norm_forward(input, normalized_shape, weight, bias, eps)[0]
+
+
+def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=None, eps=1e-5, *, mean=None,
+                        rstd=None, weight_grads=True):
+    """(grad_input, grad_weight, grad_bias) of layer_norm; mean and rstd as _layer_norm_forward saved
+    them (recomputed when not given). grad_weight/grad_bias are None without weight/bias."""
+    n = _normalized_size("layer_norm_backward", input, normalized_shape)
+    if mean is None or rstd is None:
+        _, mean, rstd = _C._layer_norm(input, n, None, None, float(eps))
+    gi, gw, gb = _C._layer_norm_backward(grad_output, input, mean, rstd, n, weight,
+                                         weight_grads and (weight is not None or bias is not None))
+    return gi, (gw if weight is not None else None), (gb if bias is not None else None)
+
+
+# --------------------------------------------------------------------------------------------
+# Losses: float32 under autocast
+# --------------------------------------------------------------------------------------------
+
+
+def _cross_entropy_forward(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                           log_probs=False):
+    """(loss, lse, denom): the loss, and what its backward needs."""
+    _check_reduction("nll_loss" if log_probs else "cross_entropy", reduction)
+    return _C._cross_entropy(input, target, weight, int(ignore_index), float(label_smoothing), reduction, log_probs)
+
+
+@autocast_op(name="cross_entropy")
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    """input (N, C, d1, ...) or (C,) logits; target class indices (N, d1, ...) or probabilities."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    return _cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing)[0]
+
+
+def cross_entropy_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean",
+                           label_smoothing=0.0, *, lse=None, denom=None):
+    """The gradient of cross_entropy with respect to its input (in input's dtype)."""
+    if lse is None or denom is None:
+        _, lse, denom = _cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing)
+    return _C._cross_entropy_backward(grad_output, input, target, lse, denom, weight, int(ignore_index),
+                                      float(label_smoothing), reduction, False)
+
+
+@autocast_op(name="nll_loss")
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    """input (N, C, d1, ...) log-probabilities; target class indices."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    return _cross_entropy_forward(input, target, weight, ignore_index, reduction, log_probs=True)[0]
+
+
+def nll_loss_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean"):
+    _, lse, denom = _cross_entropy_forward(input, target, weight, ignore_index, reduction, log_probs=True)
+    return _C._cross_entropy_backward(grad_output, input, target, lse, denom, weight, int(ignore_index), 0.0,
+                                      reduction, True)
+
+
+def _legacy_reduction(size_average, reduce, reduction):
+    """torch's deprecated size_average/reduce arguments, mapped as torch maps them."""
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"
+
+
+def _pointwise_loss(name, op, input, target, reduction):
+    _check_reduction(name, reduction)
+    if tuple(input.shape) != tuple(target.shape):
+        raise ValueError(f"{name}: target has shape {tuple(target.shape)} but input has shape "
+                         f"{tuple(input.shape)}; give them the same shape")
+    dtype = _promote(_dtype(input), _dtype(target))
+    per_element = _ew(op, input, target, dtype=_acc(dtype) if reduction != "none" else dtype)
+    return _reduce(name, per_element, reduction, dtype)
+
+
+def _pointwise_loss_backward(name, op, grad_output, input, target, reduction, scale=1.0):
+    _check_reduction(name, reduction)
+    dtype = _dtype(input)
+    grad_output, factor = _reduction_grad(grad_output, tuple(input.shape), reduction)
+    return _ew(op, input, target, grad_output, scale=factor * scale, dtype=dtype)
+
+
+@autocast_op(name="mse_loss")
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    return _pointwise_loss("mse_loss", "squared_diff", input, target, _legacy_reduction(size_average, reduce, reduction))
+
+
+def mse_loss_backward(grad_output, input, target, reduction="mean"):
+    return _pointwise_loss_backward("mse_loss", "squared_diff_grad", grad_output, input, target, reduction)
+
+
+@autocast_op(name="l1_loss")
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    return _pointwise_loss("l1_loss", "abs_diff", input, target, _legacy_reduction(size_average, reduce, reduction))
+
+
+def l1_loss_backward(grad_output, input, target, reduction="mean"):
+    return _pointwise_loss_backward("l1_loss", "abs_diff_grad", grad_output, input, target, reduction)
+
+
+@autocast_op(name="binary_cross_entropy_with_logits")
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if pos_weight is not None:
+        raise NotImplementedError("binary_cross_entropy_with_logits: pos_weight is not supported yet")
+    if weight is None:
+        return _pointwise_loss("binary_cross_entropy_with_logits", "bce_logits", input, target, reduction)
+    _check_reduction("binary_cross_entropy_with_logits", reduction)
+    dtype = _promote(_dtype(input), _dtype(target))
+    per_element = _ew("bce_logits", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype)
+    return _reduce("binary_cross_entropy_with_logits", per_element, reduction, dtype)
+
+
+def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight=None, reduction="mean"):
+    g = _pointwise_loss_backward("binary_cross_entropy_with_logits", "bce_logits_grad", grad_output, input, target,
+                                 reduction)
+    return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input))
+
+
+@autocast_op(name="binary_cross_entropy")
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    """Banned under CUDA autocast (torch's text says to use binary_cross_entropy_with_logits);
+    float32 under CPU autocast."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if weight is None:
+        return _pointwise_loss("binary_cross_entropy", "bce", input, target, reduction)
+    _check_reduction("binary_cross_entropy", reduction)
+    dtype = _promote(_dtype(input), _dtype(target))
+    per_element = _ew("bce", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype)
+    return _reduce("binary_cross_entropy", per_element, reduction, dtype)
+
+
+def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduction="mean"):
+    g = _pointwise_loss_backward("binary_cross_entropy", "bce_grad", grad_output, input, target, reduction)
+    return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input))
+
+
+# --------------------------------------------------------------------------------------------
+# Reductions and pointwise maths (float32 under CUDA autocast where torch lists them)
+# --------------------------------------------------------------------------------------------
+
+
+def _dims(dim):
+    if dim is None:
+        return None
+    if isinstance(dim, int):
+        return (dim,)
+    return tuple(int(d) for d in dim)
+
+
+@autocast_op(name="sum")
+def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001 - torch's name
+    return _C._sum(input, _dims(dim), keepdim, 1.0, dtype=dtype)
+
+
+def mean(input, dim=None, keepdim=False, *, dtype=None):
+    dims = _dims(dim)
+    shape = tuple(input.shape)
+    count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
+    return _C._sum(input, dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype)
+
+
+def sum_backward(grad_output, input_shape, dim=None, keepdim=False, scale=1.0):
+    """The gradient of sum (scale 1) or mean (scale 1/count) over dim: grad_output broadcast
+    back to input_shape."""
+    input_shape = tuple(input_shape)
+    dims = _dims(dim)
+    if dims is None:
+        dims = tuple(range(len(input_shape)))
+    dims = tuple(d % max(len(input_shape), 1) for d in dims)
+    if not keepdim:
+        kept = [1 if d in dims else s for d, s in enumerate(input_shape)]
+        grad_output = _reshape(grad_output, kept)
+    return _C._ew(_OPS["copy"], grad_output, scale=scale, shape=input_shape)
+
+
+def mean_backward(grad_output, input_shape, dim=None, keepdim=False):
+    """The gradient of mean over dim."""
+    shape = tuple(input_shape)
+    dims = _dims(dim)
+    count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
+    return sum_backward(grad_output, shape, dim, keepdim, 1.0 / count if count else math.nan)
+
+
+@autocast_op(name="exp")
+def exp(input):
+    return _ew("exp", input)
+
+
+@autocast_op(name="log")
+def log(input):
+    return _ew("log", input)
+
+
+@autocast_op(name="pow")
+def pow(input, exponent):  # noqa: A001 - torch's name
+    if isinstance(exponent, (int, float)):
+        return _ew("pow_scalar", input, param=float(exponent))
+    return _ew("pow", input, exponent)
+
+
+def pow_backward(grad_output, input, exponent):
+    """The gradient of pow(input, exponent) with respect to input, for a number exponent."""
+    return _ew("pow_scalar_grad", grad_output, input, param=float(exponent), dtype=_dtype(input))
+
+
+def exp_backward(grad_output, output):
+    return _ew("mul", grad_output, output)
+
+
+def log_backward(grad_output, input):
+    return _ew("div", grad_output, input)
+
+
+# --------------------------------------------------------------------------------------------
+# Precision-preserving ops: they run in their inputs' (promoted) dtype
+# --------------------------------------------------------------------------------------------
+
+
+def relu(input, inplace=False):
+    return _ew("relu", input)
+
+
+def relu_backward(grad_output, input):
+    return _ew("relu_grad", grad_output, input, dtype=_dtype(input))
+
+
+def gelu(input, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _ew("gelu" if approximate == "none" else "gelu_tanh", input)
+
+
+def gelu_backward(grad_output, input, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_backward: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _ew("gelu_grad" if approximate == "none" else "gelu_tanh_grad", grad_output, input, dtype=_dtype(input))
+
+
+def silu(input, inplace=False):
+    return _ew("silu", input)
+
+
+def silu_backward(grad_output, input):
+    return _ew("silu_grad", grad_output, input, dtype=_dtype(input))
+
+
+def sigmoid(input):
+    return _ew("sigmoid", input)
+
+
+def tanh(input):
+    return _ew("tanh", input)
+
+
+def add(input, other, *, alpha=1):
+    return _ew("add", input, other, param=float(alpha))
+
+
+def sub(input, other, *, alpha=1):
+    return _ew("add", input, other, param=-float(alpha))
+
+
+def mul(input, other):
+    return _ew("mul", input, other)
+
+
+def div(input, other):
+    return _ew("div", input, other)

@@ -1,0 +1,1053 @@
+/*
+ * ops.c: the entry points of the op kernels (ops.h), as private functions
+ * of ampc._C that ampc.nn.functional composes: _ew, _softmax,
+ * _softmax_backward, _layer_norm, _layer_norm_backward, _sum,
+ * _cross_entropy, _cross_entropy_backward (matrix products: ops_gemm.c).
+ *
+ * Each takes arrays of any kind ampc reads (NumPy, torch, CuPy, JAX,
+ * ampc.Array), checks every argument before anything is allocated or
+ * written, runs the CPU kernel (GIL released) or the CUDA one on ampc's
+ * current stream (ordered after the inputs' streams, and theirs after it),
+ * and returns arrays of the caller's type.
+ */
+#include "ampc.h"
+
+#include "ops.h"
+#include "ops_args.h"
+
+/* ------------------------------------------------------------------------ */
+/* Argument handling shared by the op entry points (ops_args.h)             */
+/* ------------------------------------------------------------------------ */
+
+void ampc_op_args_init(ampc_op_args *a, ampc_state *st, const char *op)
+{
+    memset(a, 0, sizeof *a);
+    a->st = st;
+    a->op = op;
+}
+
+void ampc_op_args_release(ampc_op_args *a)
+{
+    for (int i = 0; i < a->nviews; i++)
+        ampc_view_release(&a->views[i]);
+    for (int i = 0; i < a->nkeep; i++)
+        Py_XDECREF(a->keep[i]);
+    a->nviews = a->nkeep = 0;
+}
+
+static int same_device(ampc_device x, ampc_device y) { return x.type == y.type && x.index == y.index; }
+
+static int check_device(ampc_op_args *a, const ampc_view *v, const char *name)
+{
+    if (!a->have_device) {
+        a->device = v->device;
+        a->device_arg = name;
+        a->have_device = 1;
+        a->source = v->source;
+        return 0;
+    }
+    if (same_device(a->device, v->device))
+        return 0;
+    char d0[32], d1[32];
+    PyErr_Format(PyExc_ValueError, "%s: expected all arrays on one device, but %s is on %s and %s on %s",
+                 a->op, a->device_arg, ampc_device_str(a->device, d0, sizeof d0), name,
+                 ampc_device_str(v->device, d1, sizeof d1));
+    return -1;
+}
+
+ampc_view *ampc_op_arg(ampc_op_args *a, PyObject *obj, const char *name, int kind)
+{
+    if (a->nviews == AMPC_OP_MAX_ARGS) {
+        PyErr_SetString(PyExc_SystemError, "too many op arguments");
+        return NULL;
+    }
+    char label[96];
+    snprintf(label, sizeof label, "%s: %s", a->op, name);
+    ampc_view *v = &a->views[a->nviews];
+    if (ampc_view_from_object(a->st, obj, label, AMPC_FOR_READING, v) < 0)
+        return NULL;
+    a->nviews++;
+    if (kind == AMPC_ARG_FLOAT && !AMPC_DTYPE_IS_FLOAT(v->dtype)) {
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a floating array (float32, float16, bfloat16 or "
+                     "float64), got dtype %s", a->op, name, ampc_dtype_names[v->dtype]);
+        return NULL;
+    }
+    if (kind == AMPC_ARG_INDEX) {
+        const ampc_dtype d = v->dtype;
+        if (d != AMPC_INT64 && d != AMPC_INT32 && d != AMPC_INT16 && d != AMPC_INT8 && d != AMPC_UINT8) {
+            PyErr_Format(PyExc_TypeError, "%s: %s must hold class indices (an integer array: int64, int32, "
+                         "int16, int8 or uint8), got dtype %s", a->op, name, ampc_dtype_names[d]);
+            return NULL;
+        }
+    }
+    if (check_device(a, v, name) < 0)
+        return NULL;
+    return v;
+}
+
+int ampc_op_keep(ampc_op_args *a, PyObject *obj)
+{
+    if (a->nkeep == AMPC_OP_MAX_KEEP) {
+        Py_DECREF(obj);
+        PyErr_SetString(PyExc_SystemError, "too many op temporaries");
+        return -1;
+    }
+    a->keep[a->nkeep++] = obj;
+    return 0;
+}
+
+int ampc_op_dense(ampc_op_args *a, ampc_view *v)
+{
+    if (ampc_layout_is_c_contiguous(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype)))
+        return 0;
+    ampc_view copy;
+    PyObject *obj = ampc_array_empty(a->st, v->device, v->dtype, v->ndim, v->shape, NULL, &copy);
+    if (obj == NULL || ampc_op_keep(a, obj) < 0)
+        return -1;
+    if (ampc_cast_views(a->st, &copy, v, 1) < 0)
+        return -1;
+    /* The view keeps its owner (harmless) and now reads the copy. */
+    v->data = copy.data;
+    for (int d = 0; d < v->ndim; d++)
+        v->strides[d] = copy.strides[d];
+    v->stream = copy.stream;
+    return 0;
+}
+
+PyObject *ampc_op_output(ampc_op_args *a, ampc_dtype dtype, int ndim, const int64_t *shape, ampc_view *out)
+{
+    PyObject *obj = ampc_array_empty(a->st, a->device, dtype, ndim, shape, NULL, out);
+    if (obj == NULL)
+        return NULL;
+    if (ampc_op_keep(a, obj) < 0)
+        return NULL;
+    return obj;
+}
+
+PyObject *ampc_op_result(ampc_op_args *a, PyObject *out)
+{
+    Py_INCREF(out);
+    return ampc_return_as(a->st, out, a->source);
+}
+
+int ampc_op_stream_begin(ampc_op_args *a, void **stream)
+{
+    *stream = NULL;
+    if (a->device.type != AMPC_DEVICE_CUDA)
+        return 0;
+    *stream = ampc_current_stream(a->device.index, NULL);
+    ampc_streams_seen seen = {0};
+    for (int i = 0; i < a->nviews; i++)
+        if (a->views[i].device.type == AMPC_DEVICE_CUDA &&
+            ampc_order_stream(a->st, a->device.index, *stream, a->views[i].stream, 1, &seen) < 0)
+            return -1;
+    return 0;
+}
+
+int ampc_op_stream_end(ampc_op_args *a, void *stream)
+{
+    if (a->device.type != AMPC_DEVICE_CUDA)
+        return 0;
+    ampc_streams_seen seen = {0};
+    for (int i = 0; i < a->nviews; i++)
+        if (a->views[i].device.type == AMPC_DEVICE_CUDA &&
+            ampc_order_stream(a->st, a->device.index, stream, a->views[i].stream, 0, &seen) < 0)
+            return -1;
+    return 0;
+}
+
+int ampc_op_cpu_status(int rc)
+{
+    if (rc < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+int ampc_op_normalize_dim(const char *op, int64_t dim, int ndim, int64_t *out)
+{
+    const int64_t n = ndim > 0 ? ndim : 1;
+    if (dim < -n || dim >= n) {
+        PyErr_Format(PyExc_IndexError, "%s: Dimension out of range (expected to be in range of [%lld, %lld], "
+                     "but got %lld)", op, (long long)-n, (long long)(n - 1), (long long)dim);
+        return -1;
+    }
+    *out = dim < 0 ? dim + n : dim;
+    return 0;
+}
+
+ampc_rows ampc_op_rows(const ampc_view *v, int64_t dim)
+{
+    ampc_rows r = {1, 1, 1};
+    for (int d = 0; d < v->ndim; d++) {
+        if (d < dim)
+            r.outer *= v->shape[d];
+        else if (d == dim)
+            r.n = v->shape[d];
+        else
+            r.inner *= v->shape[d];
+    }
+    return r;
+}
+
+int ampc_parse_shape(PyObject *obj, const char *argname, int64_t *shape)
+{
+    PyObject *seq = PySequence_Fast(obj, "shape must be a sequence of ints");
+    if (seq == NULL)
+        return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > AMPC_MAX_NDIM) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s has more than %d dimensions", argname, AMPC_MAX_NDIM);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (v < 0) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "%s has a negative dimension", argname);
+            return -1;
+        }
+        shape[i] = v;
+    }
+    Py_DECREF(seq);
+    return (int)n;
+}
+
+int ampc_op_parse_dtype(ampc_state *st, PyObject *obj, const char *argname, int *have, ampc_dtype *dtype)
+{
+    *have = 0;
+    if (obj == NULL || obj == Py_None)
+        return 0;
+    if (ampc_dtype_parse(st, obj, argname, dtype) < 0)
+        return -1;
+    if (!AMPC_DTYPE_IS_FLOAT(*dtype)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a floating dtype, got %s", argname, ampc_dtype_names[*dtype]);
+        return -1;
+    }
+    *have = 1;
+    return 0;
+}
+
+ampc_dtype ampc_promote_float(ampc_dtype x, ampc_dtype y)
+{
+    if (x == y)
+        return x;
+    if (x == AMPC_FLOAT64 || y == AMPC_FLOAT64)
+        return AMPC_FLOAT64;
+    return AMPC_FLOAT32;  /* float32 with a 16-bit type, or float16 with bfloat16 */
+}
+
+static ampc_buf buf_of(const ampc_view *v) { return (ampc_buf){v->data, v->dtype}; }
+
+/* ------------------------------------------------------------------------ */
+/* _ew: elementwise with broadcasting                                         */
+/* ------------------------------------------------------------------------ */
+
+static int is_number(PyObject *obj)
+{
+    return PyFloat_Check(obj) || (PyLong_Check(obj) && !PyBool_Check(obj));
+}
+
+/* Broadcast `v` into the output's shape: element strides, 0 where broadcast. */
+int ampc_op_broadcast_strides(const char *op, const char *name, const ampc_view *v, int ndim,
+                             const int64_t *shape, int64_t *strides)
+{
+    const int64_t size = ampc_dtype_size(v->dtype);
+    for (int d = 0; d < ndim; d++) {
+        const int vd = d - (ndim - v->ndim);
+        if (vd < 0 || v->shape[vd] == 1) {
+            strides[d] = 0;
+            continue;
+        }
+        if (v->shape[vd] != shape[d]) {
+            PyErr_Format(PyExc_ValueError, "%s: %s of size %lld cannot be broadcast to size %lld at "
+                         "dimension %d", op, name, (long long)v->shape[vd], (long long)shape[d], d);
+            return -1;
+        }
+        if (v->strides[vd] % size != 0) {
+            PyErr_Format(PyExc_ValueError, "%s: %s has a stride that is not a multiple of its item size",
+                         op, name);
+            return -1;
+        }
+        strides[d] = v->strides[vd] / size;
+    }
+    return 0;
+}
+
+static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"op", "a", "b", "c", "param", "scale", "dtype", "shape", NULL};
+    static const char *names[3] = {"input", "other", "scale"};
+    ampc_state *st = ampc_state_of(module);
+    int op;
+    PyObject *objs[3] = {NULL, Py_None, Py_None}, *dtype_obj = Py_None, *shape_obj = Py_None, *result = NULL;
+    ampc_ew e = {0};
+    e.param = 1.0;
+    e.scale = 1.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|OO$ddOO:_ew", kwlist, &op, &objs[0], &objs[1], &objs[2],
+                                     &e.param, &e.scale, &dtype_obj, &shape_obj))
+        return NULL;
+    if (op < 0 || op >= AMPC_EW_NUM_OPS) {
+        PyErr_Format(PyExc_ValueError, "_ew: unknown op %d", op);
+        return NULL;
+    }
+    e.op = (ampc_ew_op)op;
+    const int arity = ampc_ew_arity(e.op);
+    e.nin = objs[2] != Py_None ? 3 : arity;
+    if (arity == 2 && objs[1] == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "_ew: a binary op needs b");
+        return NULL;
+    }
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, "elementwise");
+    const ampc_view *in[3] = {NULL, NULL, NULL};
+    int have_dtype = 0, have_array = 0;
+    ampc_dtype dtype = AMPC_FLOAT32, promoted = AMPC_FLOAT32;
+    if (ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0)
+        goto done;
+    for (int x = 0; x < e.nin; x++) {
+        if (x == 1 && arity == 1 && objs[1] == Py_None) {
+            e.value[1] = 0;
+            continue;
+        }
+        if (is_number(objs[x]) && x > 0) {
+            /* A Python number takes no part in promotion, as in torch. */
+            e.value[x] = PyFloat_AsDouble(objs[x]);
+            if (e.value[x] == -1.0 && PyErr_Occurred())
+                goto done;
+            continue;
+        }
+        if ((in[x] = ampc_op_arg(&a, objs[x], names[x], AMPC_ARG_FLOAT)) == NULL)
+            goto done;
+        promoted = have_array ? ampc_promote_float(promoted, in[x]->dtype) : in[x]->dtype;
+        have_array = 1;
+    }
+    e.out.dtype = have_dtype ? dtype : promoted;
+    /* The output's shape: the inputs' shapes broadcast together (and to shape=). */
+    int64_t want[AMPC_MAX_NDIM];
+    int want_ndim = -1;
+    if (shape_obj != Py_None && (want_ndim = ampc_parse_shape(shape_obj, "elementwise: shape", want)) < 0)
+        goto done;
+    e.ndim = want_ndim > 0 ? want_ndim : 0;
+    for (int x = 0; x < e.nin; x++)
+        if (in[x] != NULL && in[x]->ndim > e.ndim)
+            e.ndim = in[x]->ndim;
+    for (int d = 0; d < e.ndim; d++) {
+        e.shape[d] = 1;
+        const int wd = d - (e.ndim - want_ndim);
+        if (want_ndim >= 0 && wd >= 0)
+            e.shape[d] = want[wd];
+        for (int x = 0; x < e.nin; x++) {
+            if (in[x] == NULL)
+                continue;
+            const int vd = d - (e.ndim - in[x]->ndim);
+            if (vd >= 0 && in[x]->shape[vd] != 1) {
+                if (e.shape[d] != 1 && e.shape[d] != in[x]->shape[vd]) {
+                    PyErr_Format(PyExc_ValueError, "elementwise: the shapes of the operands do not broadcast "
+                                 "(size %lld against %lld at dimension %d)", (long long)e.shape[d],
+                                 (long long)in[x]->shape[vd], d);
+                    goto done;
+                }
+                e.shape[d] = in[x]->shape[vd];
+            }
+        }
+    }
+    if (want_ndim >= 0 && e.ndim != want_ndim) {
+        PyErr_SetString(PyExc_ValueError, "elementwise: the operands do not broadcast to shape");
+        goto done;
+    }
+    for (int x = 0; x < e.nin; x++) {
+        if (in[x] == NULL)
+            continue;
+        if (ampc_op_broadcast_strides("elementwise", names[x], in[x], e.ndim, e.shape, e.strides[x]) < 0)
+            goto done;
+        e.in[x] = buf_of(in[x]);
+    }
+    ampc_view out;
+    PyObject *out_obj = ampc_op_output(&a, e.out.dtype, e.ndim, e.shape, &out);
+    if (out_obj == NULL)
+        goto done;
+    e.out.data = out.data;
+    e.numel = out.numel;
+    if (AMPC_RUN_KERNEL(&a, ampc_cpu_elementwise, elementwise, &e) < 0)
+        goto done;
+    result = ampc_op_result(&a, out_obj);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+/* softmax, log_softmax                                                      */
+/* ------------------------------------------------------------------------ */
+
+static PyObject *mod_softmax(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"input", "dim", "log", "dtype", NULL};
+    ampc_state *st = ampc_state_of(module);
+    PyObject *x_obj, *dtype_obj = Py_None, *result = NULL;
+    long long dim;
+    int log;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OLp|O:_softmax", kwlist, &x_obj, &dim, &log, &dtype_obj))
+        return NULL;
+    const char *name = log ? "log_softmax" : "softmax";
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, name);
+    ampc_softmax s = {.log = log};
+    int have_dtype;
+    ampc_dtype dtype;
+    int64_t d;
+    ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
+    if (x == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0 ||
+        ampc_op_normalize_dim(name, dim, x->ndim, &d) < 0 || ampc_op_dense(&a, x) < 0)
+        goto done;
+    s.rows = ampc_op_rows(x, d);
+    ampc_view y;
+    PyObject *y_obj = ampc_op_output(&a, have_dtype ? dtype : x->dtype, x->ndim, x->shape, &y);
+    if (y_obj == NULL)
+        goto done;
+    s.x = buf_of(x);
+    s.y = buf_of(&y);
+    if (AMPC_RUN_KERNEL(&a, ampc_cpu_softmax, softmax, &s) < 0)
+        goto done;
+    result = ampc_op_result(&a, y_obj);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+static int same_shape(const ampc_view *x, const ampc_view *y)
+{
+    if (x->ndim != y->ndim)
+        return 0;
+    for (int d = 0; d < x->ndim; d++)
+        if (x->shape[d] != y->shape[d])
+            return 0;
+    return 1;
+}
+
+int ampc_op_check_same_shape(const char *op, const ampc_view *x, const char *xn, const ampc_view *y,
+                             const char *yn)
+{
+    if (same_shape(x, y))
+        return 0;
+    char sx[256], sy[256];
+    ampc_shape_str(x, sx, sizeof sx);
+    ampc_shape_str(y, sy, sizeof sy);
+    PyErr_Format(PyExc_ValueError, "%s: %s has shape %s but %s has shape %s", op, xn, sx, yn, sy);
+    return -1;
+}
+
+static PyObject *mod_softmax_backward(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"grad_output", "output", "dim", "log", "dtype", NULL};
+    ampc_state *st = ampc_state_of(module);
+    PyObject *dy_obj, *y_obj, *dtype_obj = Py_None, *result = NULL;
+    long long dim;
+    int log;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOLp|O:_softmax_backward", kwlist, &dy_obj, &y_obj, &dim,
+                                     &log, &dtype_obj))
+        return NULL;
+    const char *name = log ? "log_softmax_backward" : "softmax_backward";
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, name);
+    ampc_softmax_backward s = {.log = log};
+    int have_dtype;
+    ampc_dtype dtype;
+    int64_t d;
+    ampc_view *dy = ampc_op_arg(&a, dy_obj, "grad_output", AMPC_ARG_FLOAT);
+    ampc_view *y = dy ? ampc_op_arg(&a, y_obj, "output", AMPC_ARG_FLOAT) : NULL;
+    if (y == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0 ||
+        ampc_op_check_same_shape(name, dy, "grad_output", y, "output") < 0 ||
+        ampc_op_normalize_dim(name, dim, y->ndim, &d) < 0 || ampc_op_dense(&a, dy) < 0 || ampc_op_dense(&a, y) < 0)
+        goto done;
+    s.rows = ampc_op_rows(y, d);
+    ampc_view dx;
+    PyObject *dx_obj = ampc_op_output(&a, have_dtype ? dtype : y->dtype, y->ndim, y->shape, &dx);
+    if (dx_obj == NULL)
+        goto done;
+    s.dx = buf_of(&dx);
+    s.dy = buf_of(dy);
+    s.y = buf_of(y);
+    if (AMPC_RUN_KERNEL(&a, ampc_cpu_softmax_backward, softmax_backward, &s) < 0)
+        goto done;
+    result = ampc_op_result(&a, dx_obj);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+/* layer_norm                                                                */
+/* ------------------------------------------------------------------------ */
+
+/* The (rows, n) split of x for a layer_norm over its last `nnorm` elements. */
+static int layer_norm_split(const char *op, const ampc_view *x, long long nnorm, int64_t *rows, int64_t *n)
+{
+    if (nnorm < 1 || (x->numel > 0 && x->numel % nnorm != 0) || (x->numel == 0 && nnorm != 1 && x->ndim == 0)) {
+        PyErr_Format(PyExc_ValueError, "%s: cannot normalise over %lld elements of an input of %lld", op, nnorm,
+                     (long long)x->numel);
+        return -1;
+    }
+    *n = nnorm;
+    *rows = x->numel / nnorm;
+    return 0;
+}
+
+static int check_param(const char *op, const ampc_view *p, const char *name, int64_t n)
+{
+    if (p == NULL || p->numel == n)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: %s has %lld elements but the normalized shape has %lld", op, name,
+                 (long long)p->numel, (long long)n);
+    return -1;
+}
+
+static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"input", "n", "weight", "bias", "eps", NULL};
+    ampc_state *st = ampc_state_of(module);
+    PyObject *x_obj, *w_obj = Py_None, *b_obj = Py_None, *result = NULL;
+    long long nnorm;
+    double eps = 1e-5;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|OOd:_layer_norm", kwlist, &x_obj, &nnorm, &w_obj, &b_obj,
+                                     &eps))
+        return NULL;
+    const char *name = "layer_norm";
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, name);
+    ampc_layer_norm l = {.eps = eps};
+    ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
+    ampc_view *w = NULL, *b = NULL;
+    if (x == NULL)
+        goto done;
+    if (w_obj != Py_None && (w = ampc_op_arg(&a, w_obj, "weight", AMPC_ARG_FLOAT)) == NULL)
+        goto done;
+    if (b_obj != Py_None && (b = ampc_op_arg(&a, b_obj, "bias", AMPC_ARG_FLOAT)) == NULL)
+        goto done;
+    if (layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 || check_param(name, w, "weight", l.n) < 0 ||
+        check_param(name, b, "bias", l.n) < 0 || ampc_op_dense(&a, x) < 0 || (w && ampc_op_dense(&a, w) < 0) ||
+        (b && ampc_op_dense(&a, b) < 0))
+        goto done;
+    /* torch: the output takes the input's dtype; mean and rstd the accumulation type. */
+    const ampc_dtype acc = ampc_acc_dtype(x->dtype);
+    ampc_view y, mean, rstd;
+    const int64_t rows = l.rows;
+    PyObject *y_obj = ampc_op_output(&a, x->dtype, x->ndim, x->shape, &y);
+    PyObject *mean_obj = y_obj ? ampc_op_output(&a, acc, 1, &rows, &mean) : NULL;
+    PyObject *rstd_obj = mean_obj ? ampc_op_output(&a, acc, 1, &rows, &rstd) : NULL;
+    if (rstd_obj == NULL)
+        goto done;
+    l.y = buf_of(&y);
+    l.mean = buf_of(&mean);
+    l.rstd = buf_of(&rstd);
+    l.x = buf_of(x);
+    l.weight = w ? buf_of(w) : (ampc_buf){NULL, AMPC_FLOAT32};
+    l.bias = b ? buf_of(b) : (ampc_buf){NULL, AMPC_FLOAT32};
+    if (AMPC_RUN_KERNEL(&a, ampc_cpu_layer_norm, layer_norm, &l) < 0)
+        goto done;
+    PyObject *ry = ampc_op_result(&a, y_obj);
+    PyObject *rm = ry ? ampc_op_result(&a, mean_obj) : NULL;
+    PyObject *rr = rm ? ampc_op_result(&a, rstd_obj) : NULL;
+    if (rr != NULL)
+        result = PyTuple_Pack(3, ry, rm, rr);
+    Py_XDECREF(ry);
+    Py_XDECREF(rm);
+    Py_XDECREF(rr);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+static PyObject *mod_layer_norm_backward(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"grad_output", "input", "mean", "rstd", "n", "weight", "weight_grads",
+                             "input_grad", NULL};
+    ampc_state *st = ampc_state_of(module);
+    PyObject *dy_obj, *x_obj, *m_obj, *r_obj, *w_obj = Py_None, *result = NULL;
+    long long nnorm;
+    int weight_grads = 1, input_grad = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOL|Opp:_layer_norm_backward", kwlist, &dy_obj, &x_obj,
+                                     &m_obj, &r_obj, &nnorm, &w_obj, &weight_grads, &input_grad))
+        return NULL;
+    const char *name = "layer_norm_backward";
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, name);
+    ampc_layer_norm_backward l = {0};
+    PyObject *dx_obj = NULL, *dw_obj = NULL, *db_obj = NULL;
+    ampc_view *dy = ampc_op_arg(&a, dy_obj, "grad_output", AMPC_ARG_FLOAT);
+    ampc_view *x = dy ? ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT) : NULL;
+    ampc_view *mean = x ? ampc_op_arg(&a, m_obj, "mean", AMPC_ARG_FLOAT) : NULL;
+    ampc_view *rstd = mean ? ampc_op_arg(&a, r_obj, "rstd", AMPC_ARG_FLOAT) : NULL;
+    ampc_view *w = NULL;
+    if (rstd == NULL)
+        goto done;
+    if (w_obj != Py_None && (w = ampc_op_arg(&a, w_obj, "weight", AMPC_ARG_FLOAT)) == NULL)
+        goto done;
+    if (ampc_op_check_same_shape(name, dy, "grad_output", x, "input") < 0 ||
+        layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 || check_param(name, w, "weight", l.n) < 0)
+        goto done;
+    const ampc_dtype acc = ampc_acc_dtype(x->dtype);
+    if (mean->dtype != acc || rstd->dtype != acc || mean->numel != l.rows || rstd->numel != l.rows) {
+        PyErr_Format(PyExc_ValueError, "%s: mean and rstd must be the %lld %s values that layer_norm saved", name,
+                     (long long)l.rows, ampc_dtype_names[acc]);
+        goto done;
+    }
+    if (ampc_op_dense(&a, dy) < 0 || ampc_op_dense(&a, x) < 0 || ampc_op_dense(&a, mean) < 0 ||
+        ampc_op_dense(&a, rstd) < 0 || (w && ampc_op_dense(&a, w) < 0))
+        goto done;
+    ampc_view dx = {0}, dw = {0}, db = {0};
+    const int64_t n = l.n;
+    if (input_grad && (dx_obj = ampc_op_output(&a, x->dtype, x->ndim, x->shape, &dx)) == NULL)
+        goto done;
+    const ampc_dtype wdt = w ? w->dtype : x->dtype;
+    if (weight_grads && ((dw_obj = ampc_op_output(&a, wdt, 1, &n, &dw)) == NULL ||
+                         (db_obj = ampc_op_output(&a, wdt, 1, &n, &db)) == NULL))
+        goto done;
+    l.dx = buf_of(&dx);
+    l.dweight = buf_of(&dw);
+    l.dbias = buf_of(&db);
+    l.dy = buf_of(dy);
+    l.x = buf_of(x);
+    l.mean = buf_of(mean);
+    l.rstd = buf_of(rstd);
+    l.weight = w ? buf_of(w) : (ampc_buf){NULL, AMPC_FLOAT32};
+    if (weight_grads && l.rows == 0) {
+        /* no rows: the weight gradients are zeros (a constant 0 copied) */
+        ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1, .ndim = 1, .nin = 1, .numel = n, .shape = {n}};
+        for (int k = 0; k < 2; k++) {
+            zero.out = k == 0 ? l.dweight : l.dbias;
+            if (AMPC_RUN_KERNEL(&a, ampc_cpu_elementwise, elementwise, &zero) < 0)
+                goto done;
+        }
+    }
+    if (AMPC_RUN_KERNEL(&a, ampc_cpu_layer_norm_backward, layer_norm_backward, &l) < 0)
+        goto done;
+    PyObject *outs[3] = {NULL, NULL, NULL};
+    PyObject *objs[3] = {dx_obj, dw_obj, db_obj};
+    int ok = 1;
+    for (int k = 0; k < 3 && ok; k++) {
+        if (objs[k] == NULL)
+            outs[k] = Py_NewRef(Py_None);
+        else
+            ok = (outs[k] = ampc_op_result(&a, objs[k])) != NULL;
+    }
+    if (ok)
+        result = PyTuple_Pack(3, outs[0], outs[1], outs[2]);
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(outs[k]);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+/* _sum: a scaled sum over some dimensions                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Sum a dense array over the dimensions marked in `reduce`, as a sequence of
+ * reductions of one run of adjacent marked dimensions each, the
+ * intermediates in the accumulation dtype. */
+static PyObject *mod_sum(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"input", "dims", "keepdim", "scale", "dtype", NULL};
+    ampc_state *st = ampc_state_of(module);
+    PyObject *x_obj, *dims_obj = Py_None, *dtype_obj = Py_None, *result = NULL;
+    int keepdim = 0;
+    double scale = 1.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Opd$O:_sum", kwlist, &x_obj, &dims_obj, &keepdim, &scale,
+                                     &dtype_obj))
+        return NULL;
+    const char *name = "sum";
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, name);
+    int have_dtype;
+    ampc_dtype dtype;
+    char reduce[AMPC_MAX_NDIM] = {0};
+    ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
+    if (x == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0)
+        goto done;
+    if (dims_obj == Py_None) {
+        for (int d = 0; d < x->ndim; d++)
+            reduce[d] = 1;
+    }
+    else {
+        PyObject *seq = PySequence_Fast(dims_obj, "sum: dim must be an int or a sequence of ints");
+        if (seq == NULL)
+            goto done;
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+            const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            int64_t d;
+            if ((v == -1 && PyErr_Occurred()) || ampc_op_normalize_dim(name, v, x->ndim, &d) < 0) {
+                Py_DECREF(seq);
+                goto done;
+            }
+            if (x->ndim > 0 && reduce[d]) {
+                PyErr_Format(PyExc_RuntimeError, "sum: dim %lld appears multiple times in the list of dims", v);
+                Py_DECREF(seq);
+                goto done;
+            }
+            if (x->ndim > 0)
+                reduce[d] = 1;
+        }
+        Py_DECREF(seq);
+    }
+    if (ampc_op_dense(&a, x) < 0)
+        goto done;
+    const ampc_dtype out_dtype = have_dtype ? dtype : x->dtype, acc = ampc_acc_dtype(out_dtype);
+    /* the output's shape */
+    int64_t oshape[AMPC_MAX_NDIM];
+    int ondim = 0;
+    for (int d = 0; d < x->ndim; d++) {
+        if (!reduce[d])
+            oshape[ondim++] = x->shape[d];
+        else if (keepdim)
+            oshape[ondim++] = 1;
+    }
+    /* Reduce the runs of marked dimensions from the innermost out. */
+    int64_t shape[AMPC_MAX_NDIM];
+    int ndim = x->ndim;
+    for (int d = 0; d < ndim; d++)
+        shape[d] = x->shape[d];
+    ampc_buf cur = buf_of(x);
+    int nruns = 0;
+    for (int d = 0; d < ndim; d++)
+        if (reduce[d] && (d == 0 || !reduce[d - 1]))
+            nruns++;
+    PyObject *out_obj = NULL;
+    if (nruns == 0) {
+        /* nothing to sum: a scaled copy in the output dtype */
+        ampc_view out;
+        if ((out_obj = ampc_op_output(&a, out_dtype, ondim, oshape, &out)) == NULL)
+            goto done;
+        ampc_ew e = {.op = AMPC_EW_COPY, .scale = scale, .ndim = 1, .nin = 1, .numel = x->numel,
+                     .shape = {x->numel}, .out = buf_of(&out), .in = {cur}, .strides = {{1}}};
+        if (AMPC_RUN_KERNEL(&a, ampc_cpu_elementwise, elementwise, &e) < 0)
+            goto done;
+        result = ampc_op_result(&a, out_obj);
+        goto done;
+    }
+    int runs_done = 0;
+    for (int hi = ndim - 1; hi >= 0; hi--) {
+        if (!reduce[hi])
+            continue;
+        int lo = hi;
+        while (lo > 0 && reduce[lo - 1])
+            lo--;
+        ampc_reduce r = {.rows = {1, 1, 1}, .scale = 1.0, .x = cur};
+        for (int d = 0; d < ndim; d++) {
+            if (d < lo)
+                r.rows.outer *= shape[d];
+            else if (d <= hi)
+                r.rows.n *= shape[d];
+            else
+                r.rows.inner *= shape[d];
+        }
+        const int last = ++runs_done == nruns;
+        ampc_view out;
+        PyObject *obj;
+        if (last) {
+            r.scale = scale;
+            obj = out_obj = ampc_op_output(&a, out_dtype, ondim, oshape, &out);
+        }
+        else {
+            const int64_t count = r.rows.outer * r.rows.inner;
+            obj = ampc_op_output(&a, acc, 1, &count, &out);
+        }
+        if (obj == NULL)
+            goto done;
+        r.out = buf_of(&out);
+        if (AMPC_RUN_KERNEL(&a, ampc_cpu_reduce, reduce, &r) < 0)
+            goto done;
+        /* the reduced run becomes one dimension of size 1 */
+        for (int d = lo; d <= hi; d++)
+            shape[d] = 1;
+        cur = r.out;
+        hi = lo;
+    }
+    result = ampc_op_result(&a, out_obj);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+/* cross_entropy, nll_loss                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    ampc_view *logits, *target, *weight;
+    ampc_rows rows;
+    int probs_target;
+} ce_inputs;
+
+/* The checks torch makes: input (N, C, d1, ...) or (C,); target (N, d1, ...)
+ * of class indices, or the input's shape of probabilities; weight (C,). On
+ * the CPU, every index in [0, C) or ignore_index. */
+static int ce_parse(ampc_op_args *a, PyObject *x_obj, PyObject *t_obj, PyObject *w_obj, long long ignore_index,
+                    int log_probs, ce_inputs *in)
+{
+    const char *op = a->op;
+    memset(in, 0, sizeof *in);
+    if ((in->logits = ampc_op_arg(a, x_obj, "input", AMPC_ARG_FLOAT)) == NULL)
+        return -1;
+    ampc_view *x = in->logits;
+    if (x->ndim < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: input must have at least one dimension (the classes)", op);
+        return -1;
+    }
+    if (w_obj != Py_None && (in->weight = ampc_op_arg(a, w_obj, "weight", AMPC_ARG_FLOAT)) == NULL)
+        return -1;
+    /* probabilities if the target is floating */
+    ampc_view probe;
+    char label[96];
+    snprintf(label, sizeof label, "%s: target", op);
+    if (ampc_view_from_object(a->st, t_obj, label, AMPC_FOR_READING, &probe) < 0)
+        return -1;
+    in->probs_target = AMPC_DTYPE_IS_FLOAT(probe.dtype);
+    ampc_view_release(&probe);
+    if (in->probs_target && log_probs) {
+        PyErr_Format(PyExc_TypeError, "%s: target must hold class indices (an integer array), got a floating array", op);
+        return -1;
+    }
+    if ((in->target = ampc_op_arg(a, t_obj, "target", in->probs_target ? AMPC_ARG_FLOAT : AMPC_ARG_INDEX)) == NULL)
+        return -1;
+    ampc_view *t = in->target;
+    const int class_dim = x->ndim == 1 ? 0 : 1;
+    in->rows = ampc_op_rows(x, class_dim);
+    const int64_t classes = in->rows.n;
+    char sx[256], st_[256];
+    ampc_shape_str(x, sx, sizeof sx);
+    ampc_shape_str(t, st_, sizeof st_);
+    if (in->probs_target) {
+        if (ampc_op_check_same_shape(op, x, "input", t, "target") < 0)
+            return -1;
+    }
+    else {
+        int ok = t->ndim == x->ndim - 1;
+        for (int d = 0, dx = 0; ok && d < t->ndim; d++, dx++) {
+            if (dx == class_dim)
+                dx++;
+            ok = t->shape[d] == x->shape[dx];
+        }
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "%s: Expected target of shape %s without the class dimension of input "
+                         "%s, got %s", op, sx, sx, st_);
+            return -1;
+        }
+    }
+    if (in->weight != NULL && (in->weight->ndim != 1 || in->weight->shape[0] != classes)) {
+        PyErr_Format(PyExc_ValueError, "%s: weight must have one value per class (%lld), got %lld", op,
+                     (long long)classes, (long long)in->weight->numel);
+        return -1;
+    }
+    if (ampc_op_dense(a, x) < 0 || ampc_op_dense(a, t) < 0 || (in->weight && ampc_op_dense(a, in->weight) < 0))
+        return -1;
+    if (!in->probs_target && t->device.type == AMPC_DEVICE_CPU) {
+        const ampc_buf tb = buf_of(t);
+        for (int64_t i = 0; i < t->numel; i++) {
+            int64_t k;
+            switch (tb.dtype) {
+            case AMPC_INT64: k = ((const int64_t *)tb.data)[i]; break;
+            case AMPC_INT32: k = ((const int32_t *)tb.data)[i]; break;
+            case AMPC_INT16: k = ((const int16_t *)tb.data)[i]; break;
+            case AMPC_INT8: k = ((const int8_t *)tb.data)[i]; break;
+            default: k = ((const uint8_t *)tb.data)[i]; break;
+            }
+            if (k != ignore_index && (k < 0 || k >= classes)) {
+                PyErr_Format(PyExc_ValueError, "%s: target %lld is out of bounds: the input has %lld classes "
+                             "(target[%lld] in the flattened target)", op, (long long)k, (long long)classes,
+                             (long long)i);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+static int parse_reduction(const char *op, const char *s, int *out)
+{
+    if (strcmp(s, "none") == 0)
+        *out = 0;
+    else if (strcmp(s, "mean") == 0)
+        *out = 1;
+    else if (strcmp(s, "sum") == 0)
+        *out = 2;
+    else {
+        PyErr_Format(PyExc_ValueError, "%s: %s is not a valid value for reduction", op, s);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *mod_cross_entropy(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"input", "target", "weight", "ignore_index", "label_smoothing", "reduction",
+                             "log_probs", NULL};
+    ampc_state *st = ampc_state_of(module);
+    PyObject *x_obj, *t_obj, *w_obj = Py_None, *result = NULL;
+    long long ignore_index = -100;
+    double smoothing = 0.0;
+    const char *reduction_s = "mean";
+    int log_probs = 0, reduction;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OLdsp:_cross_entropy", kwlist, &x_obj, &t_obj, &w_obj,
+                                     &ignore_index, &smoothing, &reduction_s, &log_probs))
+        return NULL;
+    const char *name = log_probs ? "nll_loss" : "cross_entropy";
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, name);
+    ce_inputs in;
+    if (parse_reduction(name, reduction_s, &reduction) < 0)
+        goto done;
+    if (smoothing < 0.0 || smoothing > 1.0) {
+        PyErr_Format(PyExc_ValueError, "%s: label_smoothing must be between 0.0 and 1.0. Got: %g", name, smoothing);
+        goto done;
+    }
+    if (ce_parse(&a, x_obj, t_obj, w_obj, ignore_index, log_probs, &in) < 0)
+        goto done;
+    const ampc_view *x = in.logits;
+    const ampc_dtype acc = ampc_acc_dtype(x->dtype);
+    const int64_t positions = in.rows.outer * in.rows.inner, one = 1;
+    /* the loss: the target's shape without reduction (positions for probabilities) */
+    int64_t lshape[AMPC_MAX_NDIM];
+    int lndim = 0;
+    for (int d = 0; d < x->ndim; d++)
+        if (d != (x->ndim == 1 ? 0 : 1))
+            lshape[lndim++] = x->shape[d];
+    ampc_view loss, lse, denom;
+    PyObject *loss_obj = reduction == 0 ? ampc_op_output(&a, x->dtype, lndim, lshape, &loss)
+                                        : ampc_op_output(&a, x->dtype, 0, NULL, &loss);
+    PyObject *lse_obj = loss_obj ? ampc_op_output(&a, acc, 1, &positions, &lse) : NULL;
+    PyObject *denom_obj = lse_obj ? ampc_op_output(&a, acc, 1, &one, &denom) : NULL;
+    if (denom_obj == NULL)
+        goto done;
+    ampc_cross_entropy c = {
+        .rows = in.rows, .log_probs = log_probs, .probs_target = in.probs_target, .reduction = reduction,
+        .ignore_index = ignore_index, .smoothing = smoothing, .loss = buf_of(&loss), .lse = buf_of(&lse),
+        .denom = buf_of(&denom), .logits = buf_of(x), .target = buf_of(in.target),
+        .weight = in.weight ? buf_of(in.weight) : (ampc_buf){NULL, AMPC_FLOAT32},
+    };
+    if (AMPC_RUN_KERNEL(&a, ampc_cpu_cross_entropy, cross_entropy, &c) < 0)
+        goto done;
+    PyObject *r0 = ampc_op_result(&a, loss_obj);
+    PyObject *r1 = r0 ? ampc_op_result(&a, lse_obj) : NULL;
+    PyObject *r2 = r1 ? ampc_op_result(&a, denom_obj) : NULL;
+    if (r2 != NULL)
+        result = PyTuple_Pack(3, r0, r1, r2);
+    Py_XDECREF(r0);
+    Py_XDECREF(r1);
+    Py_XDECREF(r2);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+static PyObject *mod_cross_entropy_backward(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"grad_output", "input", "target", "lse", "denom", "weight", "ignore_index",
+                             "label_smoothing", "reduction", "log_probs", NULL};
+    ampc_state *st = ampc_state_of(module);
+    PyObject *dl_obj, *x_obj, *t_obj, *lse_obj, *denom_obj, *w_obj = Py_None, *result = NULL;
+    long long ignore_index = -100;
+    double smoothing = 0.0;
+    const char *reduction_s = "mean";
+    int log_probs = 0, reduction;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOO|OLdsp:_cross_entropy_backward", kwlist, &dl_obj, &x_obj,
+                                     &t_obj, &lse_obj, &denom_obj, &w_obj, &ignore_index, &smoothing, &reduction_s,
+                                     &log_probs))
+        return NULL;
+    const char *name = log_probs ? "nll_loss_backward" : "cross_entropy_backward";
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, name);
+    ce_inputs in;
+    if (parse_reduction(name, reduction_s, &reduction) < 0 ||
+        ce_parse(&a, x_obj, t_obj, w_obj, ignore_index, log_probs, &in) < 0)
+        goto done;
+    const ampc_view *x = in.logits;
+    const ampc_dtype acc = ampc_acc_dtype(x->dtype);
+    const int64_t positions = in.rows.outer * in.rows.inner;
+    ampc_view *dl = ampc_op_arg(&a, dl_obj, "grad_output", AMPC_ARG_FLOAT);
+    ampc_view *lse = dl ? ampc_op_arg(&a, lse_obj, "lse", AMPC_ARG_FLOAT) : NULL;
+    ampc_view *denom = lse ? ampc_op_arg(&a, denom_obj, "denom", AMPC_ARG_FLOAT) : NULL;
+    if (denom == NULL)
+        goto done;
+    if (lse->dtype != acc || lse->numel != positions || denom->dtype != acc || denom->numel != 1) {
+        PyErr_Format(PyExc_ValueError, "%s: lse and denom must be what the forward saved", name);
+        goto done;
+    }
+    if (dl->numel != (reduction == 0 ? positions : 1)) {
+        PyErr_Format(PyExc_ValueError, "%s: grad_output has %lld elements, expected %lld", name,
+                     (long long)dl->numel, (long long)(reduction == 0 ? positions : 1));
+        goto done;
+    }
+    if (ampc_op_dense(&a, dl) < 0 || ampc_op_dense(&a, lse) < 0)
+        goto done;
+    ampc_view dx;
+    PyObject *dx_obj = ampc_op_output(&a, x->dtype, x->ndim, x->shape, &dx);
+    if (dx_obj == NULL)
+        goto done;
+    ampc_cross_entropy_backward c = {
+        .rows = in.rows, .log_probs = log_probs, .probs_target = in.probs_target, .reduction = reduction,
+        .ignore_index = ignore_index, .smoothing = smoothing, .dlogits = buf_of(&dx), .dloss = buf_of(dl),
+        .lse = buf_of(lse), .denom = buf_of(denom), .logits = buf_of(x), .target = buf_of(in.target),
+        .weight = in.weight ? buf_of(in.weight) : (ampc_buf){NULL, AMPC_FLOAT32},
+    };
+    if (AMPC_RUN_KERNEL(&a, ampc_cpu_cross_entropy_backward, cross_entropy_backward, &c) < 0)
+        goto done;
+    result = ampc_op_result(&a, dx_obj);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static PyObject *mod_ew_ops(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
+{
+    static const char *const names[AMPC_EW_NUM_OPS] = {
+        "copy", "neg", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "log", "pow_scalar",
+        "sqrt", "rsqrt", "abs", "sign", "add", "mul", "div", "pow", "maximum", "minimum", "relu_grad",
+        "gelu_grad", "gelu_tanh_grad", "silu_grad", "sigmoid_grad", "tanh_grad", "pow_scalar_grad",
+        "squared_diff", "abs_diff", "bce_logits", "bce", "squared_diff_grad", "abs_diff_grad",
+        "bce_logits_grad", "bce_grad",
+    };
+    PyObject *d = PyDict_New();
+    for (int i = 0; d != NULL && i < AMPC_EW_NUM_OPS; i++) {
+        PyObject *v = PyLong_FromLong(i);
+        if (v == NULL || PyDict_SetItemString(d, names[i], v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+PyMethodDef ampc_ops_methods[] = {
+    {"_ew_ops", mod_ew_ops, METH_NOARGS, "The elementwise op codes of _ew, by name."},
+    {"_ew", (PyCFunction)(void (*)(void))mod_ew, METH_VARARGS | METH_KEYWORDS,
+     "_ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None): f(a, b; param) * c * scale, broadcast."},
+    {"_softmax", (PyCFunction)(void (*)(void))mod_softmax, METH_VARARGS | METH_KEYWORDS,
+     "_softmax(input, dim, log, dtype=None)"},
+    {"_softmax_backward", (PyCFunction)(void (*)(void))mod_softmax_backward, METH_VARARGS | METH_KEYWORDS,
+     "_softmax_backward(grad_output, output, dim, log, dtype=None)"},
+    {"_layer_norm", (PyCFunction)(void (*)(void))mod_layer_norm, METH_VARARGS | METH_KEYWORDS,
+     "_layer_norm(input, n, weight=None, bias=None, eps=1e-5) -> (output, mean, rstd)"},
+    {"_layer_norm_backward", (PyCFunction)(void (*)(void))mod_layer_norm_backward, METH_VARARGS | METH_KEYWORDS,
+     "_layer_norm_backward(grad_output, input, mean, rstd, n, weight=None, weight_grads=True, input_grad=True) "
+     "-> (grad_input, grad_weight, grad_bias)"},
+    {"_sum", (PyCFunction)(void (*)(void))mod_sum, METH_VARARGS | METH_KEYWORDS,
+     "_sum(input, dims=None, keepdim=False, scale=1.0, *, dtype=None)"},
+    {"_cross_entropy", (PyCFunction)(void (*)(void))mod_cross_entropy, METH_VARARGS | METH_KEYWORDS,
+     "_cross_entropy(input, target, weight=None, ignore_index=-100, label_smoothing=0.0, reduction='mean', "
+     "log_probs=False) -> (loss, lse, denom)"},
+    {"_cross_entropy_backward", (PyCFunction)(void (*)(void))mod_cross_entropy_backward,
+     METH_VARARGS | METH_KEYWORDS,
+     "_cross_entropy_backward(grad_output, input, target, lse, denom, weight=None, ignore_index=-100, "
+     "label_smoothing=0.0, reduction='mean', log_probs=False)"},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,94 @@
+/*
+ * ops_args.h: what the op entry points (ops.c, ops_gemm.c) share: reading
+ * their array arguments (one device for all, dtypes checked, names in the
+ * messages), dense copies where a kernel needs C order, outputs on the
+ * arguments' device, and the stream ordering around a GPU kernel.
+ */
+#ifndef AMPC_OPS_ARGS_H
+#define AMPC_OPS_ARGS_H
+
+#include "ampc.h"
+#include "ops.h"
+
+#define AMPC_OP_MAX_ARGS 8
+#define AMPC_OP_MAX_KEEP 12
+
+typedef struct {
+    ampc_state *st;
+    const char *op;                        /* the op's name, first in every message */
+    ampc_view views[AMPC_OP_MAX_ARGS];
+    int nviews;
+    PyObject *keep[AMPC_OP_MAX_KEEP];      /* outputs and temporaries */
+    int nkeep;
+    ampc_device device;                    /* of the first array argument */
+    const char *device_arg;
+    int have_device;
+    PyTypeObject *source;                  /* borrowed: results come back as this type */
+} ampc_op_args;
+
+enum { AMPC_ARG_ANY = 0, AMPC_ARG_FLOAT = 1, AMPC_ARG_INDEX = 2 };
+
+void ampc_op_args_init(ampc_op_args *a, ampc_state *st, const char *op);
+void ampc_op_args_release(ampc_op_args *a);
+/* Read an argument (kind: AMPC_ARG_*); NULL with TypeError/ValueError. The
+ * view lives until ampc_op_args_release. */
+ampc_view *ampc_op_arg(ampc_op_args *a, PyObject *obj, const char *name, int kind);
+/* Keep obj (stolen) until release. */
+int ampc_op_keep(ampc_op_args *a, PyObject *obj);
+/* Make v C-contiguous (a copy in ampc's memory when it is not). */
+int ampc_op_dense(ampc_op_args *a, ampc_view *v);
+/* A new C-order output on the arguments' device (borrowed; kept by `a`). */
+PyObject *ampc_op_output(ampc_op_args *a, ampc_dtype dtype, int ndim, const int64_t *shape, ampc_view *out);
+/* A new reference to an output, as the caller's array type. */
+PyObject *ampc_op_result(ampc_op_args *a, PyObject *out);
+/* GPU: the stream to run on, after every argument's stream; and after the
+ * kernel, every argument's stream after it. Nothing on the CPU. */
+int ampc_op_stream_begin(ampc_op_args *a, void **stream);
+int ampc_op_stream_end(ampc_op_args *a, void *stream);
+/* A CPU kernel's return code: -1 is out of memory. */
+int ampc_op_cpu_status(int rc);
+int ampc_op_normalize_dim(const char *op, int64_t dim, int ndim, int64_t *out);
+/* The (outer, n, inner) layout of a dense array around dimension dim. */
+ampc_rows ampc_op_rows(const ampc_view *v, int64_t dim);
+/* A shape argument (a sequence of ints >= 0): its length, or -1. */
+int ampc_parse_shape(PyObject *obj, const char *argname, int64_t *shape);
+int ampc_op_parse_dtype(ampc_state *st, PyObject *obj, const char *argname, int *have, ampc_dtype *dtype);
+int ampc_op_check_same_shape(const char *op, const ampc_view *x, const char *xn, const ampc_view *y,
+                             const char *yn);
+/* v's element strides when broadcast to (ndim, shape): 0 where broadcast;
+ * ValueError naming `name` when the shapes do not broadcast. */
+int ampc_op_broadcast_strides(const char *op, const char *name, const ampc_view *v, int ndim,
+                              const int64_t *shape, int64_t *strides);
+/* torch's promotion of two floating dtypes. */
+ampc_dtype ampc_promote_float(ampc_dtype x, ampc_dtype y);
+
+/* Run a kernel on the arguments' device: the CPU one (cpu_fn(desc)) with the
+ * GIL released, or the CUDA one (the API table's `member`) on ampc's
+ * stream, ordered after the arguments' streams and they after it. 0, or -1
+ * with an exception. */
+#define AMPC_RUN_KERNEL(a, cpu_fn, member, desc)                                               \
+    ({                                                                                         \
+        int rc_;                                                                               \
+        if ((a)->device.type == AMPC_DEVICE_CPU) {                                             \
+            Py_BEGIN_ALLOW_THREADS                                                             \
+            rc_ = cpu_fn(desc);                                                                \
+            Py_END_ALLOW_THREADS                                                               \
+            rc_ = ampc_op_cpu_status(rc_);                                                     \
+        }                                                                                      \
+        else {                                                                                 \
+            void *stream_;                                                                     \
+            rc_ = ampc_op_stream_begin((a), &stream_);                                         \
+            if (rc_ == 0) {                                                                    \
+                const int status_ = (a)->st->cuda->member((a)->device.index, stream_, (desc)); \
+                rc_ = status_ == AMPC_OK ? ampc_op_stream_end((a), stream_)                    \
+                                         : ampc_cuda_raise((a)->st, status_, (a)->op);         \
+            }                                                                                  \
+        }                                                                                      \
+        rc_;                                                                                   \
+    })
+
+extern PyMethodDef ampc_ops_methods[];
+extern PyMethodDef ampc_gemm_methods[];
+
+
+#endif /* AMPC_OPS_ARGS_H */

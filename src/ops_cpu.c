@@ -1,0 +1,226 @@
+/*
+ * ops_cpu.c: the CPU kernels of ops.h.
+ *
+ * Each kernel streams its operands through small buffers of the compute
+ * type (float, or double for float64 data): a run of float16 or bfloat16 is
+ * converted with the SIMD cast kernels (cast_cpu.h), computed on in float
+ * and rounded once on the way out. A float32 operand in place is read (and a
+ * float32 output written) directly. The arithmetic is in ops_real.inc,
+ * compiled once per compute type.
+ *
+ * Work is cut into items that do not depend on the thread count, and every
+ * sum across items is taken in item order, so results are the same bits on
+ * 1 or 64 threads.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cast_cpu.h"
+#include "fpenv.h"
+#include "ops.h"
+#include "parallel.h"
+
+/* Elements per buffered run, and the least work worth a thread. */
+#define OPS_BLOCK 1024
+#define OPS_MIN_WORK 16384
+
+static ampc_cast_contig_fn contig_cast(ampc_dtype dst, ampc_dtype src)
+{
+    const ampc_cast_contig_fn fn = ampc_isa_table(ampc_isa_active())->contig[dst][src];
+    return fn != NULL ? fn : ampc_cast_portable.contig[dst][src];
+}
+
+/* n values of b from element `off` on, `stride` elements apart (0: one value
+ * repeated), as the compute type `acc`: a pointer into b itself where it
+ * already holds them densely, else `buf` filled with them. */
+static const void *load_vals(void *buf, ampc_dtype acc, const ampc_buf *b, int64_t off, int64_t stride, int64_t n)
+{
+    const int64_t size = ampc_dtype_size(b->dtype), acc_size = ampc_dtype_size(acc);
+    const char *src = (const char *)b->data + off * size;
+    if (stride == 1 && b->dtype == acc)
+        return src;
+    if (stride == 1) {
+        contig_cast(acc, b->dtype)(src, buf, n);
+    }
+    else if (stride == 0) {
+        contig_cast(acc, b->dtype)(src, buf, 1);
+        for (int64_t i = 1; i < n; i++)
+            memcpy((char *)buf + i * acc_size, buf, (size_t)acc_size);
+    }
+    else {
+        ampc_cast_strided[acc][b->dtype](src, stride * size, buf, acc_size, n);
+    }
+    return buf;
+}
+
+/* One value of b as the compute type. */
+static void load_one(void *dst, ampc_dtype acc, const ampc_buf *b, int64_t index)
+{
+    contig_cast(acc, b->dtype)((const char *)b->data + index * ampc_dtype_size(b->dtype), dst, 1);
+}
+
+/* Where to compute a dense run of out from element `off` on: out itself when
+ * it has the compute type, else `buf`. */
+static void *out_target(void *buf, ampc_dtype acc, const ampc_buf *out, int64_t off)
+{
+    return out->dtype == acc ? (char *)out->data + off * ampc_dtype_size(acc) : buf;
+}
+
+/* Write n computed values to out from element `off`, `stride` apart, rounding
+ * them to out's dtype (nothing to do when they were computed in place). */
+static void store_vals(const ampc_buf *out, int64_t off, int64_t stride, const void *vals, ampc_dtype acc, int64_t n)
+{
+    const int64_t size = ampc_dtype_size(out->dtype);
+    char *dst = (char *)out->data + off * size;
+    if (stride == 1 && (const void *)dst == vals)
+        return;
+    if (stride == 1)
+        contig_cast(out->dtype, acc)(vals, dst, n);
+    else
+        ampc_cast_strided[out->dtype][acc](vals, ampc_dtype_size(acc), dst, stride * size, n);
+}
+
+/* A class index of an integer target array. */
+static int64_t target_at(const ampc_buf *t, int64_t i)
+{
+    switch (t->dtype) {
+    case AMPC_INT64: return ((const int64_t *)t->data)[i];
+    case AMPC_INT32: return ((const int32_t *)t->data)[i];
+    case AMPC_INT16: return ((const int16_t *)t->data)[i];
+    case AMPC_INT8: return ((const int8_t *)t->data)[i];
+    case AMPC_UINT8: return ((const uint8_t *)t->data)[i];
+    default: return -1;
+    }
+}
+
+/* Drop size-1 dimensions and merge the dimensions that every input walks
+ * contiguously (the output is C order), so inner runs are as long as they
+ * can be. At least one dimension is left. */
+static void ew_coalesce(const ampc_ew *e, int *ndim, int64_t *shape, int64_t (*strides)[AMPC_MAX_NDIM])
+{
+    int nd = 0;
+    for (int d = 0; d < e->ndim; d++) {
+        if (e->shape[d] == 1)
+            continue;
+        int merge = nd > 0;
+        for (int x = 0; x < e->nin && merge; x++)
+            merge = strides[x][nd - 1] == e->strides[x][d] * e->shape[d];
+        if (merge) {
+            shape[nd - 1] *= e->shape[d];
+            for (int x = 0; x < e->nin; x++)
+                strides[x][nd - 1] = e->strides[x][d];
+            continue;
+        }
+        shape[nd] = e->shape[d];
+        for (int x = 0; x < e->nin; x++)
+            strides[x][nd] = e->strides[x][d];
+        nd++;
+    }
+    if (nd == 0) {
+        shape[0] = 1;
+        for (int x = 0; x < e->nin; x++)
+            strides[x][0] = 0;
+        nd = 1;
+    }
+    *ndim = nd;
+}
+
+#define REAL float
+#define F(name) name##_f
+#define ACC_DTYPE AMPC_FLOAT32
+#define ERF erff
+#define EXP expf
+#define LOG logf
+#define LOG1P log1pf
+#define TANH tanhf
+#define POW powf
+#define SQRT sqrtf
+#define FABS fabsf
+#include "ops_real.inc"
+#undef REAL
+#undef F
+#undef ACC_DTYPE
+#undef ERF
+#undef EXP
+#undef LOG
+#undef LOG1P
+#undef TANH
+#undef POW
+#undef SQRT
+#undef FABS
+
+#define REAL double
+#define F(name) name##_d
+#define ACC_DTYPE AMPC_FLOAT64
+#define ERF erf
+#define EXP exp
+#define LOG log
+#define LOG1P log1p
+#define TANH tanh
+#define POW pow
+#define SQRT sqrt
+#define FABS fabs
+#include "ops_real.inc"
+
+/* ------------------------------------------------------------------------ */
+/* Entry points: the compute type follows the data (float64 or the rest)    */
+/* ------------------------------------------------------------------------ */
+
+int ampc_cpu_elementwise(const ampc_ew *e)
+{
+    if (e->numel == 0)
+        return 0;
+    return e->out.dtype == AMPC_FLOAT64 ? elementwise_d(e) : elementwise_f(e);
+}
+
+int ampc_cpu_softmax(const ampc_softmax *s)
+{
+    if (s->rows.outer * s->rows.n * s->rows.inner == 0)
+        return 0;
+    return s->x.dtype == AMPC_FLOAT64 ? run_rows_d(&s->rows, s, softmax_range_d)
+                                      : run_rows_f(&s->rows, s, softmax_range_f);
+}
+
+int ampc_cpu_softmax_backward(const ampc_softmax_backward *s)
+{
+    if (s->rows.outer * s->rows.n * s->rows.inner == 0)
+        return 0;
+    return s->y.dtype == AMPC_FLOAT64 ? run_rows_d(&s->rows, s, softmax_backward_range_d)
+                                      : run_rows_f(&s->rows, s, softmax_backward_range_f);
+}
+
+int ampc_cpu_layer_norm(const ampc_layer_norm *l)
+{
+    if (l->rows == 0 || l->n == 0)
+        return 0;
+    const ampc_rows rows = {l->rows, l->n, 1};
+    return l->x.dtype == AMPC_FLOAT64 ? run_rows_d(&rows, l, layer_norm_range_d)
+                                      : run_rows_f(&rows, l, layer_norm_range_f);
+}
+
+int ampc_cpu_layer_norm_backward(const ampc_layer_norm_backward *l)
+{
+    if (l->rows == 0 || l->n == 0)
+        return 0;
+    return l->x.dtype == AMPC_FLOAT64 ? layer_norm_backward_d(l) : layer_norm_backward_f(l);
+}
+
+int ampc_cpu_reduce(const ampc_reduce *r)
+{
+    if (r->rows.outer * r->rows.inner == 0)
+        return 0;
+    return r->x.dtype == AMPC_FLOAT64 ? reduce_d(r) : reduce_f(r);
+}
+
+int ampc_cpu_cross_entropy(const ampc_cross_entropy *c)
+{
+    return c->logits.dtype == AMPC_FLOAT64 ? cross_entropy_d(c) : cross_entropy_f(c);
+}
+
+int ampc_cpu_cross_entropy_backward(const ampc_cross_entropy_backward *c)
+{
+    if (c->rows.outer * c->rows.n * c->rows.inner == 0)
+        return 0;
+    return c->logits.dtype == AMPC_FLOAT64 ? cross_entropy_backward_d(c) : cross_entropy_backward_f(c);
+}

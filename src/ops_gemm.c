@@ -1,0 +1,450 @@
+/*
+ * ops_gemm.c: _matmul, the one entry point of every matrix product
+ * (linear, matmul, mm, bmm, addmm, baddbmm and their backward passes).
+ *
+ *   out = alpha * (op(a) @ op(b)) + beta * c + bias
+ *
+ * with torch.matmul's rules for shapes (1-D operands, broadcast batch
+ * dimensions), op() a transpose of the last two dimensions where asked
+ * (linear's weight), c broadcast to the output, bias one value per column.
+ *
+ * CPU: NumPy's matmul (its BLAS, threads, GIL released) in float32 (float64
+ * for float64), then
+ * one elementwise pass that adds c or bias and rounds once to the output
+ * dtype. GPU: one cuBLASLt call (cuda/gemm.c) with float32 accumulation;
+ * c is copied into the output first when cuBLASLt cannot read it in place.
+ */
+#include "ampc.h"
+
+#include "ops.h"
+#include "ops_args.h"
+
+/* An ndarray of v's values in dtype acc (float32 or float64): over v's
+ * memory when v has that dtype (read-only, kept alive by v's owner), else a
+ * converted copy. */
+static PyObject *acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype acc)
+{
+    ampc_state *st = a->st;
+    if (v->dtype != acc) {
+        ampc_view copy;
+        PyObject *obj = ampc_array_empty(st, v->device, acc, v->ndim, v->shape, NULL, &copy);
+        if (obj == NULL)
+            return NULL;
+        if (ampc_cast_views(st, &copy, v, 1) < 0) {
+            Py_DECREF(obj);
+            return NULL;
+        }
+        return obj;
+    }
+    npy_intp dims[AMPC_MAX_NDIM], strides[AMPC_MAX_NDIM];
+    for (int d = 0; d < v->ndim; d++) {
+        dims[d] = (npy_intp)v->shape[d];
+        strides[d] = (npy_intp)v->strides[d];
+    }
+    PyArray_Descr *descr = st->descr[acc];
+    Py_INCREF(descr);
+    PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, v->ndim, dims, strides, v->data, 0, NULL);
+    if (arr == NULL)
+        return NULL;
+    Py_INCREF(v->owner);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, v->owner) < 0) {
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
+static void swap_last_two(ampc_view *v)
+{
+    const int i = v->ndim - 2, j = v->ndim - 1;
+    int64_t t = v->shape[i];
+    v->shape[i] = v->shape[j];
+    v->shape[j] = t;
+    t = v->strides[i];
+    v->strides[i] = v->strides[j];
+    v->strides[j] = t;
+}
+
+/* torch.matmul's shape rules: the output shape, m, n, k, and the broadcast
+ * batch shape. A 1-D a is a row (its m dropped), a 1-D b a column (n dropped). */
+typedef struct {
+    int64_t m, n, k;
+    int bndim;
+    int64_t bshape[AMPC_MAX_NDIM];
+    int ondim;
+    int64_t oshape[AMPC_MAX_NDIM];
+} mm_shape;
+
+static int matmul_shape(const char *op, const ampc_view *x, const ampc_view *y, mm_shape *s)
+{
+    const int xv = x->ndim == 1, yv = y->ndim == 1;
+    s->m = xv ? 1 : x->shape[x->ndim - 2];
+    s->k = x->shape[x->ndim - 1];
+    const int64_t ky = yv ? y->shape[0] : y->shape[y->ndim - 2];
+    s->n = yv ? 1 : y->shape[y->ndim - 1];
+    if (s->k != ky) {
+        if (x->ndim <= 2 && y->ndim <= 2)
+            PyErr_Format(PyExc_ValueError, "%s: mat1 and mat2 shapes cannot be multiplied (%lldx%lld and %lldx%lld)",
+                         op, (long long)s->m, (long long)s->k, (long long)ky, (long long)s->n);
+        else
+            PyErr_Format(PyExc_ValueError, "%s: the inner dimensions do not match: input has %lld columns, "
+                         "other has %lld rows", op, (long long)s->k, (long long)ky);
+        return -1;
+    }
+    const int xb = xv ? 0 : x->ndim - 2, yb = yv ? 0 : y->ndim - 2;
+    s->bndim = xb > yb ? xb : yb;
+    for (int d = 0; d < s->bndim; d++) {
+        const int dx = d - (s->bndim - xb), dy = d - (s->bndim - yb);
+        const int64_t sx = dx >= 0 ? x->shape[dx] : 1, sy = dy >= 0 ? y->shape[dy] : 1;
+        if (sx != sy && sx != 1 && sy != 1) {
+            PyErr_Format(PyExc_ValueError, "%s: the batch dimensions do not broadcast (%lld against %lld at "
+                         "batch dimension %d)", op, (long long)sx, (long long)sy, d);
+            return -1;
+        }
+        s->bshape[d] = sx != 1 ? sx : sy;
+    }
+    s->ondim = 0;
+    for (int d = 0; d < s->bndim; d++)
+        s->oshape[s->ondim++] = s->bshape[d];
+    if (!xv)
+        s->oshape[s->ondim++] = s->m;
+    if (!yv)
+        s->oshape[s->ondim++] = s->n;
+    return 0;
+}
+
+/* The epilogue in one elementwise pass: out = alpha * (r + beta/alpha * c)
+ * (c broadcast), or r + bias, or r, rounded to out's dtype. */
+static int epilogue(ampc_op_args *a, const ampc_view *r, const ampc_view *c, const ampc_view *bias, double alpha,
+                    double beta, const ampc_view *out)
+{
+    ampc_ew e = {.op = AMPC_EW_COPY, .param = 1.0, .scale = 1.0, .ndim = out->ndim, .nin = 1, .numel = out->numel};
+    for (int d = 0; d < out->ndim; d++) {
+        e.shape[d] = out->shape[d];
+        e.strides[0][d] = r->strides[d] / ampc_dtype_size(r->dtype);
+    }
+    e.out = (ampc_buf){out->data, out->dtype};
+    e.in[0] = (ampc_buf){r->data, r->dtype};
+    const ampc_view *other = c != NULL ? c : bias;
+    if (other != NULL) {
+        e.op = AMPC_EW_ADD;
+        e.nin = 2;
+        e.in[1] = (ampc_buf){other->data, other->dtype};
+        if (ampc_op_broadcast_strides(a->op, c != NULL ? "input" : "bias", other, out->ndim, out->shape,
+                                      e.strides[1]) < 0)
+            return -1;
+        if (c != NULL && alpha == 0.0) {
+            /* beta * c alone (alpha * r would be 0 * inf = NaN where r overflows; torch ignores r) */
+            e.op = AMPC_EW_COPY;
+            e.nin = 1;
+            e.in[0] = e.in[1];
+            for (int d = 0; d < out->ndim; d++)
+                e.strides[0][d] = e.strides[1][d];
+            e.scale = beta;
+        }
+        else if (c != NULL) {
+            e.param = beta / alpha;
+            e.scale = alpha;
+        }
+    }
+    else {
+        e.scale = alpha;
+    }
+    return AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e);
+}
+
+static int matmul_cpu(ampc_op_args *a, const ampc_view *x, const ampc_view *y, const ampc_view *c,
+                      const ampc_view *bias, double alpha, double beta, ampc_dtype out_dtype, PyObject **out_obj)
+{
+    ampc_state *st = a->st;
+    if (st->np_matmul == NULL) {
+        PyObject *np = PyImport_ImportModule("numpy");
+        if (np == NULL)
+            return -1;
+        st->np_matmul = PyObject_GetAttrString(np, "matmul");
+        Py_DECREF(np);
+        if (st->np_matmul == NULL)
+            return -1;
+    }
+    const ampc_dtype acc = ampc_acc_dtype(x->dtype);
+    PyObject *xa = acc_ndarray(a, x, acc);
+    if (xa == NULL || ampc_op_keep(a, xa) < 0)
+        return -1;
+    PyObject *ya = acc_ndarray(a, y, acc);
+    if (ya == NULL || ampc_op_keep(a, ya) < 0)
+        return -1;
+    PyObject *product = PyObject_CallFunctionObjArgs(st->np_matmul, xa, ya, NULL);
+    if (product == NULL)
+        return -1;
+    /* two vectors give a NumPy scalar: make it a 0-d array */
+    PyObject *r = PyArray_FROM_O(product);
+    Py_DECREF(product);
+    if (r == NULL || ampc_op_keep(a, r) < 0)
+        return -1;
+    if (c == NULL && bias == NULL && alpha == 1.0 && out_dtype == acc) {
+        *out_obj = r;
+        return 0;
+    }
+    ampc_view rv, out;
+    if (ampc_view_from_ndarray(st, (PyArrayObject *)r, "matmul result", &rv) < 0)
+        return -1;
+    PyObject *o = ampc_op_output(a, out_dtype, rv.ndim, rv.shape, &out);
+    const int rc = o != NULL ? epilogue(a, &rv, c, bias, alpha, beta, &out) : -1;
+    ampc_view_release(&rv);
+    *out_obj = o;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* GPU: the layout cuBLASLt is given                                         */
+/* ------------------------------------------------------------------------ */
+
+/* The batch stride (elements) of v over the broadcast batch shape, if one
+ * stride describes it: 1 with *stride set, 0 if v must be copied first. */
+static int batch_stride(const ampc_view *v, int vb, const mm_shape *s, int64_t *stride)
+{
+    const int64_t size = ampc_dtype_size(v->dtype);
+    int64_t vcount = 1;
+    for (int d = 0; d < vb; d++)
+        vcount *= v->shape[d];
+    if (vcount == 1) {
+        *stride = 0;  /* one matrix, shared by every batch entry */
+        return 1;
+    }
+    /* v's batch dimensions must be the whole batch shape, laid out evenly */
+    int64_t total = 1;
+    for (int d = 0; d < s->bndim; d++)
+        total *= s->bshape[d];
+    if (vcount != total)
+        return 0;
+    int64_t expect = -1;
+    for (int d = vb - 1; d >= 0; d--) {
+        if (v->shape[d] == 1)
+            continue;
+        if (v->strides[d] % size != 0)
+            return 0;
+        const int64_t st = v->strides[d] / size;
+        if (expect < 0)
+            *stride = st;
+        else if (st != expect)
+            return 0;
+        expect = st * v->shape[d];
+    }
+    return 1;
+}
+
+/* The matrix layout of v's last two dimensions (rows x cols): 1 with
+ * *trans and *ld set when one of them has unit stride, 0 otherwise. */
+static int matrix_layout(const ampc_view *v, int64_t rows, int64_t cols, int *trans, int64_t *ld)
+{
+    const int64_t size = ampc_dtype_size(v->dtype);
+    const int64_t sr = v->ndim >= 2 ? v->strides[v->ndim - 2] : cols * size;
+    const int64_t sc = v->strides[v->ndim - 1];
+    if (sr % size || sc % size)
+        return 0;
+    if ((sc == size || cols == 1) && (rows == 1 || sr / size >= cols)) {
+        *trans = 0;
+        *ld = rows == 1 ? cols : sr / size;
+        return *ld >= 1;
+    }
+    if ((sr == size || rows == 1) && (cols == 1 || sc / size >= rows)) {
+        *trans = 1;
+        *ld = cols == 1 ? rows : sc / size;
+        return *ld >= 1;
+    }
+    return 0;
+}
+
+/* A dense copy of v broadcast to its batch dimensions over the full batch shape. */
+static int expand_dense(ampc_op_args *a, ampc_view *v, int vb, const mm_shape *s)
+{
+    int64_t shape[AMPC_MAX_NDIM];
+    int ndim = 0;
+    for (int d = 0; d < s->bndim; d++)
+        shape[ndim++] = s->bshape[d];
+    for (int d = vb; d < v->ndim; d++)
+        shape[ndim++] = v->shape[d];
+    ampc_view copy;
+    if (ampc_op_output(a, v->dtype, ndim, shape, &copy) == NULL)
+        return -1;
+    ampc_ew e = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = ndim, .nin = 1, .numel = copy.numel};
+    for (int d = 0; d < ndim; d++)
+        e.shape[d] = shape[d];
+    e.out = (ampc_buf){copy.data, copy.dtype};
+    e.in[0] = (ampc_buf){v->data, v->dtype};
+    if (ampc_op_broadcast_strides(a->op, "input", v, ndim, shape, e.strides[0]) < 0 ||
+        AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e) < 0)
+        return -1;
+    v->data = copy.data;
+    v->ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        v->shape[d] = copy.shape[d];
+        v->strides[d] = copy.strides[d];
+    }
+    v->stream = copy.stream;
+    return 0;
+}
+
+static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_view *c, const ampc_view *bias,
+                      double alpha, double beta, ampc_dtype out_dtype, const mm_shape *s, PyObject **out_obj)
+{
+    /* Matrices as 2-D or more: a 1-D a is (1, k), a 1-D b (k, 1). */
+    if (x->ndim == 1) {
+        x->ndim = 2;
+        x->shape[1] = x->shape[0];
+        x->strides[1] = x->strides[0];
+        x->shape[0] = 1;
+        x->strides[0] = x->shape[1] * ampc_dtype_size(x->dtype);
+    }
+    if (y->ndim == 1) {
+        y->ndim = 2;
+        y->shape[1] = 1;
+        y->strides[1] = ampc_dtype_size(y->dtype);
+    }
+    const int xb = x->ndim - 2, yb = y->ndim - 2;
+    ampc_gemm g = {.m = s->m, .n = s->n, .k = s->k, .batch = 1, .alpha = alpha, .beta = 0.0};
+    for (int d = 0; d < s->bndim; d++)
+        g.batch *= s->bshape[d];
+    if (!batch_stride(x, xb, s, &g.stride_a) || !matrix_layout(x, s->m, s->k, &g.trans_a, &g.lda)) {
+        if (expand_dense(a, x, xb, s) < 0)
+            return -1;
+        batch_stride(x, s->bndim, s, &g.stride_a);
+        matrix_layout(x, s->m, s->k, &g.trans_a, &g.lda);
+    }
+    if (!batch_stride(y, yb, s, &g.stride_b) || !matrix_layout(y, s->k, s->n, &g.trans_b, &g.ldb)) {
+        if (expand_dense(a, y, yb, s) < 0)
+            return -1;
+        batch_stride(y, s->bndim, s, &g.stride_b);
+        matrix_layout(y, s->k, s->n, &g.trans_b, &g.ldb);
+    }
+    ampc_view out;
+    PyObject *o = ampc_op_output(a, out_dtype, s->ondim, s->oshape, &out);
+    if (o == NULL)
+        return -1;
+    g.ldd = s->n;
+    g.stride_d = s->m * s->n;
+    /* One product of m * batch rows when b is shared and a's matrices lie end to end. */
+    if (g.batch > 1 && g.stride_b == 0 && !g.trans_a && g.stride_a == s->m * g.lda && g.lda == s->k) {
+        g.m *= g.batch;
+        g.batch = 1;
+    }
+    g.a = (ampc_buf){x->data, x->dtype};
+    g.b = (ampc_buf){y->data, y->dtype};
+    g.d = (ampc_buf){out.data, out.dtype};
+    if (bias != NULL) {
+        g.bias = (ampc_buf){bias->data, bias->dtype};
+    }
+    else if (c != NULL && beta != 0.0) {
+        if (c->ndim == 1 && c->shape[0] == s->n && beta == 1.0 && c->strides[0] == ampc_dtype_size(c->dtype) &&
+            c->dtype == out_dtype) {
+            g.bias = (ampc_buf){c->data, c->dtype};  /* addmm(bias, x, w): the bias epilogue */
+        }
+        else {
+            /* c broadcast into the output, which cuBLASLt then reads as C */
+            ampc_ew e = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = out.ndim, .nin = 1, .numel = out.numel};
+            for (int d = 0; d < out.ndim; d++)
+                e.shape[d] = out.shape[d];
+            e.out = g.d;
+            e.in[0] = (ampc_buf){c->data, c->dtype};
+            if (ampc_op_broadcast_strides(a->op, "input", c, out.ndim, out.shape, e.strides[0]) < 0 ||
+                AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e) < 0)
+                return -1;
+            g.c = g.d;
+            g.ldc = g.ldd;
+            g.stride_c = g.stride_d;
+            g.beta = beta;
+        }
+    }
+    *out_obj = o;
+    if (out.numel == 0)
+        return 0;
+    if (s->k == 0 && g.c.data == NULL && g.bias.data == NULL) {
+        /* an empty sum: zeros */
+        ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = out.numel,
+                        .shape = {out.numel}, .out = g.d};
+        return AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &zero);
+    }
+    void *stream;
+    if (ampc_op_stream_begin(a, &stream) < 0)
+        return -1;
+    const int status = a->st->cuda->gemm(a->device.index, stream, &g);
+    if (status != AMPC_OK)
+        return ampc_cuda_raise(a->st, status, a->op);
+    return ampc_op_stream_end(a, stream);
+}
+
+static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"input", "other", "c", "bias", "alpha", "beta", "transpose_a", "transpose_b", "op",
+                             "dtype", NULL};
+    ampc_state *st = ampc_state_of(module);
+    PyObject *x_obj, *y_obj, *c_obj = Py_None, *b_obj = Py_None, *dtype_obj = Py_None, *result = NULL;
+    double alpha = 1.0, beta = 1.0;
+    int ta = 0, tb = 0;
+    const char *name = "matmul";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOddppsO:_matmul", kwlist, &x_obj, &y_obj, &c_obj, &b_obj,
+                                     &alpha, &beta, &ta, &tb, &name, &dtype_obj))
+        return NULL;
+    ampc_op_args a;
+    ampc_op_args_init(&a, st, name);
+    int have_dtype;
+    ampc_dtype dtype;
+    mm_shape s;
+    ampc_view *c = NULL, *bias = NULL;
+    ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
+    ampc_view *y = x ? ampc_op_arg(&a, y_obj, "other", AMPC_ARG_FLOAT) : NULL;
+    if (y == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0)
+        goto done;
+    if (c_obj != Py_None && (c = ampc_op_arg(&a, c_obj, "input", AMPC_ARG_FLOAT)) == NULL)
+        goto done;
+    if (b_obj != Py_None && (bias = ampc_op_arg(&a, b_obj, "bias", AMPC_ARG_FLOAT)) == NULL)
+        goto done;
+    if (x->ndim == 0 || y->ndim == 0) {
+        PyErr_Format(PyExc_ValueError, "%s: both arguments need at least 1 dimension, got %dD and %dD", name,
+                     x->ndim, y->ndim);
+        goto done;
+    }
+    if (x->dtype != y->dtype || (bias != NULL && bias->dtype != x->dtype) || (c != NULL && c->dtype != x->dtype)) {
+        const ampc_view *other = x->dtype != y->dtype ? y : bias != NULL && bias->dtype != x->dtype ? bias : c;
+        PyErr_Format(PyExc_TypeError, "%s: expected all arguments to have the same dtype, but got %s for input and "
+                     "%s for %s", name, ampc_dtype_names[x->dtype], ampc_dtype_names[other->dtype],
+                     other == y ? "other" : other == bias ? "bias" : "the added input");
+        goto done;
+    }
+    if ((ta && x->ndim < 2) || (tb && y->ndim < 2)) {
+        PyErr_Format(PyExc_ValueError, "%s: a transposed operand needs 2 dimensions or more", name);
+        goto done;
+    }
+    if (ta)
+        swap_last_two(x);
+    if (tb)
+        swap_last_two(y);
+    if (matmul_shape(name, x, y, &s) < 0)
+        goto done;
+    if (bias != NULL && (bias->ndim != 1 || bias->shape[0] != s.n)) {
+        PyErr_Format(PyExc_ValueError, "%s: bias must have %lld values (one per output feature), got %lld", name,
+                     (long long)s.n, (long long)bias->numel);
+        goto done;
+    }
+    if (c != NULL && bias != NULL) {
+        PyErr_Format(PyExc_TypeError, "%s: give either c or bias", name);
+        goto done;
+    }
+    const ampc_dtype out_dtype = have_dtype ? dtype : x->dtype;
+    PyObject *out_obj = NULL;
+    const int rc = a.device.type == AMPC_DEVICE_CPU
+                       ? matmul_cpu(&a, x, y, c, bias, alpha, beta, out_dtype, &out_obj)
+                       : matmul_gpu(&a, x, y, c, bias, alpha, beta, out_dtype, &s, &out_obj);
+    if (rc == 0)
+        result = ampc_op_result(&a, out_obj);
+done:
+    ampc_op_args_release(&a);
+    return result;
+}
+
+PyMethodDef ampc_gemm_methods[] = {
+    {"_matmul", (PyCFunction)(void (*)(void))mod_matmul, METH_VARARGS | METH_KEYWORDS,
+     "_matmul(input, other, *, c=None, bias=None, alpha=1.0, beta=1.0, transpose_a=False, transpose_b=False, "
+     "op='matmul', dtype=None): alpha * op(input) @ op(other) + beta * c + bias, accumulated in float32."},
+    {NULL, NULL, 0, NULL},
+};
