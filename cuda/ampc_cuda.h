@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include "ampc_types.h"
 #include "layout.h"
+#include "ops.h"
 #include "optim.h"
 #include "scaler_rule.h"
 #include "unscale.h"
@@ -31,7 +32,7 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 4
+#define AMPC_CUDA_ABI_VERSION 5
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 
 typedef enum {
@@ -139,6 +140,19 @@ typedef struct ampc_cuda_api {
                const float *grad_scale, const float *found_inf);
     int (*adam)(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_adam_config *config,
                 const float *grad_scale, const float *found_inf);
+
+    /* --- ABI 5 --- */
+
+    /* The op kernels of ops.h (cuda/ops.cu, cuda/gemm.c), queued on stream. */
+    int (*elementwise)(int device, void *stream, const ampc_ew *e);
+    int (*softmax)(int device, void *stream, const ampc_softmax *s);
+    int (*softmax_backward)(int device, void *stream, const ampc_softmax_backward *s);
+    int (*layer_norm)(int device, void *stream, const ampc_layer_norm *l);
+    int (*layer_norm_backward)(int device, void *stream, const ampc_layer_norm_backward *l);
+    int (*reduce)(int device, void *stream, const ampc_reduce *r);
+    int (*cross_entropy)(int device, void *stream, const ampc_cross_entropy *c);
+    int (*cross_entropy_backward)(int device, void *stream, const ampc_cross_entropy_backward *c);
+    int (*gemm)(int device, void *stream, const ampc_gemm *g);
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

@@ -906,7 +906,10 @@ static PyObject *mod_cross_entropy(PyObject *module, PyObject *args, PyObject *k
     if (parse_reduction(name, reduction_s, &reduction) < 0)
         goto done;
     if (smoothing < 0.0 || smoothing > 1.0) {
-        PyErr_Format(PyExc_ValueError, "%s: label_smoothing must be between 0.0 and 1.0. Got: %g", name, smoothing);
+        PyObject *v = PyFloat_FromDouble(smoothing);
+        if (v != NULL)
+            PyErr_Format(PyExc_ValueError, "%s: label_smoothing must be between 0.0 and 1.0. Got: %R", name, v);
+        Py_XDECREF(v);
         goto done;
     }
     if (ce_parse(&a, x_obj, t_obj, w_obj, ignore_index, log_probs, &in) < 0)

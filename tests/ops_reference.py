@@ -1,0 +1,162 @@
+"""float64 references for ampc.nn.functional, written from the formulas (not from ampc's
+kernels), and the tolerance each dtype's rounding allows."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+F16 = np.dtype(np.float16)
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+FLOATS = [F32, F16, BF16, F64]
+
+# One rounding of the output plus float32 arithmetic: the relative error a correct kernel may
+# show against the float64 reference of its (already rounded) inputs.
+RTOL = {F32: 1e-5, F16: 2.0**-10, BF16: 2.0**-7, F64: 1e-12}
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def f64(x):
+    return np.asarray(x).astype(np.float64)
+
+
+def random(rng, shape, dtype, scale=1.0):
+    """Fresh random data, exactly representable in dtype (the reference sees the same values)."""
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def assert_close(out, ref, dtype, *, scale=None, rtol=None, what=""):
+    """Every element of out (dtype `dtype`) within the dtype's tolerance of the float64 ref:
+    |out - ref| <= rtol * (|ref| + scale), scale a magnitude of the terms that were summed."""
+    out = np.asarray(out)
+    assert out.dtype == dtype, f"{what}: dtype {out.dtype}, expected {dtype}"
+    ref = np.asarray(ref, dtype=np.float64)
+    assert out.shape == ref.shape, f"{what}: shape {out.shape}, expected {ref.shape}"
+    rtol = RTOL[dtype] if rtol is None else rtol
+    got = out.astype(np.float64)
+    if scale is None:
+        scale = np.abs(ref).max() if ref.size else 0.0
+    tol = rtol * (np.abs(ref) + scale) + 1e-300
+    same_nan = np.isnan(got) == np.isnan(ref)
+    assert same_nan.all(), f"{what}: NaN where the reference has none (or the other way)"
+    bad = ~(np.abs(got - ref) <= tol) & ~np.isnan(ref)
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} of {bad.size} elements off; worst {np.abs(got - ref)[bad].max():.3g} "
+        f"at tolerance {tol[bad].min():.3g}")
+
+
+def gelu(x):
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def relu(x):
+    return np.maximum(x, 0)
+
+
+def softmax(x, dim):
+    m = x.max(axis=dim, keepdims=True)
+    e = np.exp(x - m)
+    return e / e.sum(axis=dim, keepdims=True)
+
+
+def log_softmax(x, dim):
+    m = x.max(axis=dim, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=dim, keepdims=True))
+
+
+def layer_norm(x, n_dims, w=None, b=None, eps=1e-5):
+    axes = tuple(range(x.ndim - n_dims, x.ndim))
+    mu = x.mean(axis=axes, keepdims=True)
+    var = ((x - mu) ** 2).mean(axis=axes, keepdims=True)
+    y = (x - mu) / np.sqrt(var + eps)
+    if w is not None:
+        y = y * w
+    if b is not None:
+        y = y + b
+    return y
+
+
+def cross_entropy(x, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+    """torch.nn.functional.cross_entropy in float64, class dimension 1 (or 0 for 1-D input)."""
+    cdim = 0 if x.ndim == 1 else 1
+    logp = log_softmax(x, cdim)
+    logp = np.moveaxis(logp, cdim, -1)  # (..., C)
+    c = logp.shape[-1]
+    w = np.ones(c) if weight is None else weight
+    if np.issubdtype(np.asarray(target).dtype, np.floating):
+        q = np.moveaxis(target, cdim, -1) * (1 - label_smoothing) + label_smoothing / c
+        per = -(w * q * logp).sum(-1)
+        if reduction == "none":
+            return per
+        return per.sum() / (per.size if reduction == "mean" else 1)
+    t = np.asarray(target)
+    valid = t != ignore_index
+    tt = np.where(valid, t, 0)
+    picked = np.take_along_axis(logp, tt[..., None], -1)[..., 0]
+    wt = np.where(valid, w[tt], 0.0)
+    per = -(1 - label_smoothing) * wt * picked
+    if label_smoothing > 0:
+        per = per - np.where(valid, label_smoothing / c * (w * logp).sum(-1), 0.0)
+    if reduction == "none":
+        return per
+    if reduction == "sum":
+        return per.sum()
+    return per.sum() / wt.sum()
+
+
+def nll_loss(logp, target, weight=None, ignore_index=-100, reduction="mean"):
+    cdim = 0 if logp.ndim == 1 else 1
+    lp = np.moveaxis(logp, cdim, -1)
+    c = lp.shape[-1]
+    w = np.ones(c) if weight is None else weight
+    t = np.asarray(target)
+    valid = t != ignore_index
+    tt = np.where(valid, t, 0)
+    picked = np.take_along_axis(lp, tt[..., None], -1)[..., 0]
+    wt = np.where(valid, w[tt], 0.0)
+    per = -wt * picked
+    if reduction == "none":
+        return per
+    return per.sum() if reduction == "sum" else per.sum() / wt.sum()
+
+
+def reduce(per, reduction):
+    if reduction == "none":
+        return per
+    return per.sum() if reduction == "sum" else per.mean()
+
+
+def bce_with_logits(x, y, w=None):
+    per = np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
+    return per if w is None else per * w
+
+
+def bce(p, y, w=None):
+    per = -(y * np.maximum(np.log(p), -100) + (1 - y) * np.maximum(np.log1p(-p), -100))
+    return per if w is None else per * w
+
+
+def numeric_grad(f, x, r, h=1e-6):
+    """d(sum(f(x) * r))/dx by central differences, every element (float64)."""
+    g = np.zeros_like(x)
+    flat, gflat = x.reshape(-1), g.reshape(-1)
+    for i in range(flat.size):
+        old = flat[i]
+        flat[i] = old + h
+        up = np.sum(np.asarray(f(x), np.float64) * r)
+        flat[i] = old - h
+        down = np.sum(np.asarray(f(x), np.float64) * r)
+        flat[i] = old
+        gflat[i] = (up - down) / (2 * h)
+    return g

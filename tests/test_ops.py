@@ -1,0 +1,614 @@
+"""ampc.nn.functional on the CPU: every op, forward and backward, against a float64 reference on
+fresh random data (odd sizes, size 1, non-contiguous inputs) in float32, float16, bfloat16 and
+float64; backward passes also against float64 finite differences; dtypes under autocast; bad
+input."""
+
+import math
+
+import numpy as np
+import pytest
+
+import ampc
+import ops_reference as ref
+from ops_reference import BF16, F16, F32, F64, FLOATS, assert_close, f64, numeric_grad
+
+F = ampc.nn.functional
+
+SHAPES = [(1,), (7,), (3, 5), (2, 3, 17), (1, 1)]
+
+
+@pytest.fixture
+def rng(request):
+    # a fresh seed per test, reported on failure through the test id
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+
+
+def bits(a):
+    """The bytes of an array (or 0-d result), for bit-exact comparisons."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def noncontiguous(x):
+    """The same values in a strided layout: every other element of a wider array."""
+    wide = np.empty(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
+    wide[..., ::2] = x
+    wide[..., 1::2] = np.nan  # poison: a kernel reading the gaps gives NaN
+    view = wide[..., ::2]
+    assert not view.flags.c_contiguous or x.shape[-1] <= 1
+    return view
+
+
+# --------------------------------------------------------------------------------------------
+# Elementwise
+# --------------------------------------------------------------------------------------------
+
+UNARY = [
+    ("relu", F.relu, ref.relu),
+    ("gelu", F.gelu, ref.gelu),
+    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), ref.gelu_tanh),
+    ("silu", F.silu, ref.silu),
+    ("exp", F.exp, np.exp),
+    ("sigmoid", F.sigmoid, lambda x: 1 / (1 + np.exp(-x))),
+    ("tanh", F.tanh, np.tanh),
+    ("pow3", lambda x: F.pow(x, 3.0), lambda x: x**3),
+    ("pow2", lambda x: F.pow(x, 2), lambda x: x**2),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("name,op,reference", UNARY, ids=[u[0] for u in UNARY])
+def test_unary_forward(rng, name, op, reference, shape, dtype):
+    x = ref.random(rng, shape, dtype)
+    before = x.copy()
+    assert_close(op(x), reference(f64(x)), dtype, what=name)
+    assert_close(op(noncontiguous(x)), reference(f64(x)), dtype, what=name + " strided")
+    np.testing.assert_array_equal(x.view(np.uint8), before.view(np.uint8))
+
+
+def test_log_of_positive(rng):
+    for dtype in FLOATS:
+        x = np.abs(ref.random(rng, (4, 9), dtype)) + dtype.type(0.5)
+        assert_close(F.log(x), np.log(f64(x)), dtype, what="log")
+
+
+def test_relu_keeps_nan():
+    x = np.array([np.nan, -1.0, 2.0], np.float32)
+    out = F.relu(x)
+    assert np.isnan(out[0]) and out[1] == 0 and out[2] == 2
+
+
+BACKWARD_UNARY = [
+    ("relu", F.relu, lambda g, x: F.relu_backward(g, x)),
+    ("gelu", F.gelu, lambda g, x: F.gelu_backward(g, x)),
+    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda g, x: F.gelu_backward(g, x, approximate="tanh")),
+    ("silu", F.silu, lambda g, x: F.silu_backward(g, x)),
+    ("pow3", lambda x: F.pow(x, 3.0), lambda g, x: F.pow_backward(g, x, 3.0)),
+    ("exp", F.exp, lambda g, x: F.exp_backward(g, F.exp(x))),
+]
+
+
+@pytest.mark.parametrize("name,fwd,bwd", BACKWARD_UNARY, ids=[u[0] for u in BACKWARD_UNARY])
+def test_unary_backward_finite_differences(rng, name, fwd, bwd):
+    x = rng.standard_normal((3, 7))
+    if name == "relu":
+        x[np.abs(x) < 1e-3] = 0.5  # away from the kink
+    r = rng.standard_normal(x.shape)
+    assert_close(bwd(r, x), numeric_grad(fwd, x.copy(), r), F64, rtol=1e-6, what=name)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+@pytest.mark.parametrize("name,fwd,bwd", BACKWARD_UNARY, ids=[u[0] for u in BACKWARD_UNARY])
+def test_unary_backward_low_precision(rng, name, fwd, bwd, dtype):
+    """The gradient in the input's dtype, within its rounding of the float64 gradient."""
+    x = ref.random(rng, (5, 33), dtype)
+    g = ref.random(rng, (5, 33), dtype)
+    exact = bwd(f64(g), f64(x))
+    assert_close(bwd(g, x), exact, dtype, what=name)
+
+
+def test_binary_broadcast_and_promotion(rng):
+    a = ref.random(rng, (4, 1, 5), F16)
+    b = ref.random(rng, (3, 1), BF16)
+    out = F.add(a, b)
+    assert out.dtype == F32 and out.shape == (4, 3, 5)  # float16 with bfloat16: float32, as torch
+    assert_close(out, f64(a) + f64(b), F32)
+    c = ref.random(rng, (5,), F32)
+    assert F.mul(a, c).dtype == F32
+    assert F.mul(a, a).dtype == F16
+    assert_close(F.mul(a, c), f64(a) * f64(c), F32)
+    assert_close(F.div(c, c + np.float32(3)), f64(c) / (f64(c) + 3), F32)
+    assert_close(F.sub(a, a, alpha=2), -f64(a), F16)
+    # a Python number takes no part in promotion
+    assert F.add(a, 2.5).dtype == F16
+    assert_close(F.add(a, 2.5), f64(a) + 2.5, F16)
+    assert_close(F.mul(noncontiguous(c), 3.0), f64(c) * 3, F32)
+
+
+def test_binary_shapes_that_do_not_broadcast(rng):
+    with pytest.raises(ValueError, match="broadcast"):
+        F.add(np.ones((3, 4), np.float32), np.ones((5,), np.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# softmax, log_softmax
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("shape,dim", [((7,), 0), ((3, 5), 1), ((3, 5), 0), ((2, 3, 17), -1), ((2, 3, 17), 1),
+                                       ((1, 1), 1), ((4, 300), 1)], ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_softmax_forward(rng, shape, dim, log, dtype):
+    x = ref.random(rng, shape, dtype, scale=3)
+    op, reference = (F.log_softmax, ref.log_softmax) if log else (F.softmax, ref.softmax)
+    expected = reference(f64(x), dim)
+    scale = None if not log else np.abs(expected).max()
+    assert_close(op(x, dim), expected, dtype, scale=scale)
+    assert_close(op(np.swapaxes(np.swapaxes(x, 0, -1).copy(), 0, -1), dim), expected, dtype, scale=scale)
+    # dtype= runs it in that dtype (torch's fp32_set_opt_dtype passes it)
+    assert op(x, dim, dtype=np.float32).dtype == F32
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_softmax_backward(rng, log, dim):
+    x = rng.standard_normal((3, 4, 5))
+    r = rng.standard_normal(x.shape)
+    fwd = (lambda v: F.log_softmax(v, dim)) if log else (lambda v: F.softmax(v, dim))
+    bwd = F.log_softmax_backward if log else F.softmax_backward
+    assert_close(bwd(r, fwd(x), dim), numeric_grad(fwd, x.copy(), r), F64, rtol=1e-6)
+    # low precision: from the output in bfloat16, the gradient in bfloat16
+    xb = x.astype(BF16)
+    yb = fwd(xb)
+    gb = r.astype(BF16)
+    assert_close(bwd(gb, yb, dim), bwd(f64(gb), f64(yb), dim), BF16, scale=np.abs(bwd(f64(gb), f64(yb), dim)).max())
+
+
+def test_softmax_of_all_minus_inf_is_nan():
+    out = F.softmax(np.full((2, 3), -np.inf, np.float32), 1)
+    assert np.isnan(out).all()
+
+
+def test_softmax_dim_out_of_range():
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        F.softmax(np.ones((2, 3), np.float32), 2)
+
+
+# --------------------------------------------------------------------------------------------
+# layer_norm
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("shape,nshape", [((4, 7), (7,)), ((2, 3, 17), (3, 17)), ((5, 1), (1,)), ((3, 768), (768,))],
+                         ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_forward(rng, shape, nshape, affine, dtype):
+    x = ref.random(rng, shape, dtype, scale=2) + dtype.type(1)
+    w = ref.random(rng, nshape, dtype) if affine else None
+    b = ref.random(rng, nshape, dtype) if affine else None
+    expected = ref.layer_norm(f64(x), len(nshape), None if w is None else f64(w), None if b is None else f64(b))
+    assert_close(F.layer_norm(x, nshape, w, b), expected, dtype, rtol=2 * ref.RTOL[dtype])
+    if shape[-1] > 1:
+        strided = np.asfortranarray(x)
+        assert_close(F.layer_norm(strided, nshape, w, b), expected, dtype, rtol=2 * ref.RTOL[dtype])
+
+
+def test_layer_norm_backward_finite_differences(rng):
+    x = rng.standard_normal((4, 6))
+    w, b = rng.standard_normal(6), rng.standard_normal(6)
+    r = rng.standard_normal(x.shape)
+    gi, gw, gb = F.layer_norm_backward(r, x, (6,), w, b)
+    assert_close(gi, numeric_grad(lambda v: F.layer_norm(v, (6,), w, b), x.copy(), r), F64, rtol=1e-6)
+    assert_close(gw, numeric_grad(lambda v: F.layer_norm(x, (6,), v, b), w.copy(), r), F64, rtol=1e-6)
+    assert_close(gb, numeric_grad(lambda v: F.layer_norm(x, (6,), w, v), b.copy(), r), F64, rtol=1e-6)
+    gi2, gw2, gb2 = F.layer_norm_backward(r, x, (6,))
+    assert gw2 is None and gb2 is None
+    assert_close(gi2, numeric_grad(lambda v: F.layer_norm(v, (6,)), x.copy(), r), F64, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+def test_layer_norm_backward_low_precision(rng, dtype):
+    x = ref.random(rng, (37, 96), dtype)
+    w, b = ref.random(rng, (96,), dtype), ref.random(rng, (96,), dtype)
+    g = ref.random(rng, x.shape, dtype)
+    y, mean, rstd = F._layer_norm_forward(x, (96,), w, b)
+    assert mean.dtype == F32 and rstd.dtype == F32
+    gi, gw, gb = F.layer_norm_backward(g, x, (96,), w, b, mean=mean, rstd=rstd)
+    ei, ew, eb = F.layer_norm_backward(f64(g), f64(x), (96,), f64(w), f64(b))
+    assert_close(gi, ei, dtype, scale=np.abs(ei).max(), rtol=4 * ref.RTOL[dtype])
+    assert_close(gw, ew, dtype, scale=np.abs(ew).max(), rtol=4 * ref.RTOL[dtype])
+    assert_close(gb, eb, dtype, scale=np.abs(eb).max(), rtol=4 * ref.RTOL[dtype])
+
+
+def test_layer_norm_bad_shapes():
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match="normalized_shape"):
+        F.layer_norm(x, (5,))
+    with pytest.raises(ValueError, match="weight has 3 elements"):
+        F.layer_norm(x, (4,), np.ones(3, np.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# cross_entropy, nll_loss
+# --------------------------------------------------------------------------------------------
+
+CE_CASES = [
+    dict(shape=(5, 7)),
+    dict(shape=(5, 7), reduction="sum"),
+    dict(shape=(5, 7), reduction="none"),
+    dict(shape=(6, 4), weight=True),
+    dict(shape=(6, 4), weight=True, ignore=True),
+    dict(shape=(6, 4), label_smoothing=0.1),
+    dict(shape=(6, 4), label_smoothing=0.2, weight=True, ignore=True),
+    dict(shape=(3, 5, 2, 3)),                          # spatial: (N, C, d1, d2)
+    dict(shape=(3, 5, 4), reduction="none", weight=True),
+    dict(shape=(9,)),                                  # one sample, no batch dimension
+    dict(shape=(4, 6), probs=True),
+    dict(shape=(4, 6), probs=True, label_smoothing=0.3, weight=True),
+    dict(shape=(2, 3, 5), probs=True, reduction="none"),
+    dict(shape=(2, 50257)),                            # GPT-2's vocabulary
+]
+
+
+def _ce_inputs(rng, case, dtype):
+    shape = case["shape"]
+    c = shape[0] if len(shape) == 1 else shape[1]
+    x = ref.random(rng, shape, dtype, scale=2)
+    if case.get("probs"):
+        p = rng.random(shape)
+        target = (p / p.sum(axis=0 if len(shape) == 1 else 1, keepdims=True)).astype(dtype)
+    else:
+        tshape = () if len(shape) == 1 else (shape[0],) + shape[2:]
+        target = rng.integers(0, c, tshape)
+        if case.get("ignore"):
+            target.reshape(-1)[::3] = -100
+    weight = (rng.random(c) + 0.5).astype(dtype) if case.get("weight") else None
+    kwargs = dict(reduction=case.get("reduction", "mean"), label_smoothing=case.get("label_smoothing", 0.0))
+    return x, target, weight, kwargs
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("case", CE_CASES, ids=str)
+def test_cross_entropy_forward(rng, case, dtype):
+    x, target, weight, kw = _ce_inputs(rng, case, dtype)
+    expected = ref.cross_entropy(f64(x), f64(target) if case.get("probs") else target,
+                                 None if weight is None else f64(weight), **kw)
+    out = F.cross_entropy(x, target, weight, **kw)
+    assert_close(out, expected, dtype, rtol=2 * ref.RTOL[dtype])
+
+
+@pytest.mark.parametrize("case", CE_CASES[:-1], ids=str)
+def test_cross_entropy_backward_finite_differences(rng, case):
+    x, target, weight, kw = _ce_inputs(rng, case, F64)
+    out = F.cross_entropy(x, target, weight, **kw)
+    r = rng.standard_normal(np.shape(out))
+    g = F.cross_entropy_backward(r, x, target, weight, **kw)
+    expected = numeric_grad(lambda v: F.cross_entropy(v, target, weight, **kw), x.copy(), r)
+    assert_close(g, expected, F64, rtol=1e-6, scale=np.abs(expected).max())
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+def test_cross_entropy_backward_low_precision(rng, dtype):
+    x, target, weight, kw = _ce_inputs(rng, dict(shape=(16, 33), weight=True, label_smoothing=0.1), dtype)
+    g = F.cross_entropy_backward(np.float32(1.5), x, target, weight, **kw)
+    e = F.cross_entropy_backward(np.float64(1.5), f64(x), target, f64(weight), **kw)
+    assert_close(g, e, dtype, scale=np.abs(e).max())
+
+
+def test_nll_loss_forward_and_backward(rng):
+    for dtype in FLOATS:
+        logp = ref.log_softmax(ref.random(rng, (6, 5), F64), 1).astype(dtype)
+        t = rng.integers(0, 5, 6)
+        t[2] = -100
+        w = (rng.random(5) + 0.5).astype(dtype)
+        for reduction in ("mean", "sum", "none"):
+            expected = ref.nll_loss(f64(logp), t, f64(w), reduction=reduction)
+            assert_close(F.nll_loss(logp, t, w, reduction=reduction), expected, dtype, rtol=2 * ref.RTOL[dtype])
+    x = rng.standard_normal((4, 3))
+    t = rng.integers(0, 3, 4)
+    r = rng.standard_normal(())
+    assert_close(F.nll_loss_backward(r, x, t), numeric_grad(lambda v: F.nll_loss(v, t), x.copy(), r), F64, rtol=1e-6)
+
+
+def test_cross_entropy_bad_targets():
+    x = np.zeros((3, 4), np.float32)
+    x_before = x.copy()
+    with pytest.raises(ValueError, match="out of bounds"):
+        F.cross_entropy(x, np.array([0, 4, 1]))
+    with pytest.raises(ValueError, match="out of bounds"):
+        F.cross_entropy(x, np.array([0, -1, 1]))
+    with pytest.raises(TypeError, match="class indices"):
+        F.nll_loss(x, np.array([0.0, 1.0, 1.0], np.float32))
+    with pytest.raises(ValueError, match="target"):
+        F.cross_entropy(x, np.array([0, 1]))
+    with pytest.raises(ValueError, match="reduction"):
+        F.cross_entropy(x, np.array([0, 1, 2]), reduction="avg")
+    with pytest.raises(ValueError, match="label_smoothing"):
+        F.cross_entropy(x, np.array([0, 1, 2]), label_smoothing=1.5)
+    np.testing.assert_array_equal(x, x_before)
+
+
+def test_cross_entropy_all_ignored_is_nan():
+    out = F.cross_entropy(np.zeros((2, 3), np.float32), np.array([-100, -100]))
+    assert np.isnan(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Pointwise losses
+# --------------------------------------------------------------------------------------------
+
+POINTWISE = [
+    ("mse_loss", F.mse_loss, F.mse_loss_backward, lambda x, y: (x - y) ** 2, False),
+    ("l1_loss", F.l1_loss, F.l1_loss_backward, lambda x, y: np.abs(x - y), False),
+    ("bce_with_logits", F.binary_cross_entropy_with_logits, F.binary_cross_entropy_with_logits_backward,
+     ref.bce_with_logits, True),
+    ("bce", F.binary_cross_entropy, F.binary_cross_entropy_backward, ref.bce, True),
+]
+
+
+def _loss_inputs(rng, name, shape, dtype):
+    x = ref.random(rng, shape, dtype)
+    if name == "bce":
+        x = (1 / (1 + np.exp(-f64(x)))).astype(dtype)
+    y = rng.random(shape).astype(dtype) if name.startswith("bce") else ref.random(rng, shape, dtype)
+    return x, y
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("name,fwd,bwd,per,_", POINTWISE, ids=[p[0] for p in POINTWISE])
+def test_pointwise_loss_forward(rng, name, fwd, bwd, per, _, reduction, dtype):
+    x, y = _loss_inputs(rng, name, (5, 13), dtype)
+    expected = ref.reduce(per(f64(x), f64(y)), reduction)
+    assert_close(fwd(x, y, reduction=reduction), expected, dtype, rtol=2 * ref.RTOL[dtype])
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("name,fwd,bwd,per,weighted", POINTWISE, ids=[p[0] for p in POINTWISE])
+def test_pointwise_loss_backward(rng, name, fwd, bwd, per, weighted, reduction):
+    x, y = _loss_inputs(rng, name, (3, 4), F64)
+    if name == "l1_loss":
+        x[np.abs(x - y) < 1e-3] += 0.1
+    r = rng.standard_normal(np.shape(fwd(x, y, reduction=reduction)))
+    assert_close(bwd(r, x, y, reduction=reduction),
+                 numeric_grad(lambda v: fwd(v, y, reduction=reduction), x.copy(), r), F64, rtol=1e-6)
+    if weighted:
+        w = rng.random((3, 4)) + 0.5
+        assert_close(fwd(x, y, w, reduction=reduction), ref.reduce(per(x, y, w), reduction), F64)
+        assert_close(bwd(r, x, y, w, reduction=reduction),
+                     numeric_grad(lambda v: fwd(v, y, w, reduction=reduction), x.copy(), r), F64, rtol=1e-6)
+
+
+def test_loss_shape_mismatch():
+    with pytest.raises(ValueError, match="same shape"):
+        F.mse_loss(np.ones((3, 4), np.float32), np.ones((4,), np.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# Reductions
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("dim", [None, 0, 1, 2, (0, 2), (0, 1), (-1,), (0, 1, 2)], ids=str)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_sum_and_mean(rng, dim, keepdim, dtype):
+    x = ref.random(rng, (3, 40, 7), dtype)
+    axes = dim if dim is None or isinstance(dim, tuple) else (dim,)
+    s = f64(x).sum(axis=axes, keepdims=keepdim)
+    scale = np.abs(f64(x)).sum(axis=axes, keepdims=keepdim)
+    assert_close(F.sum(x, dim, keepdim), s, dtype, scale=scale, rtol=2 * ref.RTOL[dtype])
+    assert_close(F.mean(x, dim, keepdim), f64(x).mean(axis=axes, keepdims=keepdim), dtype,
+                 scale=scale / (x.size / np.size(s)), rtol=2 * ref.RTOL[dtype])
+    assert F.sum(x, dim, keepdim, dtype=np.float32).dtype == F32
+
+
+def test_sum_long_rows_and_columns(rng):
+    x = ref.random(rng, (3, 100003), F32)
+    assert_close(F.sum(x, 1), f64(x).sum(1), F32, scale=np.abs(f64(x)).sum(1))
+    y = ref.random(rng, (5000, 3), BF16)
+    assert_close(F.sum(y, 0, dtype=np.float32), f64(y).sum(0), F32, scale=np.abs(f64(y)).sum(0))
+
+
+def test_sum_backward(rng):
+    x = rng.standard_normal((3, 4, 5))
+    for dim, keepdim in [((0, 2), False), (1, True), (None, False)]:
+        r = rng.standard_normal(np.shape(F.sum(x, dim, keepdim)))
+        assert_close(F.sum_backward(r, x.shape, dim, keepdim),
+                     numeric_grad(lambda v: F.sum(v, dim, keepdim), x.copy(), r), F64, rtol=1e-6)
+        assert_close(F.mean_backward(r, x.shape, dim, keepdim),
+                     numeric_grad(lambda v: F.mean(v, dim, keepdim), x.copy(), r), F64, rtol=1e-6)
+
+
+def test_threads_do_not_change_the_bits(rng):
+    x = ref.random(rng, (257, 1031), F32)
+    g = ref.random(rng, (257, 1031), F32)
+    t = rng.integers(0, 1031, 257)
+    results = []
+    old = ampc.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            ampc.set_num_threads(n)
+            results.append([F.sum(x), F.sum(x, 0), F.layer_norm_backward(g, x, (1031,), x[0], x[1])[1],
+                            F.cross_entropy(x, t), F.softmax(x, 0)])
+    finally:
+        ampc.set_num_threads(old)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(bits(a), bits(b))
+
+
+# --------------------------------------------------------------------------------------------
+# Matrix products
+# --------------------------------------------------------------------------------------------
+
+
+def _mm_scale(a, b):
+    """|a| @ |b|: the magnitude of the terms each output sums."""
+    return np.abs(f64(a)) @ np.abs(f64(b))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("xshape", [(5, 7), (2, 3, 7), (1, 7), (7,)], ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear(rng, xshape, bias, dtype):
+    x = ref.random(rng, xshape, dtype)
+    w = ref.random(rng, (4, 7), dtype)
+    b = ref.random(rng, (4,), dtype) if bias else None
+    expected = f64(x) @ f64(w).T + (f64(b) if bias else 0)
+    scale = _mm_scale(x, w.T) + (np.abs(f64(b)) if bias else 0)
+    assert_close(F.linear(x, w, b), expected, dtype, scale=scale)
+    assert_close(F.linear(noncontiguous(x), w, b), expected, dtype, scale=scale)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("ashape,bshape", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)),
+                                           ((2, 1, 3, 4), (5, 4, 6)), ((4,), (4, 5)), ((3, 4), (4,)),
+                                           ((4,), (4,)), ((2, 3, 4), (4,))], ids=str)
+def test_matmul(rng, ashape, bshape, dtype):
+    a, b = ref.random(rng, ashape, dtype), ref.random(rng, bshape, dtype)
+    expected = np.matmul(f64(a), f64(b))
+    assert_close(F.matmul(a, b), expected, dtype, scale=np.matmul(np.abs(f64(a)), np.abs(f64(b))))
+
+
+def test_mm_bmm_addmm_baddbmm(rng):
+    for dtype in FLOATS:
+        a, b = ref.random(rng, (3, 4), dtype), ref.random(rng, (4, 5), dtype)
+        assert_close(F.mm(a, b), f64(a) @ f64(b), dtype, scale=_mm_scale(a, b))
+        assert_close(F.mm(a, b.T.copy().T), f64(a) @ f64(b), dtype, scale=_mm_scale(a, b))  # transposed storage
+        c = ref.random(rng, (5,), dtype)
+        assert_close(F.addmm(c, a, b, beta=0.5, alpha=2), 0.5 * f64(c) + 2 * (f64(a) @ f64(b)), dtype,
+                     scale=2 * _mm_scale(a, b) + np.abs(f64(c)))
+        assert_close(F.addmm(c, a, b, alpha=0), f64(c) + 0 * f64(a) @ f64(b), dtype)
+        x, y = ref.random(rng, (2, 3, 4), dtype), ref.random(rng, (2, 4, 6), dtype)
+        z = ref.random(rng, (2, 3, 6), dtype)
+        assert_close(F.bmm(x, y), f64(x) @ f64(y), dtype, scale=np.abs(f64(x)) @ np.abs(f64(y)))
+        assert_close(F.baddbmm(z, x, y, beta=-1), -f64(z) + f64(x) @ f64(y), dtype,
+                     scale=np.abs(f64(x)) @ np.abs(f64(y)) + np.abs(f64(z)))
+
+
+def test_matmul_rounds_once_in_low_precision(rng):
+    """bfloat16 in, bfloat16 out: the float32 product rounded once, not bfloat16 partial sums."""
+    a, b = ref.random(rng, (8, 512), BF16), ref.random(rng, (512, 8), BF16)
+    exact = (a.astype(np.float32) @ b.astype(np.float32)).astype(BF16)
+    np.testing.assert_array_equal(F.mm(a, b).view(np.uint16), exact.view(np.uint16))
+
+
+def test_linear_backward_finite_differences(rng):
+    x, w, b = rng.standard_normal((2, 3, 5)), rng.standard_normal((4, 5)), rng.standard_normal(4)
+    r = rng.standard_normal((2, 3, 4))
+    gi, gw, gb = F.linear_backward(r, x, w)
+    assert_close(gi, numeric_grad(lambda v: F.linear(v, w, b), x.copy(), r), F64, rtol=1e-6)
+    assert_close(gw, numeric_grad(lambda v: F.linear(x, v, b), w.copy(), r), F64, rtol=1e-6)
+    assert_close(gb, numeric_grad(lambda v: F.linear(x, w, v), b.copy(), r), F64, rtol=1e-6)
+
+
+def test_matmul_backward_finite_differences(rng):
+    for ashape, bshape in [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2))]:
+        a, b = rng.standard_normal(ashape), rng.standard_normal(bshape)
+        r = rng.standard_normal(np.matmul(a, b).shape)
+        ga, gb = F.matmul_backward(r, a, b)
+        assert_close(ga, numeric_grad(lambda v: F.matmul(v, b), a.copy(), r), F64, rtol=1e-6)
+        assert_close(gb, numeric_grad(lambda v: F.matmul(a, v), b.copy(), r), F64, rtol=1e-6)
+
+
+def test_matmul_bad_input():
+    a = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"mat1 and mat2 shapes cannot be multiplied \(3x4 and 5x6\)"):
+        F.mm(a, np.ones((5, 6), np.float32))
+    with pytest.raises(TypeError, match="floating"):
+        F.mm(np.ones((3, 4), np.int64), np.ones((4, 2), np.int64))
+    with pytest.raises(TypeError, match="same dtype"):
+        F.mm(a, np.ones((4, 2), np.float16))
+    with pytest.raises(ValueError, match="2-D"):
+        F.mm(a, np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="bias must have 3 values"):
+        F.linear(a, np.ones((3, 4), np.float32), np.ones(2, np.float32))
+
+
+# --------------------------------------------------------------------------------------------
+# Under autocast: the dtype PyTorch's lists choose, bit-exact against casting by hand
+# --------------------------------------------------------------------------------------------
+
+
+def _cpu_case(name, rng):
+    """(op, args, kwargs) of an ampc.nn.functional op in float32."""
+    x = ref.random(rng, (4, 6), F32)
+    w = ref.random(rng, (5, 6), F32)
+    t = rng.integers(0, 6, 4)
+    cases = {
+        "linear": (F.linear, (x, w), {}),
+        "matmul": (F.matmul, (x, w.T), {}),
+        "mm": (F.mm, (x, w.T), {}),
+        "bmm": (F.bmm, (x[None], w.T[None]), {}),
+        "addmm": (F.addmm, (x[:, :5], x, w.T), {}),
+        "baddbmm": (F.baddbmm, (x[None, :, :5], x[None], w.T[None]), {}),
+        "softmax": (F.softmax, (x, 1), {}),
+        "log_softmax": (F.log_softmax, (x, 1), {}),
+        "layer_norm": (F.layer_norm, (x, (6,)), {}),
+        "cross_entropy": (F.cross_entropy, (x, t), {}),
+        "nll_loss": (F.nll_loss, (x, t), {}),
+        "mse_loss": (F.mse_loss, (x, x[::-1]), {}),
+        "l1_loss": (F.l1_loss, (x, x[::-1]), {}),
+        "binary_cross_entropy_with_logits": (F.binary_cross_entropy_with_logits, (x, np.abs(x) % 1), {}),
+        "sum": (F.sum, (x,), {}),
+        "exp": (F.exp, (x,), {}),
+        "pow": (F.pow, (x, 2.0), {}),
+    }
+    return cases[name]
+
+
+@pytest.mark.parametrize("name", ["linear", "matmul", "mm", "bmm", "addmm", "baddbmm", "softmax", "log_softmax",
+                                  "layer_norm", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
+                                  "binary_cross_entropy_with_logits", "sum", "exp", "pow"])
+def test_cpu_autocast_dtype_and_bits(rng, name):
+    """Inside ampc.autocast("cpu") each op runs in the dtype torch's CPU lists give its name, and
+    its result is bit for bit the op run outside on inputs cast by hand."""
+    op, args, kwargs = _cpu_case(name, rng)
+    policy = ampc.autocast_policy(name, "cpu")
+    with ampc.autocast("cpu", dtype=ampc.bfloat16):
+        out = op(*args, **kwargs)
+    if policy == "lower_precision_fp":
+        assert out.dtype == BF16
+        cast = [a.astype(BF16) if isinstance(a, np.ndarray) and a.dtype == F32 else a for a in args]
+        expected = op(*cast, **kwargs)
+    else:
+        expected = op(*args, **kwargs)
+    assert out.dtype == np.asarray(expected).dtype
+    np.testing.assert_array_equal(bits(out), bits(expected))
+
+
+def test_cpu_autocast_from_bfloat16_inputs(rng):
+    """fp32 ops cast bfloat16 inputs up; lower-precision ops keep them."""
+    x = ref.random(rng, (4, 6), BF16)
+    t = rng.integers(0, 6, 4)
+    with ampc.autocast("cpu"):
+        assert F.cross_entropy(x, t).dtype == F32  # torch's CPU fp32 list
+        assert F.linear(x, x[:3]).dtype == BF16
+        assert F.relu(x).dtype == BF16  # not listed: runs in its input's dtype
+
+
+def test_binary_cross_entropy_on_cpu_autocast(rng):
+    p = (rng.random((3, 4)) * 0.9 + 0.05).astype(np.float32)
+    y = rng.random((3, 4)).astype(np.float32)
+    with ampc.autocast("cpu"):
+        out = F.binary_cross_entropy(p.astype(BF16), y.astype(BF16))
+    assert out.dtype == F32  # fp32 on the CPU; banned only on CUDA
+
+
+def test_errors_leave_inputs_unchanged(rng):
+    x = ref.random(rng, (3, 4), F32)
+    before = x.copy()
+    for call in [lambda: F.linear(x, x[:, :3]), lambda: F.softmax(x, 5), lambda: F.cross_entropy(x, np.array([9, 0, 0])),
+                 lambda: F.layer_norm(x, (3,)), lambda: F.add(x, np.ones(3, np.float32))]:
+        with pytest.raises((ValueError, TypeError, IndexError)):
+            call()
+    np.testing.assert_array_equal(x, before)
+
+
+def test_math_reference_sanity():
+    # the reference's own gelu against a known value
+    assert abs(ref.gelu(np.array([1.0]))[0] - 0.8413447460685429) < 1e-15
+    assert math.isclose(ref.gelu_tanh(np.array([1.0]))[0], 0.8411919906082768, rel_tol=1e-12)
