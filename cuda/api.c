@@ -7,7 +7,7 @@
 
 #include "ampc_cuda.h"
 
-/* Defined in runtime.c, memory.c and cast.cu. */
+/* Defined in runtime.c, memory.c, cast.cu, scaler.cu and optim.cu. */
 const char *ampc_cuda_last_error(void);
 int ampc_cuda_device_count(int *count);
 int ampc_cuda_get_device_props(int device, ampc_cuda_device_props *props);
@@ -35,6 +35,16 @@ int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *refs, int64_t 
                   const float *grad_scale, const float *found_inf);
 int ampc_cuda_adam(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_adam_config *config,
                    const float *grad_scale, const float *found_inf);
+/* The op kernels: elementwise.cu, softmax.cu, norm.cu, reduce.cu, loss.cu, gemm.c. */
+int ampc_cuda_elementwise(int device, void *stream, const ampc_ew *e);
+int ampc_cuda_softmax(int device, void *stream, const ampc_softmax *s);
+int ampc_cuda_softmax_backward(int device, void *stream, const ampc_softmax_backward *s);
+int ampc_cuda_layer_norm(int device, void *stream, const ampc_layer_norm *l);
+int ampc_cuda_layer_norm_backward(int device, void *stream, const ampc_layer_norm_backward *l);
+int ampc_cuda_reduce(int device, void *stream, const ampc_reduce *r);
+int ampc_cuda_cross_entropy(int device, void *stream, const ampc_cross_entropy *c);
+int ampc_cuda_cross_entropy_backward(int device, void *stream, const ampc_cross_entropy_backward *c);
+int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g);
 
 const ampc_cuda_api ampc_cuda_api_table = {
     .abi_version = AMPC_CUDA_ABI_VERSION,
@@ -60,6 +70,15 @@ const ampc_cuda_api ampc_cuda_api_table = {
     .memset = ampc_cuda_memset,
     .sgd = ampc_cuda_sgd,
     .adam = ampc_cuda_adam,
+    .elementwise = ampc_cuda_elementwise,
+    .softmax = ampc_cuda_softmax,
+    .softmax_backward = ampc_cuda_softmax_backward,
+    .layer_norm = ampc_cuda_layer_norm,
+    .layer_norm_backward = ampc_cuda_layer_norm_backward,
+    .reduce = ampc_cuda_reduce,
+    .cross_entropy = ampc_cuda_cross_entropy,
+    .cross_entropy_backward = ampc_cuda_cross_entropy_backward,
+    .gemm = ampc_cuda_gemm,
 };
 
 static int cuda_exec(PyObject *module)

@@ -94,38 +94,6 @@ static int64_t target_at(const ampc_buf *t, int64_t i)
     }
 }
 
-/* Drop size-1 dimensions and merge the dimensions that every input walks
- * contiguously (the output is C order), so inner runs are as long as they
- * can be. At least one dimension is left. */
-static void ew_coalesce(const ampc_ew *e, int *ndim, int64_t *shape, int64_t (*strides)[AMPC_MAX_NDIM])
-{
-    int nd = 0;
-    for (int d = 0; d < e->ndim; d++) {
-        if (e->shape[d] == 1)
-            continue;
-        int merge = nd > 0;
-        for (int x = 0; x < e->nin && merge; x++)
-            merge = strides[x][nd - 1] == e->strides[x][d] * e->shape[d];
-        if (merge) {
-            shape[nd - 1] *= e->shape[d];
-            for (int x = 0; x < e->nin; x++)
-                strides[x][nd - 1] = e->strides[x][d];
-            continue;
-        }
-        shape[nd] = e->shape[d];
-        for (int x = 0; x < e->nin; x++)
-            strides[x][nd] = e->strides[x][d];
-        nd++;
-    }
-    if (nd == 0) {
-        shape[0] = 1;
-        for (int x = 0; x < e->nin; x++)
-            strides[x][0] = 0;
-        nd = 1;
-    }
-    *ndim = nd;
-}
-
 #define REAL float
 #define F(name) name##_f
 #define ACC_DTYPE AMPC_FLOAT32

@@ -114,7 +114,8 @@ static int matmul_shape(const char *op, const ampc_view *x, const ampc_view *y, 
 }
 
 /* The epilogue in one elementwise pass: out = alpha * (r + beta/alpha * c)
- * (c broadcast), or r + bias, or r, rounded to out's dtype. */
+ * (c broadcast; a bias is c with beta 1), or alpha * r, rounded to out's
+ * dtype. */
 static int epilogue(ampc_op_args *a, const ampc_view *r, const ampc_view *c, const ampc_view *bias, double alpha,
                     double beta, const ampc_view *out)
 {
@@ -125,15 +126,18 @@ static int epilogue(ampc_op_args *a, const ampc_view *r, const ampc_view *c, con
     }
     e.out = (ampc_buf){out->data, out->dtype};
     e.in[0] = (ampc_buf){r->data, r->dtype};
-    const ampc_view *other = c != NULL ? c : bias;
-    if (other != NULL) {
+    const char *name = c != NULL ? "input" : "bias";
+    if (c == NULL && bias != NULL) {
+        c = bias;  /* a bias is c with beta 1 */
+        beta = 1.0;
+    }
+    if (c != NULL) {
         e.op = AMPC_EW_ADD;
         e.nin = 2;
-        e.in[1] = (ampc_buf){other->data, other->dtype};
-        if (ampc_op_broadcast_strides(a->op, c != NULL ? "input" : "bias", other, out->ndim, out->shape,
-                                      e.strides[1]) < 0)
+        e.in[1] = (ampc_buf){c->data, c->dtype};
+        if (ampc_op_broadcast_strides(a->op, name, c, out->ndim, out->shape, e.strides[1]) < 0)
             return -1;
-        if (c != NULL && alpha == 0.0) {
+        if (alpha == 0.0) {
             /* beta * c alone (alpha * r would be 0 * inf = NaN where r overflows; torch ignores r) */
             e.op = AMPC_EW_COPY;
             e.nin = 1;
@@ -142,7 +146,7 @@ static int epilogue(ampc_op_args *a, const ampc_view *r, const ampc_view *c, con
                 e.strides[0][d] = e.strides[1][d];
             e.scale = beta;
         }
-        else if (c != NULL) {
+        else {
             e.param = beta / alpha;
             e.scale = alpha;
         }
@@ -331,28 +335,29 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
     g.a = (ampc_buf){x->data, x->dtype};
     g.b = (ampc_buf){y->data, y->dtype};
     g.d = (ampc_buf){out.data, out.dtype};
-    if (bias != NULL) {
-        g.bias = (ampc_buf){bias->data, bias->dtype};
-    }
-    else if (c != NULL && beta != 0.0) {
-        if (c->ndim == 1 && c->shape[0] == s->n && beta == 1.0 && c->strides[0] == ampc_dtype_size(c->dtype) &&
-            c->dtype == out_dtype) {
-            g.bias = (ampc_buf){c->data, c->dtype};  /* addmm(bias, x, w): the bias epilogue */
+    /* a bias is c with beta 1 */
+    const ampc_view *added = bias != NULL ? bias : c != NULL && beta != 0.0 ? c : NULL;
+    const double added_beta = bias != NULL ? 1.0 : beta;
+    if (added != NULL) {
+        if (added->ndim == 1 && added->shape[0] == s->n && added_beta == 1.0 &&
+            added->strides[0] == ampc_dtype_size(added->dtype) && added->dtype == out_dtype) {
+            g.bias = (ampc_buf){added->data, added->dtype};  /* linear, addmm(bias, x, w): the bias epilogue */
         }
         else {
-            /* c broadcast into the output, which cuBLASLt then reads as C */
+            /* broadcast into the output, which cuBLASLt then reads as C */
             ampc_ew e = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = out.ndim, .nin = 1, .numel = out.numel};
             for (int d = 0; d < out.ndim; d++)
                 e.shape[d] = out.shape[d];
             e.out = g.d;
-            e.in[0] = (ampc_buf){c->data, c->dtype};
-            if (ampc_op_broadcast_strides(a->op, "input", c, out.ndim, out.shape, e.strides[0]) < 0 ||
+            e.in[0] = (ampc_buf){added->data, added->dtype};
+            if (ampc_op_broadcast_strides(a->op, added == bias ? "bias" : "input", added, out.ndim, out.shape,
+                                          e.strides[0]) < 0 ||
                 AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e) < 0)
                 return -1;
             g.c = g.d;
             g.ldc = g.ldd;
             g.stride_c = g.stride_d;
-            g.beta = beta;
+            g.beta = added_beta;
         }
     }
     *out_obj = o;

@@ -87,5 +87,39 @@ for dtype in (torch.float16, torch.bfloat16):
         ampc.register_autocast("cat", "promote", "cuda")
         cat([torch.randn(3, device="cuda", dtype=dtype), torch.randn(5, device="cuda")])
         ampc.register_autocast("cat", "none", "cuda")
+# ampc.nn.functional: every op family at sizes around the launch shapes (a thread, a warp, a block
+# per row; one and several reduction chunks), strided rows, every dtype.
+F = ampc.nn.functional
+for dt in DTYPES:
+    for rows, n in ((1, 1), (3, 31), (5, 1025), (2, 40_000)):
+        x = torch.randn(rows, n, device="cuda", dtype=dt)
+        g = torch.randn(rows, n, device="cuda", dtype=dt)
+        w, b = torch.randn(n, device="cuda", dtype=dt), torch.randn(n, device="cuda", dtype=dt)
+        for fn in (F.relu, F.gelu, F.silu, F.exp, F.tanh):
+            fn(x)
+        F.add(x, w, alpha=0.5)
+        F.mul(x[:, :1], w)
+        for dim in (0, 1):
+            y = F.softmax(x, dim=dim)
+            F.softmax_backward(g, y, dim)
+            F.log_softmax_backward(g, F.log_softmax(x, dim=dim), dim)
+            F.sum(x, dim=dim)
+        F.sum(x)
+        y, mean, rstd = F._layer_norm_forward(x, (n,), w, b)
+        F.layer_norm_backward(g, x, (n,), w, b, mean=mean, rstd=rstd)
+        F.layer_norm_backward(g, x, (n,), None, b, mean=mean, rstd=rstd)
+        t = torch.randint(0, n, (rows,), device="cuda")
+        for kw in ({}, dict(reduction="none"), dict(label_smoothing=0.1, weight=w.abs()), dict(ignore_index=0)):
+            loss, lse, denom = F._cross_entropy_forward(x, t, **kw)
+            F.cross_entropy_backward(torch.ones_like(loss), x, t, lse=lse, denom=denom, **kw)
+        F.cross_entropy(x, torch.softmax(g.float(), 1).to(dt))
+        F.mse_loss(x, g)
+        F.binary_cross_entropy_with_logits(x, torch.rand_like(g))
+    a, bm = torch.randn(5, 3, 7, device="cuda", dtype=dt), torch.randn(7, 9, device="cuda", dtype=dt)
+    F.matmul(a, bm)
+    F.matmul(a.transpose(1, 2).contiguous().transpose(1, 2), bm.t().contiguous().t())
+    F.linear(a, bm.t(), torch.randn(9, device="cuda", dtype=dt))
+    F.linear_backward(torch.randn(5, 3, 9, device="cuda", dtype=dt), a, bm.t().contiguous())
+    F.baddbmm(torch.randn(5, 3, 9, device="cuda", dtype=dt), a, torch.randn(5, 7, 9, device="cuda", dtype=dt))
 torch.cuda.synchronize()
 print("memcheck workload done")

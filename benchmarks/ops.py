@@ -1,0 +1,165 @@
+"""ampc.nn.functional's GPU ops against torch's, in the same run.
+
+    python benchmarks/ops.py [--repeat N] [--only linear softmax ...]
+
+Each row times one op (forward or backward) on torch CUDA tensors with CUDA events, median of
+--repeat after warm-up: ampc's and torch's, the ratio torch / ampc (above 1: ampc faster), and
+what ampc achieves against the measured limit: TFLOP/s against torch's own best product of that
+dtype (an 8192^3 matmul, which is what cuBLAS reaches here), GB/s against a device-to-device
+copy. Shapes: GPT-2 small's linear layers (8 x 1024 tokens, d = 768), ResNet-50's classifier
+(batch 256), the GPT-2 LM head's cross_entropy (50257 classes), layer_norm and softmax rows.
+Backward passes: torch's own backward ops (what autograd calls), ampc's *_backward functions.
+"""
+
+import argparse
+import statistics
+
+import torch
+
+import ampc
+
+F = ampc.nn.functional
+TF = torch.nn.functional
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def timed(fn, repeat):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
+
+
+def copy_bandwidth(repeat):
+    x = torch.empty(2**28, device="cuda")
+    y = torch.empty_like(x)
+    return 8 * x.numel() / timed(lambda: y.copy_(x), repeat) / 1e6  # GB/s
+
+
+def matmul_peak(dtype, repeat):
+    a = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    b = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    return 2 * 8192**3 / timed(lambda: a @ b, repeat) / 1e9  # TFLOP/s
+
+
+ROWS = []
+
+
+def row(op, shape, dtype, ampc_fn, torch_fn, repeat, *, flops=None, nbytes=None, limits=None):
+    t_ampc = timed(ampc_fn, repeat)
+    t_torch = timed(torch_fn, repeat)
+    if flops is not None:
+        achieved = f"{flops / t_ampc / 1e9:7.1f} TFLOP/s = {100 * flops / t_ampc / 1e9 / limits['peak'][dtype]:3.0f} %"
+    else:
+        achieved = f"{nbytes / t_ampc / 1e6:7.0f} GB/s    = {100 * nbytes / t_ampc / 1e6 / limits['copy']:3.0f} %"
+    ROWS.append((op, shape, dtype, t_ampc, t_torch, achieved))
+    print(f"{op:<28} {shape:<18} {dtype:<5} {t_ampc:9.3f} {t_torch:9.3f} {t_torch / t_ampc:6.2f}x  {achieved}",
+          flush=True)
+
+
+def bench_linear(limits, repeat):
+    shapes = [("GPT-2 qkv", 8192, 768, 2304), ("GPT-2 fc", 8192, 768, 3072), ("GPT-2 proj", 8192, 3072, 768),
+              ("ResNet-50 fc", 256, 2048, 1000)]
+    for name, m, k, n in shapes:
+        for dn, dtype in DTYPES.items():
+            x = torch.randn(m, k, device="cuda", dtype=dtype)
+            w = torch.randn(n, k, device="cuda", dtype=dtype) * 0.02
+            b = torch.randn(n, device="cuda", dtype=dtype)
+            g = torch.randn(m, n, device="cuda", dtype=dtype)
+            shape = f"{m}x{k}->{n}"
+            row(f"linear fwd {name}", shape, dn, lambda: F.linear(x, w, b), lambda: TF.linear(x, w, b), repeat,
+                flops=2 * m * n * k, limits=limits)
+
+            def torch_backward():
+                g.mm(w)
+                g.t().mm(x)
+                g.sum(0)
+
+            row(f"linear bwd {name}", shape, dn, lambda: F.linear_backward(g, x, w), torch_backward, repeat,
+                flops=4 * m * n * k, limits=limits)
+
+
+def bench_layer_norm(limits, repeat):
+    for rows, n in [(8192, 768), (8192, 1024), (4096, 4096)]:
+        for dn, dtype in DTYPES.items():
+            x = torch.randn(rows, n, device="cuda", dtype=dtype)
+            w = torch.randn(n, device="cuda", dtype=dtype)
+            b = torch.randn(n, device="cuda", dtype=dtype)
+            g = torch.randn(rows, n, device="cuda", dtype=dtype)
+            size = x.element_size()
+            shape = f"{rows}x{n}"
+            row("layer_norm fwd", shape, dn, lambda: F.layer_norm(x, (n,), w, b),
+                lambda: TF.layer_norm(x, (n,), w, b), repeat, nbytes=2 * rows * n * size, limits=limits)
+            _, mean, rstd = F._layer_norm_forward(x, (n,), w, b)
+            _, tmean, trstd = torch.ops.aten.native_layer_norm(x, (n,), w, b, 1e-5)
+            row("layer_norm bwd", shape, dn,
+                lambda: F.layer_norm_backward(g, x, (n,), w, b, mean=mean, rstd=rstd),
+                lambda: torch.ops.aten.native_layer_norm_backward(g, x, (n,), tmean, trstd, w, b, [True] * 3),
+                repeat, nbytes=3 * rows * n * size, limits=limits)
+
+
+def bench_softmax(limits, repeat):
+    for rows, n in [(8192, 1024), (96 * 1024, 1024), (8192, 50257)]:
+        for dn, dtype in DTYPES.items():
+            x = torch.randn(rows, n, device="cuda", dtype=dtype)
+            g = torch.randn(rows, n, device="cuda", dtype=dtype)
+            size = x.element_size()
+            shape = f"{rows}x{n}"
+            row("softmax fwd", shape, dn, lambda: F.softmax(x, dim=-1), lambda: TF.softmax(x, dim=-1), repeat,
+                nbytes=2 * rows * n * size, limits=limits)
+            y = TF.softmax(x, dim=-1)
+            row("softmax bwd", shape, dn, lambda: F.softmax_backward(g, y, -1),
+                lambda: torch._softmax_backward_data(g, y, -1, dtype), repeat, nbytes=3 * rows * n * size,
+                limits=limits)
+
+
+def bench_cross_entropy(limits, repeat):
+    for rows, n in [(8192, 50257), (256, 1000)]:
+        for dn, dtype in DTYPES.items():
+            x = torch.randn(rows, n, device="cuda", dtype=dtype)
+            t = torch.randint(0, n, (rows,), device="cuda")
+            size = x.element_size()
+            shape = f"{rows}x{n}"
+            row("cross_entropy fwd", shape, dn, lambda: F.cross_entropy(x, t), lambda: TF.cross_entropy(x, t),
+                repeat, nbytes=rows * n * size, limits=limits)
+            xr = x.clone().requires_grad_(True)
+            one = torch.ones((), device="cuda", dtype=torch.float32)
+
+            def torch_both():
+                TF.cross_entropy(xr, t).backward()
+
+            def ampc_both():
+                loss, lse, denom = F._cross_entropy_forward(x, t)
+                F.cross_entropy_backward(one, x, t, lse=lse, denom=denom)
+
+            row("cross_entropy fwd+bwd", shape, dn, ampc_both, torch_both, repeat, nbytes=3 * rows * n * size,
+                limits=limits)
+
+
+BENCHES = {"linear": bench_linear, "layer_norm": bench_layer_norm, "softmax": bench_softmax,
+           "cross_entropy": bench_cross_entropy}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=list(BENCHES))
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False  # torch's default: full fp32 products, as ampc's
+    limits = {"copy": copy_bandwidth(args.repeat),
+              "peak": {dn: matmul_peak(dt, 10) for dn, dt in DTYPES.items()}}
+    print(f"{torch.cuda.get_device_name()}: copy {limits['copy']:.0f} GB/s; matmul peak (torch, 8192^3) "
+          + ", ".join(f"{dn} {v:.0f} TFLOP/s" for dn, v in limits["peak"].items()))
+    print(f"{'op':<28} {'shape':<18} {'dtype':<5} {'ampc ms':>9} {'torch ms':>9} {'torch/ampc':>7}  ampc achieves")
+    for name in args.only:
+        BENCHES[name](limits, args.repeat)
+
+
+if __name__ == "__main__":
+    main()

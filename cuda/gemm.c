@@ -1,0 +1,302 @@
+/*
+ * gemm.c: ampc_gemm (ops.h) on cuBLASLt: d = alpha * op(a) @ op(b) + beta * c
+ * + bias, row-major, batched, accumulating in float32 (float64 for float64
+ * data; no TF32, as torch's default allow_tf32=False for matmul).
+ *
+ * cuBLASLt is column-major. A row-major m x n matrix is the column-major
+ * n x m matrix with the same leading dimension, so D^T = op(B)^T op(A)^T
+ * is computed: b's storage is cuBLASLt's A, a's is its B.
+ *
+ * Plans: for each shape, layout, dtype and operand alignment, the
+ * descriptors and the algorithm cuBLASLt's heuristic ranks first are made
+ * once and kept (what torch.backends.cudnn.benchmark does for cuDNN); a
+ * call then sets the bias pointer and enqueues. The handle is one per
+ * device; the workspace comes from ampc's pool on the call's stream.
+ */
+#include "common.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cublasLt.h>
+
+/* Defined in memory.c. */
+int ampc_cuda_alloc(int device, size_t nbytes, void *stream, void **ptr);
+int ampc_cuda_free(int device, void *ptr, size_t nbytes, void *stream);
+
+#define MAX_DEVICES 64
+#define WORKSPACE_LIMIT ((size_t)32 << 20)  /* what torch gives cuBLASLt on Hopper */
+#define PLAN_BUCKETS 256
+#define PLAN_LIMIT 4096                     /* beyond it, plans are made per call */
+
+typedef struct {
+    int device;
+    int64_t m, n, k, batch;
+    int64_t lda, ldb, ldc, ldd;
+    int64_t stride_a, stride_b, stride_c, stride_d;
+    int trans_a, trans_b;
+    int ab_dtype, d_dtype, has_c, has_bias;
+    uint32_t align[4];                      /* a, b, c, d: bytes, at most 256 */
+} plan_key;
+
+typedef struct plan {
+    plan_key key;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t layout_a, layout_b, layout_c, layout_d;
+    cublasLtMatmulAlgo_t algo;
+    size_t workspace;
+    struct plan *next;
+} plan;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static cublasLtHandle_t handles[MAX_DEVICES];
+static plan *buckets[PLAN_BUCKETS];
+static int plans;
+
+static int lt_fail(cublasStatus_t status, const char *what)
+{
+    return ampc_cuda_fail_msg(status == CUBLAS_STATUS_ALLOC_FAILED ? AMPC_ERR_OUT_OF_MEMORY : AMPC_ERR_CUDA,
+                              "%s: %s", what, cublasLtGetStatusString(status));
+}
+
+#define LT_TRY(call, what)                          \
+    do {                                            \
+        const cublasStatus_t st_ = (call);          \
+        if (st_ != CUBLAS_STATUS_SUCCESS)           \
+            return lt_fail(st_, (what));            \
+    } while (0)
+
+static cudaDataType_t cuda_type(int dtype)
+{
+    switch (dtype) {
+    case AMPC_FLOAT16: return CUDA_R_16F;
+    case AMPC_BFLOAT16: return CUDA_R_16BF;
+    case AMPC_FLOAT64: return CUDA_R_64F;
+    default: return CUDA_R_32F;
+    }
+}
+
+static uint32_t alignment(const void *p)
+{
+    const uintptr_t a = (uintptr_t)p;
+    uint32_t align = 256;
+    while (align > 1 && a % align != 0)
+        align /= 2;
+    return align;
+}
+
+static uint64_t key_hash(const plan_key *k)
+{
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void plan_destroy(plan *p)
+{
+    if (p->layout_a)
+        cublasLtMatrixLayoutDestroy(p->layout_a);
+    if (p->layout_b)
+        cublasLtMatrixLayoutDestroy(p->layout_b);
+    if (p->layout_c)
+        cublasLtMatrixLayoutDestroy(p->layout_c);
+    if (p->layout_d)
+        cublasLtMatrixLayoutDestroy(p->layout_d);
+    if (p->desc)
+        cublasLtMatmulDescDestroy(p->desc);
+    free(p);
+}
+
+/* A column-major rows x cols layout, batched. */
+static int make_layout(cublasLtMatrixLayout_t *layout, int dtype, int64_t rows, int64_t cols, int64_t ld,
+                       int64_t batch, int64_t stride)
+{
+    LT_TRY(cublasLtMatrixLayoutCreate(layout, cuda_type(dtype), (uint64_t)rows, (uint64_t)cols, ld),
+           "cublasLtMatrixLayoutCreate");
+    if (batch > 1) {
+        const int32_t count = (int32_t)batch;
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count),
+               "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)");
+        LT_TRY(cublasLtMatrixLayoutSetAttribute(*layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                sizeof stride),
+               "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)");
+    }
+    return AMPC_OK;
+}
+
+/* Descriptors and algorithm for k's product; p->key set by the caller. */
+static int plan_build(cublasLtHandle_t handle, plan *p)
+{
+    const plan_key *k = &p->key;
+    const int f64 = k->ab_dtype == AMPC_FLOAT64;
+    LT_TRY(cublasLtMatmulDescCreate(&p->desc, f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F,
+                                    f64 ? CUDA_R_64F : CUDA_R_32F),
+           "cublasLtMatmulDescCreate");
+    const cublasOperation_t op_a = k->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  /* cuBLASLt's A is b */
+    const cublasOperation_t op_b = k->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
+           "cublasLtMatmulDescSetAttribute(TRANSA)");
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
+           "cublasLtMatmulDescSetAttribute(TRANSB)");
+    if (k->has_bias) {
+        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+        const cudaDataType_t bias_type = cuda_type(k->d_dtype);
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+               "cublasLtMatmulDescSetAttribute(EPILOGUE)");
+        LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                              sizeof bias_type),
+               "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)");
+    }
+    int rc;
+    if ((rc = make_layout(&p->layout_a, k->ab_dtype, k->trans_b ? k->k : k->n, k->trans_b ? k->n : k->k, k->ldb,
+                          k->batch, k->stride_b)) != AMPC_OK ||
+        (rc = make_layout(&p->layout_b, k->ab_dtype, k->trans_a ? k->m : k->k, k->trans_a ? k->k : k->m, k->lda,
+                          k->batch, k->stride_a)) != AMPC_OK ||
+        (rc = make_layout(&p->layout_c, k->d_dtype, k->n, k->m, k->has_c ? k->ldc : k->ldd, k->batch,
+                          k->has_c ? k->stride_c : k->stride_d)) != AMPC_OK ||
+        (rc = make_layout(&p->layout_d, k->d_dtype, k->n, k->m, k->ldd, k->batch, k->stride_d)) != AMPC_OK)
+        return rc;
+
+    cublasLtMatmulPreference_t pref;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+    const size_t limit = WORKSPACE_LIMIT;
+    /* cuBLASLt's A is b, its B is a */
+    const uint32_t align[4] = {k->align[1], k->align[0], k->align[2], k->align[3]};
+    const cublasLtMatmulPreferenceAttributes_t which[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &limit,
+                                                             sizeof limit);
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &align[i], sizeof align[i]);
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(handle, p->desc, p->layout_a, p->layout_b, p->layout_c, p->layout_d, pref,
+                                            1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return lt_fail(st, "cublasLtMatmulAlgoGetHeuristic");
+    if (found == 0)
+        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuBLASLt has no algorithm for a %lldx%lldx%lld product "
+                                  "(batch %lld) of these dtypes and layouts", (long long)k->m, (long long)k->n,
+                                  (long long)k->k, (long long)k->batch);
+    p->algo = result.algo;
+    p->workspace = result.workspaceSize;
+    return AMPC_OK;
+}
+
+/* The plan for key (kept in the cache, or *temporary set: the caller frees
+ * it), with the lock held. */
+static int plan_get(const plan_key *key, plan **out, int *temporary)
+{
+    const int device = key->device;
+    if (handles[device] == NULL)
+        LT_TRY(cublasLtCreate(&handles[device]), "cublasLtCreate");
+    const uint64_t slot = key_hash(key) % PLAN_BUCKETS;
+    for (plan *p = buckets[slot]; p != NULL; p = p->next)
+        if (memcmp(&p->key, key, sizeof *key) == 0) {
+            *out = p;
+            *temporary = 0;
+            return AMPC_OK;
+        }
+    plan *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return ampc_cuda_fail_msg(AMPC_ERR_OUT_OF_MEMORY, "out of host memory for a cuBLASLt plan");
+    p->key = *key;
+    const int rc = plan_build(handles[device], p);
+    if (rc != AMPC_OK) {
+        plan_destroy(p);
+        return rc;
+    }
+    *temporary = plans >= PLAN_LIMIT;
+    if (!*temporary) {
+        p->next = buckets[slot];
+        buckets[slot] = p;
+        plans++;
+    }
+    *out = p;
+    return AMPC_OK;
+}
+
+static int gemm_locked(int device, void *stream, const ampc_gemm *g, const plan_key *key)
+{
+    plan *p = NULL;
+    int temporary = 0;
+    int rc = plan_get(key, &p, &temporary);
+    if (rc != AMPC_OK)
+        return rc;
+    void *workspace = NULL;
+    if (p->workspace > 0)
+        rc = ampc_cuda_alloc(device, p->workspace, stream, &workspace);
+    if (rc == AMPC_OK && key->has_bias) {
+        const cublasStatus_t st = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                                 &g->bias.data, sizeof g->bias.data);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            rc = lt_fail(st, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
+    }
+    if (rc == AMPC_OK) {
+        const double beta_d = key->has_c ? g->beta : 0.0;  /* no C: D is read as C, times 0 */
+        const float alpha_f = (float)g->alpha, beta_f = (float)beta_d;
+        const int f64 = key->ab_dtype == AMPC_FLOAT64;
+        const void *alpha = f64 ? (const void *)&g->alpha : (const void *)&alpha_f;
+        const void *beta = f64 ? (const void *)&beta_d : (const void *)&beta_f;
+        const void *c = key->has_c ? g->c.data : g->d.data;
+        const cublasStatus_t st = cublasLtMatmul(handles[device], p->desc, alpha, g->b.data, p->layout_a, g->a.data,
+                                                 p->layout_b, beta, c, p->layout_c, g->d.data, p->layout_d, &p->algo,
+                                                 workspace, p->workspace, (cudaStream_t)stream);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            rc = lt_fail(st, "cublasLtMatmul");
+    }
+    if (workspace != NULL) {
+        const int freed = ampc_cuda_free(device, workspace, p->workspace, stream);
+        if (rc == AMPC_OK)
+            rc = freed;
+    }
+    if (temporary)
+        plan_destroy(p);
+    return rc;
+}
+
+int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "device %d is outside 0..%d", device, MAX_DEVICES - 1);
+    if (g->m == 0 || g->n == 0 || g->batch == 0)
+        return AMPC_OK;
+    if (g->batch > INT32_MAX)
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "a batch of %lld products is more than cuBLASLt takes",
+                                  (long long)g->batch);
+    if (g->bias.data != NULL && g->bias.dtype != g->d.dtype)
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "the bias epilogue needs the output's dtype");
+    plan_key key;
+    memset(&key, 0, sizeof key);  /* padding too: keys are compared as bytes */
+    key.device = device;
+    key.m = g->m, key.n = g->n, key.k = g->k, key.batch = g->batch;
+    key.lda = g->lda, key.ldb = g->ldb, key.ldd = g->ldd;
+    key.stride_a = g->stride_a, key.stride_b = g->stride_b, key.stride_d = g->stride_d;
+    key.trans_a = g->trans_a, key.trans_b = g->trans_b;
+    key.ab_dtype = g->a.dtype, key.d_dtype = g->d.dtype;
+    key.has_c = g->c.data != NULL && g->beta != 0.0;
+    key.has_bias = g->bias.data != NULL;
+    if (key.has_c) {
+        key.ldc = g->ldc;
+        key.stride_c = g->stride_c;
+    }
+    key.align[0] = alignment(g->a.data);
+    key.align[1] = alignment(g->b.data);
+    key.align[2] = alignment(key.has_c ? g->c.data : g->d.data);
+    key.align[3] = alignment(g->d.data);
+    ampc_device_guard guard;
+    int rc = ampc_device_enter(device, &guard);
+    if (rc != AMPC_OK)
+        return rc;
+    pthread_mutex_lock(&lock);
+    rc = gemm_locked(device, stream, g, &key);
+    pthread_mutex_unlock(&lock);
+    ampc_device_leave(&guard);
+    return rc;
+}
