@@ -175,9 +175,10 @@ private:
 };
 
 /* fn(j, x[j]) for the group's share of a row's n elements (`stride` apart
- * from base), U loads issued before any is used: a lane keeps several
+ * from base), UNROLL loads issued before any is used: a lane keeps several
  * loads in flight, which a memory-bound row kernel needs to approach the
- * device's bandwidth. */
+ * device's bandwidth. (16-byte vector loads, tried, were slower here: one
+ * vector in flight per lane hides less latency than eight scalars.) */
 constexpr int UNROLL = 8;
 
 template <int G, class Acc, class Fn>

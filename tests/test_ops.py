@@ -506,7 +506,8 @@ def test_linear_backward_finite_differences(rng):
 
 
 def test_matmul_backward_finite_differences(rng):
-    for ashape, bshape in [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2))]:
+    for ashape, bshape in [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (4, 5)),
+                           ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4,)), ((4,), (2, 4, 5))]:
         a, b = rng.standard_normal(ashape), rng.standard_normal(bshape)
         r = rng.standard_normal(np.matmul(a, b).shape)
         ga, gb = F.matmul_backward(r, a, b)

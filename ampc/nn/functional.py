@@ -128,12 +128,22 @@ def _unbroadcast(grad, shape):
 
 
 def matmul_backward(grad_output, input, other):
-    """(grad_input, grad_other) of matmul for inputs of 2 dimensions or more."""
-    if len(input.shape) < 2 or len(other.shape) < 2:
-        raise ValueError("matmul_backward: both operands need 2 dimensions or more")
+    """(grad_input, grad_other) of matmul; a 1-D operand counts as a matrix of one row (input)
+    or one column (other), as in matmul itself."""
+    a_shape, b_shape = tuple(input.shape), tuple(other.shape)
+    g_shape = tuple(grad_output.shape)
+    if len(a_shape) == 1:
+        input = _reshape(input, (1,) + a_shape)
+        g_shape = g_shape[:-1] + (1,) + g_shape[-1:] if len(b_shape) > 1 else g_shape + (1,)
+    if len(b_shape) == 1:
+        other = _reshape(other, b_shape + (1,))
+        g_shape = g_shape + (1,)
+    grad_output = _reshape(grad_output, g_shape)
     gi = _C._matmul(grad_output, other, transpose_b=True, op="matmul_backward")
     go = _C._matmul(input, grad_output, transpose_a=True, op="matmul_backward")
-    return _unbroadcast(gi, tuple(input.shape)), _unbroadcast(go, tuple(other.shape))
+    gi = _unbroadcast(gi, tuple(input.shape))
+    go = _unbroadcast(go, tuple(other.shape))
+    return _reshape(gi, a_shape), _reshape(go, b_shape)
 
 
 def _check_ndim(op, x, name, ndim):
@@ -236,7 +246,9 @@ def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=
         _, mean, rstd = _C._layer_norm(input, n, None, None, float(eps))
     gi, gw, gb = _C._layer_norm_backward(grad_output, input, mean, rstd, n, weight,
                                          weight_grads and (weight is not None or bias is not None))
-    return gi, (gw if weight is not None else None), (gb if bias is not None else None)
+    gw = _reshape(gw, tuple(weight.shape)) if weight is not None else None
+    gb = _reshape(gb, tuple(bias.shape)) if bias is not None else None
+    return gi, gw, gb
 
 
 # --------------------------------------------------------------------------------------------
