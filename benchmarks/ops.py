@@ -12,11 +12,15 @@ Backward passes: torch's own backward ops (what autograd calls), ampc's *_backwa
 """
 
 import argparse
-import statistics
+import os
+import sys
 
 import torch
 
 import ampc
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scaler import copy_bandwidth, timed as timed_with_wall  # noqa: E402
 
 F = ampc.nn.functional
 TF = torch.nn.functional
@@ -24,22 +28,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def timed(fn, repeat):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
-
-
-def copy_bandwidth(repeat):
-    x = torch.empty(2**28, device="cuda")
-    y = torch.empty_like(x)
-    return 8 * x.numel() / timed(lambda: y.copy_(x), repeat) / 1e6  # GB/s
+    """Median GPU milliseconds of fn (scaler.py's timer, without its wall time)."""
+    return timed_with_wall(fn, repeat)[0]
 
 
 def matmul_peak(dtype, repeat):

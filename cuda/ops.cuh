@@ -124,41 +124,39 @@ struct RowGroup {
     __device__ static int64_t first() { return (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / G; }
     __device__ static int64_t step() { return (int64_t)gridDim.x * ROWS_PER_BLOCK; }
 
-    /* The sum over the group, the same value in every lane. The warp's
-     * butterfly adds the same two values in each pair of lanes, and the
-     * block adds its warps' sums in warp order. scratch: BLOCK / 32 values
-     * of shared memory (unused unless G == BLOCK). */
+    /* The sum (max: the NaN-propagating maximum) over the group, the same
+     * value in every lane. The warp's butterfly combines the same two values
+     * in each pair of lanes, and the block combines its warps' results in
+     * warp order. scratch: BLOCK / 32 values of shared memory (unused unless
+     * G == BLOCK). */
     template <class Acc>
     __device__ static Acc sum(Acc v, Acc *scratch)
     {
-        if constexpr (G == 1)
-            return v;
-        else {
-            for (int offset = 16; offset > 0; offset /= 2)
-                v += __shfl_xor_sync(0xffffffffu, v, offset);
-            if constexpr (G == 32)
-                return v;
-            else
-                return across_warps(v, scratch, [](Acc a, Acc b) { return a + b; });
-        }
+        return reduce(v, scratch, [](Acc a, Acc b) { return a + b; });
     }
 
     template <class Acc>
     __device__ static Acc max(Acc v, Acc *scratch)
     {
+        return reduce(v, scratch, [](Acc a, Acc b) { return nan_max(a, b); });
+    }
+
+private:
+    template <class Acc, class Op>
+    __device__ static Acc reduce(Acc v, Acc *scratch, Op op)
+    {
         if constexpr (G == 1)
             return v;
         else {
             for (int offset = 16; offset > 0; offset /= 2)
-                v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+                v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
             if constexpr (G == 32)
                 return v;
             else
-                return across_warps(v, scratch, [](Acc a, Acc b) { return nan_max(a, b); });
+                return across_warps(v, scratch, op);
         }
     }
 
-private:
     template <class Acc, class Op>
     __device__ static Acc across_warps(Acc v, Acc *scratch, Op op)
     {
