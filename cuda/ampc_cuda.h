@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 5
+#define AMPC_CUDA_ABI_VERSION 6
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 
 typedef enum {
@@ -153,6 +153,16 @@ typedef struct ampc_cuda_api {
     int (*cross_entropy)(int device, void *stream, const ampc_cross_entropy *c);
     int (*cross_entropy_backward)(int device, void *stream, const ampc_cross_entropy_backward *c);
     int (*gemm)(int device, void *stream, const ampc_gemm *g);
+
+    /* --- ABI 6 --- */
+
+    /* The spatial ops of ops.h: convolutions and batch norm on cuDNN
+     * (cuda/conv.c, cuda/batch_norm.c), pooling (cuda/pool.cu). */
+    int (*conv)(int device, void *stream, const ampc_conv *c);
+    int (*batch_norm)(int device, void *stream, const ampc_batch_norm *b);
+    int (*batch_norm_backward)(int device, void *stream, const ampc_batch_norm_backward *b);
+    int (*pool)(int device, void *stream, const ampc_pool *p);
+    int (*pool_backward)(int device, void *stream, const ampc_pool_backward *p);
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

@@ -45,6 +45,12 @@ int ampc_cuda_reduce(int device, void *stream, const ampc_reduce *r);
 int ampc_cuda_cross_entropy(int device, void *stream, const ampc_cross_entropy *c);
 int ampc_cuda_cross_entropy_backward(int device, void *stream, const ampc_cross_entropy_backward *c);
 int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g);
+/* The spatial ops: conv.c, batch_norm.c, pool.cu. */
+int ampc_cuda_conv(int device, void *stream, const ampc_conv *c);
+int ampc_cuda_batch_norm(int device, void *stream, const ampc_batch_norm *b);
+int ampc_cuda_batch_norm_backward(int device, void *stream, const ampc_batch_norm_backward *b);
+int ampc_cuda_pool(int device, void *stream, const ampc_pool *p);
+int ampc_cuda_pool_backward(int device, void *stream, const ampc_pool_backward *p);
 
 const ampc_cuda_api ampc_cuda_api_table = {
     .abi_version = AMPC_CUDA_ABI_VERSION,
@@ -79,6 +85,11 @@ const ampc_cuda_api ampc_cuda_api_table = {
     .cross_entropy = ampc_cuda_cross_entropy,
     .cross_entropy_backward = ampc_cuda_cross_entropy_backward,
     .gemm = ampc_cuda_gemm,
+    .conv = ampc_cuda_conv,
+    .batch_norm = ampc_cuda_batch_norm,
+    .batch_norm_backward = ampc_cuda_batch_norm_backward,
+    .pool = ampc_cuda_pool,
+    .pool_backward = ampc_cuda_pool_backward,
 };
 
 static int cuda_exec(PyObject *module)

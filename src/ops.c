@@ -64,9 +64,15 @@ ampc_view *ampc_op_arg(ampc_op_args *a, PyObject *obj, const char *name, int kin
     char label[96];
     snprintf(label, sizeof label, "%s: %s", a->op, name);
     ampc_view *v = &a->views[a->nviews];
-    if (ampc_view_from_object(a->st, obj, label, AMPC_FOR_READING, v) < 0)
+    const int inout = kind & AMPC_ARG_INOUT;
+    kind &= ~AMPC_ARG_INOUT;
+    if (ampc_view_from_object(a->st, obj, label, inout ? AMPC_FOR_WRITING : AMPC_FOR_READING, v) < 0)
         return NULL;
     a->nviews++;
+    if (inout && v->readonly) {
+        PyErr_Format(PyExc_ValueError, "%s: %s is updated in place, but it is read-only", a->op, name);
+        return NULL;
+    }
     if (kind == AMPC_ARG_FLOAT && !AMPC_DTYPE_IS_FLOAT(v->dtype)) {
         PyErr_Format(PyExc_TypeError, "%s: %s must be a floating array (float32, float16, bfloat16 or "
                      "float64), got dtype %s", a->op, name, ampc_dtype_names[v->dtype]);

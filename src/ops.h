@@ -235,6 +235,134 @@ typedef struct {
 } ampc_gemm;
 
 /* ------------------------------------------------------------------------ */
+/* Spatial ops over NCHW images: convolution, batch norm, pooling            */
+/* ------------------------------------------------------------------------ */
+
+/* A 2-D convolution (cross-correlation, as torch's conv2d; conv1d is one
+ * with a single row): x (n, c, h, w), weight (k, c / groups, r, s), y (n, k,
+ * p, q). Strides are in elements, in NCHW order, so a channels-last array is
+ * one whose c stride is 1 (the GPU takes that layout as it is; the CPU
+ * kernels need C order). pass says which of the three is written from the
+ * other two: the forward writes y, the data gradient x (from y holding dy),
+ * the filter gradient w. */
+typedef enum { AMPC_CONV_FORWARD = 0, AMPC_CONV_BACKWARD_DATA, AMPC_CONV_BACKWARD_FILTER } ampc_conv_pass;
+
+typedef struct {
+    ampc_conv_pass pass;
+    int64_t n, c, h, w;
+    int64_t k, r, s;
+    int64_t p, q;
+    int64_t groups;
+    int64_t stride[2], pad[2], dilation[2];
+    int64_t x_strides[4], w_strides[4], y_strides[4];
+    ampc_buf x, weight, y;
+} ampc_conv;
+
+/* batch_norm over x viewed as (n, c, h, w) with x_strides (elements, NCHW
+ * order; y has x's layout), per channel c. Training: the batch's mean and
+ * 1 / sqrt(biased var + eps) are written to save_mean / save_rstd, and
+ * running_mean / running_var (optional) move by momentum towards the mean
+ * and the unbiased variance. Eval: the running statistics normalise.
+ * weight, bias, the running and saved statistics: c values each, in the
+ * accumulation dtype. */
+typedef struct {
+    int64_t n, c, h, w;
+    int64_t x_strides[4];
+    int training;
+    double momentum, eps;
+    ampc_buf y, x, weight, bias, running_mean, running_var, save_mean, save_rstd;
+} ampc_batch_norm;
+
+/* The training-mode backward from the saved statistics: dx, and dweight /
+ * dbias (c values, the accumulation dtype) where their data is not NULL.
+ * dy and dx have x's layout. */
+typedef struct {
+    int64_t n, c, h, w;
+    int64_t x_strides[4];
+    double eps;
+    ampc_buf dx, dweight, dbias, dy, x, weight, save_mean, save_rstd;
+} ampc_batch_norm_backward;
+
+/* max_pool2d, avg_pool2d and adaptive_avg_pool2d over dense NCHW planes:
+ * x (planes, h, w) to y (planes, p, q). Window (i, j) of a fixed pool covers
+ * rows i * stride - pad + a * dilation, a < kernel (columns likewise),
+ * clipped to the image; an adaptive pool's covers rows
+ * [floor(i h / p), ceil((i + 1) h / p)). avg divides by the window's size
+ * (with the padding that lies inside the image plus pad when
+ * count_include_pad, as torch), or by divisor when it is not 0. max also
+ * writes the flat h * w index of each window's maximum (NaN wins) to
+ * indices (int64), which its backward reads. */
+typedef enum { AMPC_POOL_MAX = 0, AMPC_POOL_AVG, AMPC_POOL_ADAPTIVE_AVG } ampc_pool_mode;
+
+typedef struct {
+    ampc_pool_mode mode;
+    int64_t planes, h, w, p, q;
+    int64_t kernel[2], stride[2], pad[2], dilation[2];
+    int count_include_pad;
+    int64_t divisor;
+    ampc_buf y, x, indices;
+} ampc_pool;
+
+#ifdef __CUDACC__
+#define AMPC_HOST_DEVICE __host__ __device__
+#else
+#define AMPC_HOST_DEVICE
+#endif
+
+/* The rows (axis 0) or columns (axis 1) window i covers: [*lo, *hi) by
+ * *step, and *padded, its extent with padding (what count_include_pad
+ * divides by). The CPU and CUDA kernels share it. */
+static inline AMPC_HOST_DEVICE void ampc_pool_window(const ampc_pool *pl, int axis, int64_t i, int64_t *lo,
+                                                     int64_t *hi, int64_t *step, int64_t *padded)
+{
+    const int64_t in = axis == 0 ? pl->h : pl->w, out = axis == 0 ? pl->p : pl->q;
+    if (pl->mode == AMPC_POOL_ADAPTIVE_AVG) {
+        *lo = i * in / out;
+        *hi = ((i + 1) * in + out - 1) / out;
+        *step = 1;
+        *padded = *hi - *lo;
+        return;
+    }
+    const int64_t start = i * pl->stride[axis] - pl->pad[axis];
+    *step = pl->dilation[axis];
+    if (pl->mode == AMPC_POOL_MAX) {
+        int64_t s = start;
+        while (s < 0)
+            s += *step;
+        *lo = s;
+        const int64_t last = start + (pl->kernel[axis] - 1) * *step + 1;
+        *hi = last < in ? last : in;
+        *padded = 0;
+        return;
+    }
+    /* average: torch counts the padding inside [start, in + pad) */
+    int64_t e = start + pl->kernel[axis];
+    if (e > in + pl->pad[axis])
+        e = in + pl->pad[axis];
+    *padded = e - start;
+    *lo = start < 0 ? 0 : start;
+    *hi = e < in ? e : in;
+}
+
+/* What an average window of rows x cols image elements divides by. */
+static inline AMPC_HOST_DEVICE int64_t ampc_pool_divisor(const ampc_pool *pl, int64_t rows, int64_t cols,
+                                                         int64_t padded)
+{
+    if (pl->divisor != 0)
+        return pl->divisor;
+    if (pl->mode == AMPC_POOL_AVG && pl->count_include_pad)
+        return padded;
+    return rows * cols;
+}
+
+/* dx (planes, h, w) from dy (planes, p, q): every input element gathers the
+ * gradients of the windows that used it (max: those whose index points at
+ * it), in window order, so the result does not depend on the schedule. */
+typedef struct {
+    ampc_pool pool;  /* y holds dy, x receives dx */
+} ampc_pool_backward;
+
+/* ------------------------------------------------------------------------ */
 /* CPU kernels (ops_cpu.c): plain C, split across ampc's threads; the       */
 /* caller releases the GIL. 0, or -1 when out of memory (nothing written).  */
 /* ------------------------------------------------------------------------ */
@@ -247,6 +375,17 @@ int ampc_cpu_layer_norm_backward(const ampc_layer_norm_backward *l);
 int ampc_cpu_reduce(const ampc_reduce *r);
 int ampc_cpu_cross_entropy(const ampc_cross_entropy *c);
 int ampc_cpu_cross_entropy_backward(const ampc_cross_entropy_backward *c);
+/* spatial_cpu.c. The convolution's matrix product is NumPy's: the CPU
+ * kernels lower to and from columns. im2col: col (groups, images, p * q,
+ * (c / groups) * r * s), in the accumulation dtype, from images
+ * [n0, n0 + images) of x; col2im: the data gradient of those images from
+ * such columns, rounded once into x. */
+int ampc_cpu_im2col(const ampc_conv *cv, int64_t n0, int64_t images, void *col);
+int ampc_cpu_col2im(const ampc_conv *cv, int64_t n0, int64_t images, const void *col);
+int ampc_cpu_batch_norm(const ampc_batch_norm *b);
+int ampc_cpu_batch_norm_backward(const ampc_batch_norm_backward *b);
+int ampc_cpu_pool(const ampc_pool *p);
+int ampc_cpu_pool_backward(const ampc_pool_backward *p);
 
 #ifdef __cplusplus
 }

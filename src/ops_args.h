@@ -26,7 +26,10 @@ typedef struct {
     PyTypeObject *source;                  /* borrowed: results come back as this type */
 } ampc_op_args;
 
-enum { AMPC_ARG_ANY = 0, AMPC_ARG_FLOAT = 1, AMPC_ARG_INDEX = 2 };
+/* AMPC_ARG_INOUT (or'ed in): the op writes the argument in place (a batch
+ * norm's running statistics): it is opened for writing and must not be
+ * read-only. */
+enum { AMPC_ARG_ANY = 0, AMPC_ARG_FLOAT = 1, AMPC_ARG_INDEX = 2, AMPC_ARG_INOUT = 4 };
 
 void ampc_op_args_init(ampc_op_args *a, ampc_state *st, const char *op);
 void ampc_op_args_release(ampc_op_args *a);
@@ -62,33 +65,47 @@ int ampc_op_broadcast_strides(const char *op, const char *name, const ampc_view 
 /* torch's promotion of two floating dtypes. */
 ampc_dtype ampc_promote_float(ampc_dtype x, ampc_dtype y);
 
+/* CPU (ops_gemm.c): an ndarray of v's values in dtype acc, over v's memory
+ * when v has that dtype, else a converted copy (new reference); and NumPy's
+ * matmul of two ndarrays (its BLAS, GIL released), always an ndarray. */
+PyObject *ampc_op_acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype acc);
+PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y);
+
+/* Run the CUDA kernel of the API table's `member` on ampc's stream, ordered
+ * after the arguments' streams and they after it. 0, or -1 with an
+ * exception. */
+#define AMPC_RUN_CUDA(a, member, desc)                                                     \
+    ({                                                                                     \
+        void *stream_;                                                                     \
+        int rc_ = ampc_op_stream_begin((a), &stream_);                                     \
+        if (rc_ == 0) {                                                                    \
+            const int status_ = (a)->st->cuda->member((a)->device.index, stream_, (desc)); \
+            rc_ = status_ == AMPC_OK ? ampc_op_stream_end((a), stream_)                    \
+                                     : ampc_cuda_raise((a)->st, status_, (a)->op);         \
+        }                                                                                  \
+        rc_;                                                                               \
+    })
+
 /* Run a kernel on the arguments' device: the CPU one (cpu_fn(desc)) with the
- * GIL released, or the CUDA one (the API table's `member`) on ampc's
- * stream, ordered after the arguments' streams and they after it. 0, or -1
- * with an exception. */
-#define AMPC_RUN_KERNEL(a, cpu_fn, member, desc)                                               \
-    ({                                                                                         \
-        int rc_;                                                                               \
-        if ((a)->device.type == AMPC_DEVICE_CPU) {                                             \
-            Py_BEGIN_ALLOW_THREADS                                                             \
-            rc_ = cpu_fn(desc);                                                                \
-            Py_END_ALLOW_THREADS                                                               \
-            rc_ = ampc_op_cpu_status(rc_);                                                     \
-        }                                                                                      \
-        else {                                                                                 \
-            void *stream_;                                                                     \
-            rc_ = ampc_op_stream_begin((a), &stream_);                                         \
-            if (rc_ == 0) {                                                                    \
-                const int status_ = (a)->st->cuda->member((a)->device.index, stream_, (desc)); \
-                rc_ = status_ == AMPC_OK ? ampc_op_stream_end((a), stream_)                    \
-                                         : ampc_cuda_raise((a)->st, status_, (a)->op);         \
-            }                                                                                  \
-        }                                                                                      \
-        rc_;                                                                                   \
+ * GIL released, or the CUDA one as AMPC_RUN_CUDA does. */
+#define AMPC_RUN_KERNEL(a, cpu_fn, member, desc)                 \
+    ({                                                           \
+        int rc_k_;                                               \
+        if ((a)->device.type == AMPC_DEVICE_CPU) {               \
+            Py_BEGIN_ALLOW_THREADS                               \
+            rc_k_ = cpu_fn(desc);                                \
+            Py_END_ALLOW_THREADS                                 \
+            rc_k_ = ampc_op_cpu_status(rc_k_);                   \
+        }                                                        \
+        else {                                                   \
+            rc_k_ = AMPC_RUN_CUDA((a), member, (desc));          \
+        }                                                        \
+        rc_k_;                                                   \
     })
 
 extern PyMethodDef ampc_ops_methods[];
 extern PyMethodDef ampc_gemm_methods[];
+extern PyMethodDef ampc_spatial_methods[];
 
 
 #endif /* AMPC_OPS_ARGS_H */

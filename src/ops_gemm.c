@@ -22,7 +22,7 @@
 /* An ndarray of v's values in dtype acc (float32 or float64): over v's
  * memory when v has that dtype (read-only, kept alive by v's owner), else a
  * converted copy. */
-static PyObject *acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype acc)
+PyObject *ampc_op_acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype acc)
 {
     ampc_state *st = a->st;
     if (v->dtype != acc) {
@@ -52,6 +52,26 @@ static PyObject *acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype acc
         return NULL;
     }
     return arr;
+}
+
+PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y)
+{
+    if (st->np_matmul == NULL) {
+        PyObject *np = PyImport_ImportModule("numpy");
+        if (np == NULL)
+            return NULL;
+        st->np_matmul = PyObject_GetAttrString(np, "matmul");
+        Py_DECREF(np);
+        if (st->np_matmul == NULL)
+            return NULL;
+    }
+    PyObject *product = PyObject_CallFunctionObjArgs(st->np_matmul, x, y, NULL);
+    if (product == NULL)
+        return NULL;
+    /* two vectors give a NumPy scalar: make it a 0-d array */
+    PyObject *r = PyArray_FROM_O(product);
+    Py_DECREF(product);
+    return r;
 }
 
 static void swap_last_two(ampc_view *v)
@@ -161,28 +181,14 @@ static int matmul_cpu(ampc_op_args *a, const ampc_view *x, const ampc_view *y, c
                       const ampc_view *bias, double alpha, double beta, ampc_dtype out_dtype, PyObject **out_obj)
 {
     ampc_state *st = a->st;
-    if (st->np_matmul == NULL) {
-        PyObject *np = PyImport_ImportModule("numpy");
-        if (np == NULL)
-            return -1;
-        st->np_matmul = PyObject_GetAttrString(np, "matmul");
-        Py_DECREF(np);
-        if (st->np_matmul == NULL)
-            return -1;
-    }
     const ampc_dtype acc = ampc_acc_dtype(x->dtype);
-    PyObject *xa = acc_ndarray(a, x, acc);
+    PyObject *xa = ampc_op_acc_ndarray(a, x, acc);
     if (xa == NULL || ampc_op_keep(a, xa) < 0)
         return -1;
-    PyObject *ya = acc_ndarray(a, y, acc);
+    PyObject *ya = ampc_op_acc_ndarray(a, y, acc);
     if (ya == NULL || ampc_op_keep(a, ya) < 0)
         return -1;
-    PyObject *product = PyObject_CallFunctionObjArgs(st->np_matmul, xa, ya, NULL);
-    if (product == NULL)
-        return -1;
-    /* two vectors give a NumPy scalar: make it a 0-d array */
-    PyObject *r = PyArray_FROM_O(product);
-    Py_DECREF(product);
+    PyObject *r = ampc_np_matmul(st, xa, ya);
     if (r == NULL || ampc_op_keep(a, r) < 0)
         return -1;
     if (c == NULL && bias == NULL && alpha == 1.0 && out_dtype == acc) {

@@ -19,6 +19,10 @@ import numpy as np
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
+from ampc.nn._spatial import (  # noqa: F401 - re-exported under torch's names
+    _batch_norm_forward, adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward,
+    batch_norm, batch_norm_backward, conv1d, conv1d_backward, conv2d, conv2d_backward, max_pool2d,
+    max_pool2d_backward, max_pool2d_with_indices)
 
 _OPS = _C._ew_ops()
 _F32 = np.dtype(np.float32)

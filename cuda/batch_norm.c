@@ -1,0 +1,217 @@
+/*
+ * batch_norm.c: ampc_batch_norm and ampc_batch_norm_backward (ops.h) on
+ * cuDNN's batch normalisation, per channel ("spatial"): float32 statistics,
+ * weights and running averages for float32 and 16-bit data, float64 for
+ * float64. A channels-last input trains in cuDNN's persistent mode, as
+ * torch chooses for that layout.
+ *
+ * cuDNN wants every per-channel operand: an absent weight is ones, an
+ * absent bias zeros, a gradient nobody asked for a scratch buffer, all from
+ * ampc's pool on the call's stream.
+ */
+#include "dnn.h"
+
+#include <string.h>
+
+/* Defined in elementwise.cu. */
+int ampc_cuda_elementwise(int device, void *stream, const ampc_ew *e);
+
+/* cuDNN's scaling factors: double for double data, float otherwise. */
+typedef struct {
+    double one_d, zero_d;
+    float one_f, zero_f;
+} factors;
+
+static const void *factor_one(const factors *f, int acc)
+{
+    return acc == AMPC_FLOAT64 ? (const void *)&f->one_d : (const void *)&f->one_f;
+}
+
+static const void *factor_zero(const factors *f, int acc)
+{
+    return acc == AMPC_FLOAT64 ? (const void *)&f->zero_d : (const void *)&f->zero_f;
+}
+
+static int is_nhwc(const int64_t *dims, const int64_t *strides)
+{
+    return dims[1] > 1 && strides[1] == 1 && strides[3] == dims[1];
+}
+
+/* Per-channel scratch: `count` runs of c values of dtype acc, the first
+ * `ones` of them filled with 1 and the next `zeros` with 0. */
+typedef struct {
+    void *ptr;
+    size_t nbytes;
+} scratch;
+
+static int scratch_take(int device, void *stream, scratch *s, int64_t c, int acc, int count, int ones, int zeros)
+{
+    const size_t each = (size_t)c * (size_t)ampc_dtype_size(acc);
+    s->nbytes = each * (size_t)count;
+    s->ptr = NULL;
+    if (count == 0)
+        return AMPC_OK;
+    int rc = ampc_cuda_alloc(device, s->nbytes, stream, &s->ptr);
+    for (int i = 0; i < ones + zeros && rc == AMPC_OK; i++) {
+        ampc_ew fill = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = c, .shape = {c}};
+        fill.out = (ampc_buf){(char *)s->ptr + each * (size_t)i, (ampc_dtype)acc};
+        fill.value[0] = i < ones ? 1.0 : 0.0;
+        rc = ampc_cuda_elementwise(device, stream, &fill);
+    }
+    return rc;
+}
+
+static void *scratch_at(const scratch *s, int64_t c, int acc, int i)
+{
+    return (char *)s->ptr + (size_t)c * (size_t)ampc_dtype_size(acc) * (size_t)i;
+}
+
+static int scratch_give(int device, void *stream, const scratch *s, int rc)
+{
+    if (s->ptr == NULL)
+        return rc;
+    const int freed = ampc_cuda_free(device, s->ptr, s->nbytes, stream);
+    return rc == AMPC_OK ? freed : rc;
+}
+
+/* The x and per-channel descriptors, and the mode for x's layout. */
+typedef struct {
+    cudnnTensorDescriptor_t x, param;
+    cudnnBatchNormMode_t mode;
+} bn_descs;
+
+static int bn_descs_make(bn_descs *d, int dtype, const int64_t *dims, const int64_t *strides, int training)
+{
+    memset(d, 0, sizeof *d);
+    int rc = ampc_dnn_tensor(&d->x, dtype, dims, strides);
+    if (rc != AMPC_OK)
+        return rc;
+    d->mode = training && dtype != AMPC_FLOAT64 && is_nhwc(dims, strides) ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT
+                                                                          : CUDNN_BATCHNORM_SPATIAL;
+    DNN_TRY(cudnnCreateTensorDescriptor(&d->param), "cudnnCreateTensorDescriptor");
+    DNN_TRY(cudnnDeriveBNTensorDescriptor(d->param, d->x, d->mode), "cudnnDeriveBNTensorDescriptor");
+    return AMPC_OK;
+}
+
+static void bn_descs_free(bn_descs *d)
+{
+    if (d->x)
+        cudnnDestroyTensorDescriptor(d->x);
+    if (d->param)
+        cudnnDestroyTensorDescriptor(d->param);
+}
+
+static int forward(cudnnHandle_t handle, int device, void *stream, const ampc_batch_norm *b, const bn_descs *d)
+{
+    const int acc = b->x.dtype == AMPC_FLOAT64 ? AMPC_FLOAT64 : AMPC_FLOAT32;
+    const factors f = {1.0, 0.0, 1.0f, 0.0f};
+    const void *one = factor_one(&f, acc), *zero = factor_zero(&f, acc);
+    /* cuDNN takes both running statistics or neither */
+    const int one_running = (b->running_mean.data == NULL) != (b->running_var.data == NULL);
+    scratch s;
+    int rc = scratch_take(device, stream, &s, b->c, acc, 3, 1, 1);
+    void *weight = b->weight.data != NULL ? b->weight.data : scratch_at(&s, b->c, acc, 0);
+    void *bias = b->bias.data != NULL ? b->bias.data : scratch_at(&s, b->c, acc, 1);
+    if (rc == AMPC_OK && b->training) {
+        void *rm = b->running_mean.data, *rv = b->running_var.data;
+        if (one_running) {
+            if (rm == NULL)
+                rm = scratch_at(&s, b->c, acc, 2);
+            else
+                rv = scratch_at(&s, b->c, acc, 2);
+        }
+        const cudnnStatus_t st = cudnnBatchNormalizationForwardTraining(
+            handle, d->mode, one, zero, d->x, b->x.data, d->x, b->y.data, d->param, weight, bias, b->momentum, rm,
+            rv, b->eps, b->save_mean.data, b->save_rstd.data);
+        if (st != CUDNN_STATUS_SUCCESS)
+            rc = ampc_dnn_fail(st, "cudnnBatchNormalizationForwardTraining");
+    }
+    else if (rc == AMPC_OK) {
+        const cudnnStatus_t st = cudnnBatchNormalizationForwardInference(
+            handle, d->mode, one, zero, d->x, b->x.data, d->x, b->y.data, d->param, weight, bias,
+            b->running_mean.data, b->running_var.data, b->eps);
+        if (st != CUDNN_STATUS_SUCCESS)
+            rc = ampc_dnn_fail(st, "cudnnBatchNormalizationForwardInference");
+    }
+    return scratch_give(device, stream, &s, rc);
+}
+
+static int backward(cudnnHandle_t handle, int device, void *stream, const ampc_batch_norm_backward *b,
+                    const bn_descs *d)
+{
+    const int acc = b->x.dtype == AMPC_FLOAT64 ? AMPC_FLOAT64 : AMPC_FLOAT32;
+    const factors f = {1.0, 0.0, 1.0f, 0.0f};
+    const void *one = factor_one(&f, acc), *zero = factor_zero(&f, acc);
+    scratch s, dx_scratch = {NULL, 0};
+    int rc = scratch_take(device, stream, &s, b->c, acc, 3, 1, 0);
+    void *weight = b->weight.data != NULL ? b->weight.data : scratch_at(&s, b->c, acc, 0);
+    void *dweight = b->dweight.data != NULL ? b->dweight.data : scratch_at(&s, b->c, acc, 1);
+    void *dbias = b->dbias.data != NULL ? b->dbias.data : scratch_at(&s, b->c, acc, 2);
+    void *dx = b->dx.data;
+    if (rc == AMPC_OK && dx == NULL) {
+        dx_scratch.nbytes = (size_t)(b->n * b->c * b->h * b->w) * (size_t)ampc_dtype_size(b->x.dtype);
+        rc = ampc_cuda_alloc(device, dx_scratch.nbytes, stream, &dx_scratch.ptr);
+        dx = dx_scratch.ptr;
+    }
+    if (rc == AMPC_OK) {
+        const cudnnStatus_t st = cudnnBatchNormalizationBackward(
+            handle, d->mode, one, zero, one, zero, d->x, b->x.data, d->x, b->dy.data, d->x, dx, d->param, weight,
+            dweight, dbias, b->eps, b->save_mean.data, b->save_rstd.data);
+        if (st != CUDNN_STATUS_SUCCESS)
+            rc = ampc_dnn_fail(st, "cudnnBatchNormalizationBackward");
+    }
+    rc = scratch_give(device, stream, &dx_scratch, rc);
+    return scratch_give(device, stream, &s, rc);
+}
+
+/* Return call's status, run with the device current and cuDNN's handle held. */
+#define WITH_DNN(device, stream, call)                          \
+    do {                                                        \
+        ampc_device_guard guard_;                               \
+        int rc_ = ampc_device_enter((device), &guard_);         \
+        if (rc_ != AMPC_OK)                                     \
+            return rc_;                                         \
+        cudnnHandle_t handle;                                   \
+        rc_ = ampc_dnn_enter((device), (stream), &handle);      \
+        if (rc_ == AMPC_OK)                                     \
+            rc_ = (call);                                       \
+        ampc_dnn_leave();                                       \
+        ampc_device_leave(&guard_);                             \
+        return rc_;                                             \
+    } while (0)
+
+static int forward_descs(cudnnHandle_t handle, int device, void *stream, const ampc_batch_norm *b)
+{
+    const int64_t dims[4] = {b->n, b->c, b->h, b->w};
+    bn_descs d;
+    int rc = bn_descs_make(&d, b->x.dtype, dims, b->x_strides, b->training);
+    if (rc == AMPC_OK)
+        rc = forward(handle, device, stream, b, &d);
+    bn_descs_free(&d);
+    return rc;
+}
+
+static int backward_descs(cudnnHandle_t handle, int device, void *stream, const ampc_batch_norm_backward *b)
+{
+    const int64_t dims[4] = {b->n, b->c, b->h, b->w};
+    bn_descs d;
+    int rc = bn_descs_make(&d, b->x.dtype, dims, b->x_strides, 1);
+    if (rc == AMPC_OK)
+        rc = backward(handle, device, stream, b, &d);
+    bn_descs_free(&d);
+    return rc;
+}
+
+int ampc_cuda_batch_norm(int device, void *stream, const ampc_batch_norm *b)
+{
+    if (b->n * b->c * b->h * b->w == 0)
+        return AMPC_OK;
+    WITH_DNN(device, stream, forward_descs(handle, device, stream, b));
+}
+
+int ampc_cuda_batch_norm_backward(int device, void *stream, const ampc_batch_norm_backward *b)
+{
+    if (b->n * b->c * b->h * b->w == 0)
+        return AMPC_OK;
+    WITH_DNN(device, stream, backward_descs(handle, device, stream, b));
+}

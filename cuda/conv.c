@@ -1,0 +1,328 @@
+/*
+ * conv.c: ampc_conv (ops.h) on cuDNN's convolution API: the forward, the
+ * data gradient and the filter gradient, for float32, float16, bfloat16
+ * and float64 data in NCHW or channels-last layouts.
+ *
+ * Precision: 16-bit data accumulates in float32 on Tensor Cores; float32
+ * data runs in plain FMA arithmetic (no TF32: what torch gives with
+ * torch.backends.cudnn.allow_tf32 = False, and what ampc's matrix products
+ * do); float64 in float64.
+ *
+ * Algorithms: the first call of a shape, layout and dtype times cuDNN's
+ * algorithms on the call's own buffers (cudnnFind...AlgorithmEx, as
+ * torch.backends.cudnn.benchmark = True does) and keeps the choice with its
+ * descriptors: the fastest, or a deterministic one within 10 % of it, so
+ * runs repeat their bits where that costs little. That first call waits for
+ * the GPU; later calls only enqueue. The workspace comes from ampc's pool
+ * on the call's stream.
+ */
+#include "dnn.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define PLAN_BUCKETS 256
+#define PLAN_LIMIT 4096
+#define FIND_WORKSPACE ((size_t)1 << 30)   /* the most an algorithm may ask while they are timed */
+#define DETERMINISTIC_SLACK 1.10f
+
+typedef struct {
+    int device, pass, dtype, w_nhwc;
+    int64_t n, c, h, w, k, r, s, p, q, groups;
+    int64_t stride[2], pad[2], dilation[2];
+    int64_t x_strides[4], y_strides[4];
+} conv_key;
+
+typedef struct conv_plan {
+    conv_key key;
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    int algo;
+    size_t workspace;
+    struct conv_plan *next;
+} conv_plan;
+
+static conv_plan *buckets[PLAN_BUCKETS];
+static int plans;  /* guarded by dnn.c's lock */
+
+static uint64_t key_hash(const conv_key *k)
+{
+    const unsigned char *p = (const unsigned char *)k;
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
+    for (size_t i = 0; i < sizeof *k; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static void plan_destroy(conv_plan *p)
+{
+    if (p->x)
+        cudnnDestroyTensorDescriptor(p->x);
+    if (p->y)
+        cudnnDestroyTensorDescriptor(p->y);
+    if (p->w)
+        cudnnDestroyFilterDescriptor(p->w);
+    if (p->conv)
+        cudnnDestroyConvolutionDescriptor(p->conv);
+    free(p);
+}
+
+/* The filter's layout: C order (KCRS) or channels-last (KRSC). */
+static int filter_is_nhwc(const ampc_conv *c)
+{
+    const int64_t cg = c->c / c->groups;
+    const int64_t *s = c->w_strides;
+    return !(s[3] == 1 && s[2] == c->s && s[1] == c->r * c->s && (c->k == 1 || s[0] == cg * c->r * c->s));
+}
+
+static cudnnMathType_t math_type(int dtype)
+{
+    if (dtype == AMPC_FLOAT16 || dtype == AMPC_BFLOAT16)
+        return CUDNN_TENSOR_OP_MATH;
+    return dtype == AMPC_FLOAT32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
+}
+
+static int descriptors(conv_plan *p)
+{
+    const conv_key *k = &p->key;
+    const int64_t xd[4] = {k->n, k->c, k->h, k->w}, yd[4] = {k->n, k->k, k->p, k->q};
+    int rc = ampc_dnn_tensor(&p->x, k->dtype, xd, k->x_strides);
+    if (rc == AMPC_OK)
+        rc = ampc_dnn_tensor(&p->y, k->dtype, yd, k->y_strides);
+    if (rc != AMPC_OK)
+        return rc;
+    DNN_TRY(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
+    DNN_TRY(cudnnSetFilter4dDescriptor(p->w, ampc_dnn_type(k->dtype), k->w_nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
+                                       (int)k->k, (int)(k->c / k->groups), (int)k->r, (int)k->s),
+            "cudnnSetFilter4dDescriptor");
+    DNN_TRY(cudnnCreateConvolutionDescriptor(&p->conv), "cudnnCreateConvolutionDescriptor");
+    const cudnnDataType_t compute = k->dtype == AMPC_FLOAT64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    DNN_TRY(cudnnSetConvolution2dDescriptor(p->conv, (int)k->pad[0], (int)k->pad[1], (int)k->stride[0],
+                                            (int)k->stride[1], (int)k->dilation[0], (int)k->dilation[1],
+                                            CUDNN_CROSS_CORRELATION, compute),
+            "cudnnSetConvolution2dDescriptor");
+    DNN_TRY(cudnnSetConvolutionGroupCount(p->conv, (int)k->groups), "cudnnSetConvolutionGroupCount");
+    DNN_TRY(cudnnSetConvolutionMathType(p->conv, math_type(k->dtype)), "cudnnSetConvolutionMathType");
+    return AMPC_OK;
+}
+
+/* One timed algorithm, whichever pass it belongs to. */
+typedef struct {
+    int algo;
+    cudnnStatus_t status;
+    float time;
+    size_t memory;
+    int deterministic;
+    cudnnMathType_t math;
+} timing;
+
+#define MAX_ALGOS 16
+
+#define COPY_TIMINGS(perf, n, out)                                         \
+    for (int i_ = 0; i_ < (n); i_++) {                                     \
+        (out)[i_].algo = (int)(perf)[i_].algo;                             \
+        (out)[i_].status = (perf)[i_].status;                              \
+        (out)[i_].time = (perf)[i_].time;                                  \
+        (out)[i_].memory = (perf)[i_].memory;                              \
+        (out)[i_].deterministic = (perf)[i_].determinism == CUDNN_DETERMINISTIC; \
+        (out)[i_].math = (perf)[i_].mathType;                              \
+    }
+
+/* Time the pass's algorithms on the call's buffers (their outputs are
+ * overwritten by the real call that follows). */
+static int find(cudnnHandle_t handle, const conv_plan *p, const ampc_conv *c, void *ws, size_t ws_size, timing *t,
+                int *count)
+{
+    const conv_key *k = &p->key;
+    if (k->pass == AMPC_CONV_FORWARD) {
+        cudnnConvolutionFwdAlgoPerf_t perf[MAX_ALGOS];
+        DNN_TRY(cudnnFindConvolutionForwardAlgorithmEx(handle, p->x, c->x.data, p->w, c->weight.data, p->conv, p->y,
+                                                       c->y.data, MAX_ALGOS, count, perf, ws, ws_size),
+                "cudnnFindConvolutionForwardAlgorithmEx");
+        COPY_TIMINGS(perf, *count, t);
+    }
+    else if (k->pass == AMPC_CONV_BACKWARD_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[MAX_ALGOS];
+        DNN_TRY(cudnnFindConvolutionBackwardDataAlgorithmEx(handle, p->w, c->weight.data, p->y, c->y.data, p->conv,
+                                                            p->x, c->x.data, MAX_ALGOS, count, perf, ws, ws_size),
+                "cudnnFindConvolutionBackwardDataAlgorithmEx");
+        COPY_TIMINGS(perf, *count, t);
+    }
+    else {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_ALGOS];
+        DNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithmEx(handle, p->x, c->x.data, p->y, c->y.data, p->conv,
+                                                              p->w, c->weight.data, MAX_ALGOS, count, perf, ws,
+                                                              ws_size),
+                "cudnnFindConvolutionBackwardFilterAlgorithmEx");
+        COPY_TIMINGS(perf, *count, t);
+    }
+    return AMPC_OK;
+}
+
+static int choose(conv_plan *p, const timing *t, int count)
+{
+    const cudnnMathType_t wanted = math_type(p->key.dtype);
+    const timing *fastest = NULL, *chosen = NULL;
+    for (int i = 0; i < count; i++) {
+        /* float32 must not come back as TF32 (a Tensor Core math type) */
+        if (t[i].status != CUDNN_STATUS_SUCCESS || (wanted == CUDNN_FMA_MATH && t[i].math != CUDNN_FMA_MATH &&
+                                                    t[i].math != CUDNN_DEFAULT_MATH))
+            continue;
+        if (fastest == NULL)
+            fastest = &t[i];  /* cuDNN lists them fastest first */
+        if (t[i].deterministic && t[i].time <= fastest->time * DETERMINISTIC_SLACK) {
+            chosen = &t[i];
+            break;
+        }
+    }
+    if (chosen == NULL)
+        chosen = fastest;
+    if (chosen == NULL)
+        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuDNN has no algorithm for this convolution (%lld x %lld x %lld "
+                                  "x %lld, %lld filters of %lld x %lld, groups %lld)", (long long)p->key.n,
+                                  (long long)p->key.c, (long long)p->key.h, (long long)p->key.w, (long long)p->key.k,
+                                  (long long)p->key.r, (long long)p->key.s, (long long)p->key.groups);
+    p->algo = chosen->algo;
+    p->workspace = chosen->memory;
+    if (wanted != CUDNN_FMA_MATH)
+        DNN_TRY(cudnnSetConvolutionMathType(p->conv, chosen->math), "cudnnSetConvolutionMathType");
+    return AMPC_OK;
+}
+
+/* Build p's descriptors and pick its algorithm, timing them once. */
+static int plan_build(cudnnHandle_t handle, int device, void *stream, conv_plan *p, const ampc_conv *c)
+{
+    int rc = descriptors(p);
+    if (rc != AMPC_OK)
+        return rc;
+    void *ws = NULL;
+    size_t ws_size = FIND_WORKSPACE;
+    while (ws_size > 0 && ampc_cuda_alloc(device, ws_size, stream, &ws) != AMPC_OK) {
+        ws = NULL;
+        ws_size /= 4;  /* less memory free: let fewer algorithms compete */
+        if (ws_size < ((size_t)1 << 20))
+            ws_size = 0;
+    }
+    timing t[MAX_ALGOS];
+    int count = 0;
+    rc = find(handle, p, c, ws, ws_size, t, &count);
+    if (ws != NULL) {
+        const int freed = ampc_cuda_free(device, ws, ws_size, stream);
+        if (rc == AMPC_OK)
+            rc = freed;
+    }
+    return rc == AMPC_OK ? choose(p, t, count) : rc;
+}
+
+static int plan_get(cudnnHandle_t handle, int device, void *stream, const conv_key *key, const ampc_conv *c,
+                    conv_plan **out, int *temporary)
+{
+    const uint64_t slot = key_hash(key) % PLAN_BUCKETS;
+    for (conv_plan *p = buckets[slot]; p != NULL; p = p->next)
+        if (memcmp(&p->key, key, sizeof *key) == 0) {
+            *out = p;
+            *temporary = 0;
+            return AMPC_OK;
+        }
+    conv_plan *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return ampc_cuda_fail_msg(AMPC_ERR_OUT_OF_MEMORY, "out of host memory for a cuDNN plan");
+    p->key = *key;
+    const int rc = plan_build(handle, device, stream, p, c);
+    if (rc != AMPC_OK) {
+        plan_destroy(p);
+        return rc;
+    }
+    *temporary = plans >= PLAN_LIMIT;
+    if (!*temporary) {
+        p->next = buckets[slot];
+        buckets[slot] = p;
+        plans++;
+    }
+    *out = p;
+    return AMPC_OK;
+}
+
+static int run(cudnnHandle_t handle, const conv_plan *p, const ampc_conv *c, void *ws)
+{
+    const double one_d = 1.0, zero_d = 0.0;
+    const float one_f = 1.0f, zero_f = 0.0f;
+    const int f64 = p->key.dtype == AMPC_FLOAT64;
+    const void *one = f64 ? (const void *)&one_d : (const void *)&one_f;
+    const void *zero = f64 ? (const void *)&zero_d : (const void *)&zero_f;
+    switch (p->key.pass) {
+    case AMPC_CONV_FORWARD:
+        DNN_TRY(cudnnConvolutionForward(handle, one, p->x, c->x.data, p->w, c->weight.data, p->conv,
+                                        (cudnnConvolutionFwdAlgo_t)p->algo, ws, p->workspace, zero, p->y, c->y.data),
+                "cudnnConvolutionForward");
+        break;
+    case AMPC_CONV_BACKWARD_DATA:
+        DNN_TRY(cudnnConvolutionBackwardData(handle, one, p->w, c->weight.data, p->y, c->y.data, p->conv,
+                                             (cudnnConvolutionBwdDataAlgo_t)p->algo, ws, p->workspace, zero, p->x,
+                                             c->x.data),
+                "cudnnConvolutionBackwardData");
+        break;
+    default:
+        DNN_TRY(cudnnConvolutionBackwardFilter(handle, one, p->x, c->x.data, p->y, c->y.data, p->conv,
+                                               (cudnnConvolutionBwdFilterAlgo_t)p->algo, ws, p->workspace, zero, p->w,
+                                               c->weight.data),
+                "cudnnConvolutionBackwardFilter");
+        break;
+    }
+    return AMPC_OK;
+}
+
+static int conv_locked(cudnnHandle_t handle, int device, void *stream, const ampc_conv *c, const conv_key *key)
+{
+    conv_plan *p = NULL;
+    int temporary = 0;
+    int rc = plan_get(handle, device, stream, key, c, &p, &temporary);
+    if (rc != AMPC_OK)
+        return rc;
+    void *ws = NULL;
+    if (p->workspace > 0)
+        rc = ampc_cuda_alloc(device, p->workspace, stream, &ws);
+    if (rc == AMPC_OK)
+        rc = run(handle, p, c, ws);
+    if (ws != NULL) {
+        const int freed = ampc_cuda_free(device, ws, p->workspace, stream);
+        if (rc == AMPC_OK)
+            rc = freed;
+    }
+    if (temporary)
+        plan_destroy(p);
+    return rc;
+}
+
+int ampc_cuda_conv(int device, void *stream, const ampc_conv *c)
+{
+    if (c->n * c->k * c->p * c->q == 0 || c->c == 0)
+        return AMPC_OK;
+    conv_key key;
+    memset(&key, 0, sizeof key);  /* padding too: keys are compared as bytes */
+    key.device = device;
+    key.pass = (int)c->pass;
+    key.dtype = c->x.dtype;
+    key.w_nhwc = filter_is_nhwc(c);
+    key.n = c->n, key.c = c->c, key.h = c->h, key.w = c->w;
+    key.k = c->k, key.r = c->r, key.s = c->s, key.p = c->p, key.q = c->q, key.groups = c->groups;
+    for (int i = 0; i < 2; i++) {
+        key.stride[i] = c->stride[i];
+        key.pad[i] = c->pad[i];
+        key.dilation[i] = c->dilation[i];
+    }
+    memcpy(key.x_strides, c->x_strides, sizeof key.x_strides);
+    memcpy(key.y_strides, c->y_strides, sizeof key.y_strides);
+    ampc_device_guard guard;
+    int rc = ampc_device_enter(device, &guard);
+    if (rc != AMPC_OK)
+        return rc;
+    cudnnHandle_t handle;
+    rc = ampc_dnn_enter(device, stream, &handle);
+    if (rc == AMPC_OK)
+        rc = conv_locked(handle, device, stream, c, &key);
+    ampc_dnn_leave();
+    ampc_device_leave(&guard);
+    return rc;
+}

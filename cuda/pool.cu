@@ -1,0 +1,145 @@
+/*
+ * pool.cu: max_pool2d, avg_pool2d and adaptive_avg_pool2d (ampc_pool of
+ * ops.h) over dense NCHW planes, forward and backward.
+ *
+ * The windows are ops.h's ampc_pool_window, as on the CPU. The forward
+ * takes a thread per output element. The backward gathers: a thread per
+ * input element adds the gradients of the windows that used it, in window
+ * order, with no atomics, so it gives the CPU's bits and the same bits on
+ * every run.
+ */
+#include "ops.cuh"
+
+namespace {
+
+using namespace ops;
+
+template <class Acc>
+__global__ void pool_kernel(ampc_pool pl)
+{
+    const int64_t total = pl.planes * pl.p * pl.q;
+    for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = o % pl.q, i = (o / pl.q) % pl.p, plane = o / (pl.p * pl.q);
+        const int64_t base = plane * pl.h * pl.w;
+        int64_t h0, h1, hs, hp, w0, w1, ws, wp;
+        ampc_pool_window(&pl, 0, i, &h0, &h1, &hs, &hp);
+        ampc_pool_window(&pl, 1, j, &w0, &w1, &ws, &wp);
+        if (pl.mode == AMPC_POOL_MAX) {
+            Acc m = -INFINITY;
+            int64_t at = h0 * pl.w + w0;
+            bool nan = false;
+            for (int64_t hh = h0; hh < h1 && !nan; hh += hs)
+                for (int64_t ww = w0; ww < w1; ww += ws) {
+                    const Acc v = load<Acc>(pl.x, base + hh * pl.w + ww);
+                    if (v > m || v != v) {
+                        m = v;
+                        at = hh * pl.w + ww;
+                        if (v != v) {
+                            nan = true;  /* NaN wins */
+                            break;
+                        }
+                    }
+                }
+            store(pl.y, o, m);
+            static_cast<int64_t *>(pl.indices.data)[o] = at;
+        }
+        else {
+            Acc s = 0;
+            for (int64_t hh = h0; hh < h1; hh++)
+                for (int64_t ww = w0; ww < w1; ww++)
+                    s += load<Acc>(pl.x, base + hh * pl.w + ww);
+            store(pl.y, o, s / (Acc)ampc_pool_divisor(&pl, h1 - h0, w1 - w0, hp * wp));
+        }
+    }
+}
+
+/* The windows along one axis that may cover position x: [*first, *last]. */
+__device__ __forceinline__ void candidates(const ampc_pool &pl, int axis, int64_t x, int64_t *first, int64_t *last)
+{
+    const int64_t out = axis == 0 ? pl.p : pl.q, in = axis == 0 ? pl.h : pl.w;
+    if (pl.mode == AMPC_POOL_ADAPTIVE_AVG) {
+        const int64_t lo = x * out / in - 1, hi = (x + 1) * out / in + 1;
+        *first = lo < 0 ? 0 : lo;
+        *last = hi > out - 1 ? out - 1 : hi;
+        return;
+    }
+    const int64_t stride = pl.stride[axis];
+    const int64_t reach = x + pl.pad[axis] - (pl.kernel[axis] - 1) * pl.dilation[axis];
+    *first = reach <= 0 ? 0 : (reach + stride - 1) / stride;
+    const int64_t hi = (x + pl.pad[axis]) / stride;
+    *last = hi > out - 1 ? out - 1 : hi;
+}
+
+__device__ __forceinline__ bool covers(int64_t lo, int64_t hi, int64_t step, int64_t x)
+{
+    return x >= lo && x < hi && (x - lo) % step == 0;
+}
+
+template <class Acc>
+__global__ void pool_backward_kernel(ampc_pool pl)
+{
+    const int64_t plane_size = pl.h * pl.w, total = pl.planes * plane_size;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pos = e % plane_size, plane = e / plane_size, hh = pos / pl.w, ww = pos % pl.w;
+        const int64_t obase = plane * pl.p * pl.q;
+        int64_t i0, i1, j0, j1;
+        candidates(pl, 0, hh, &i0, &i1);
+        candidates(pl, 1, ww, &j0, &j1);
+        Acc g = 0;
+        for (int64_t i = i0; i <= i1; i++) {
+            int64_t h0, h1, hs, hp;
+            ampc_pool_window(&pl, 0, i, &h0, &h1, &hs, &hp);
+            if (!covers(h0, h1, hs, hh))
+                continue;
+            for (int64_t j = j0; j <= j1; j++) {
+                int64_t w0, w1, ws, wp;
+                ampc_pool_window(&pl, 1, j, &w0, &w1, &ws, &wp);
+                if (!covers(w0, w1, ws, ww))
+                    continue;
+                const int64_t o = obase + i * pl.q + j;
+                const Acc dy = load<Acc>(pl.y, o);
+                if (pl.mode == AMPC_POOL_MAX) {
+                    if (static_cast<const int64_t *>(pl.indices.data)[o] == pos)
+                        g += dy;
+                }
+                else {
+                    g += dy / (Acc)ampc_pool_divisor(&pl, h1 - h0, w1 - w0, hp * wp);
+                }
+            }
+        }
+        store(pl.x, e, g);
+    }
+}
+
+}  // namespace
+
+extern "C" int ampc_cuda_pool(int device, void *stream, const ampc_pool *p)
+{
+    const int64_t total = p->planes * p->p * p->q;
+    if (total == 0)
+        return AMPC_OK;
+    return ampc_on_device(device, [&] {
+        const unsigned grid = grid_for(total, 256);
+        if (p->x.dtype == AMPC_FLOAT64)
+            pool_kernel<double><<<grid, 256, 0, as_stream(stream)>>>(*p);
+        else
+            pool_kernel<float><<<grid, 256, 0, as_stream(stream)>>>(*p);
+        return ampc_cuda_launched("pool kernel");
+    });
+}
+
+extern "C" int ampc_cuda_pool_backward(int device, void *stream, const ampc_pool_backward *pb)
+{
+    const ampc_pool *p = &pb->pool;
+    const int64_t total = p->planes * p->h * p->w;
+    if (total == 0)
+        return AMPC_OK;
+    return ampc_on_device(device, [&] {
+        const unsigned grid = grid_for(total, 256);
+        if (p->x.dtype == AMPC_FLOAT64)
+            pool_backward_kernel<double><<<grid, 256, 0, as_stream(stream)>>>(*p);
+        else
+            pool_backward_kernel<float><<<grid, 256, 0, as_stream(stream)>>>(*p);
+        return ampc_cuda_launched("pool backward kernel");
+    });
+}

@@ -1,0 +1,245 @@
+"""ampc.nn.functional's spatial ops on CUDA tensors (cuDNN convolutions and batch norm, ampc's
+pooling kernels): forward and backward against torch's on the same inputs and against float64
+references (torch in float64), NCHW and channels-last, torch's autocast dtypes, bad input."""
+
+import pytest
+
+import ampc
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+from test_ops_gpu import FLOATS, ID, RTOL, autograd, close, randn, strided  # noqa: E402
+
+TF = torch.nn.functional
+F = ampc.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """torch's float32 convolutions default to TF32; ampc's never are. Compare like with like."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups)
+CONVS = [
+    (2, 3, 7, 6, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+    (3, 4, 9, 8, 6, 3, 2, (2, 1), (1, 0), (1, 2), 2),
+    (1, 6, 5, 5, 6, 1, 1, (1, 1), (0, 0), (1, 1), 6),
+    (1, 1, 1, 1, 1, 1, 1, (1, 1), (0, 0), (1, 1), 1),
+    (4, 64, 28, 28, 64, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+    (2, 256, 14, 14, 512, 1, 1, (2, 2), (0, 0), (1, 1), 1),
+    (2, 3, 57, 57, 16, 7, 7, (2, 2), (3, 3), (1, 1), 1),
+]
+
+
+def conv_case(case, dtype):
+    n, c, h, w, k, r, s, stride, pad, dil, groups = case
+    x = randn(n, c, h, w, dtype=dtype)
+    wt = randn(k, c // groups, r, s, dtype=dtype, scale=(c // groups * r * s) ** -0.5)
+    b = randn(k, dtype=dtype)
+    return x, wt, b, dict(stride=stride, padding=pad, dilation=dil, groups=groups)
+
+
+def conv_rtol(dtype, case):
+    """float32 sums of many terms lose more than one rounding; 16-bit outputs are rounded once."""
+    terms = case[1] // case[10] * case[5] * case[6]
+    return RTOL[dtype] * (1 + terms ** 0.5 / 4) if dtype in (torch.float32, torch.float64) else RTOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("case", CONVS, ids=str)
+def test_conv2d(case, dtype):
+    x, wt, b, kw = conv_case(case, dtype)
+    rtol = conv_rtol(dtype, case)
+    ref = TF.conv2d(x.double(), wt.double(), b.double(), **kw)
+    y = F.conv2d(x, wt, b, **kw)
+    close(y, ref, dtype, rtol=rtol, what="conv2d vs float64")
+    close(y, TF.conv2d(x, wt, b, **kw), dtype, rtol=2 * rtol, what="conv2d vs torch")
+    close(F.conv2d(strided(x), wt, b, **kw), ref, dtype, rtol=rtol, what="conv2d strided")
+    xl, wl = x.to(memory_format=torch.channels_last), wt.to(memory_format=torch.channels_last)
+    yl = F.conv2d(xl, wl, b, **kw)
+    close(yl, ref, dtype, rtol=rtol, what="conv2d channels-last")
+    if case[1] > 1:
+        assert yl.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("case", CONVS, ids=str)
+def test_conv2d_backward(case, dtype):
+    x, wt, b, kw = conv_case(case, dtype)
+    rtol = conv_rtol(dtype, case) * (4 if dtype in (torch.float32, torch.float64) else 1)
+    dy = randn(*TF.conv2d(x, wt, b, **kw).shape, dtype=dtype)
+    egi, egw, egb = autograd(lambda a, w, c: TF.conv2d(a, w, c, **kw), [x, wt, b], dy)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xs, ws, dys = (t.contiguous(memory_format=layout) for t in (x, wt, dy))
+        gi, gw, gb = F.conv2d_backward(dys, xs, ws, **kw)
+        what = f"{'channels-last ' if layout == torch.channels_last else ''}"
+        close(gi, egi, dtype, rtol=rtol, what=what + "grad_input")
+        close(gw, egw, dtype, rtol=rtol * 4, what=what + "grad_weight")
+        close(gb, egb, dtype, what=what + "grad_bias")
+
+
+def test_conv1d():
+    x, wt, b = randn(2, 6, 33), randn(4, 3, 5), randn(4)
+    kw = dict(stride=2, padding=3, dilation=2, groups=2)
+    close(F.conv1d(x, wt, b, **kw), TF.conv1d(x.double(), wt.double(), b.double(), **kw), torch.float32,
+          rtol=3e-5, what="conv1d")
+    dy = randn(*TF.conv1d(x, wt, b, **kw).shape)
+    egi, egw, egb = autograd(lambda a, w, c: TF.conv1d(a, w, c, **kw), [x, wt, b], dy)
+    gi, gw, gb = F.conv1d_backward(dy, x, wt, **kw)
+    close(gi, egi, torch.float32, rtol=3e-5, what="conv1d grad_input")
+    close(gw, egw, torch.float32, rtol=3e-5, what="conv1d grad_weight")
+    close(gb, egb, torch.float32, what="conv1d grad_bias")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=ID.get)
+def test_conv_autocast_dtype(dtype):
+    x, wt, b = randn(2, 8, 9, 9), randn(16, 8, 3, 3), randn(16)
+    with ampc.autocast("cuda", dtype=dtype):
+        y = F.conv2d(x, wt, b, padding=1)
+        y1 = F.conv1d(x[:, :, 0], wt[:, :, 0], b, padding=1)
+    with torch.autocast("cuda", dtype=dtype):
+        ty = TF.conv2d(x, wt, b, padding=1)
+        ty1 = TF.conv1d(x[:, :, 0], wt[:, :, 0], b, padding=1)
+    assert y.dtype == ty.dtype == dtype and y1.dtype == ty1.dtype == dtype
+    close(y, TF.conv2d(x.to(dtype).double(), wt.to(dtype).double(), b.to(dtype).double(), padding=1), dtype,
+          what="autocast conv2d")
+
+
+def test_conv_bad_input():
+    x, wt = randn(2, 4, 6, 6), randn(6, 2, 3, 3)
+    with pytest.raises(ValueError, match="one device"):
+        F.conv2d(x, wt.cpu(), groups=2)
+    with pytest.raises(ValueError, match="to have 2 channels"):
+        F.conv2d(x, wt)
+    with pytest.raises(TypeError, match="same dtype"):
+        F.conv2d(x, wt.half(), groups=2)
+
+
+# --------------------------------------------------------------------------------------------
+# Batch norm
+# --------------------------------------------------------------------------------------------
+
+BN_SHAPES = [(4, 3, 5, 6), (7, 5), (3, 4, 9), (8, 64, 14, 14), (2, 1, 3, 3)]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_batch_norm(shape, dtype, channels_last):
+    if channels_last and len(shape) != 4:
+        pytest.skip("channels-last is a 4-D layout")
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    x = (randn(*shape, dtype=torch.float64) * 2 + 0.5).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    c = shape[1]
+    w, b = randn(c, dtype=acc), randn(c, dtype=acc)
+    rm, rv = randn(c, dtype=acc), randn(c, dtype=acc).abs() + 0.5
+    trm, trv = rm.clone(), rv.clone()
+    y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1)
+    ty = TF.batch_norm(x, trm, trv, w, b, training=True, momentum=0.1)
+    ref = TF.batch_norm(x.double(), None, None, w.double(), b.double(), training=True)
+    assert y.dtype == ty.dtype == dtype
+    close(y, ref, dtype, rtol=RTOL[dtype] * 4, what="batch_norm training")
+    close(rm, trm, acc, rtol=1e-5, what="running_mean as torch's")
+    close(rv, trv, acc, rtol=1e-5, what="running_var as torch's")
+    ye = F.batch_norm(x, rm, rv, w, b, training=False)
+    close(ye, TF.batch_norm(x.double(), rm.double(), rv.double(), w.double(), b.double()), dtype,
+          rtol=RTOL[dtype] * 2, what="batch_norm eval")
+    dy = randn(*shape, dtype=dtype)
+    egi, egw, egb = autograd(lambda a, ww, bb: TF.batch_norm(a, None, None, ww, bb, training=True), [x, w, b], dy)
+    gi, gw, gb = F.batch_norm_backward(dy.contiguous(memory_format=torch.channels_last) if channels_last else dy,
+                                       x, w, training=True)
+    close(gi, egi, dtype, rtol=RTOL[dtype] * 8, what="batch_norm grad_input")
+    close(gw, egw, acc, rtol=1e-4, what="batch_norm grad_weight")
+    close(gb, egb, acc, rtol=1e-4, what="batch_norm grad_bias")
+
+
+def test_batch_norm_eval_backward():
+    x, dy = randn(4, 3, 5, 5), randn(4, 3, 5, 5)
+    w, rm, rv = randn(3), randn(3), randn(3).abs() + 0.5
+    egi, egw = autograd(lambda a, ww: TF.batch_norm(a, rm.double(), rv.double(), ww, None), [x, w], dy)
+    gi, gw, _ = F.batch_norm_backward(dy, x, w, rm, rv, training=False)
+    close(gi, egi, torch.float32, what="eval grad_input")
+    close(gw, egw, torch.float32, rtol=1e-4, what="eval grad_weight")
+
+
+def test_batch_norm_bad_input():
+    x = randn(1, 3, 1, 1)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        F.batch_norm(x, randn(3), randn(3), training=True)
+    with pytest.raises(ValueError, match="one device"):
+        F.batch_norm(randn(4, 3), randn(3).cpu(), randn(3).cpu(), training=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Pooling
+# --------------------------------------------------------------------------------------------
+
+MAX_POOLS = [
+    ((2, 3, 9, 8), 3, 2, 1, 1, False),
+    ((1, 2, 7, 7), (2, 3), (2, 1), (1, 0), (2, 1), True),
+    ((3, 5, 6), 2, 2, 0, 1, True),
+    ((8, 64, 112, 112), 3, 2, 1, 1, False),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("case", MAX_POOLS, ids=str)
+def test_max_pool2d(case, dtype):
+    shape, k, s, p, d, ceil = case
+    x = randn(*shape, dtype=dtype)
+    y, idx = F.max_pool2d(x, k, s, p, d, ceil, return_indices=True)
+    ty, tidx = TF.max_pool2d(x, k, s, p, d, ceil, return_indices=True)
+    assert torch.equal(y, ty)
+    assert torch.equal(idx, tidx)
+    dy = randn(*y.shape, dtype=dtype)
+    (egi,) = autograd(lambda a: TF.max_pool2d(a, k, s, p, d, ceil), [x], dy)
+    close(F.max_pool2d_backward(dy, x, idx, k, s, p, d, ceil), egi, dtype, what="max_pool2d backward")
+
+
+AVG_POOLS = [
+    ((2, 3, 9, 8), 3, 2, 1, False, True, None),
+    ((1, 2, 7, 7), (2, 3), (2, 1), 1, True, False, None),
+    ((2, 2, 5, 5), 3, 1, 1, False, True, 4),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("case", AVG_POOLS, ids=str)
+def test_avg_pool2d(case, dtype):
+    shape, k, s, p, ceil, include, divisor = case
+    kw = dict(ceil_mode=ceil, count_include_pad=include, divisor_override=divisor)
+    x = randn(*shape, dtype=dtype)
+    y = F.avg_pool2d(x, k, s, p, **kw)
+    close(y, TF.avg_pool2d(x.double(), k, s, p, **kw), dtype, what="avg_pool2d")
+    close(y, TF.avg_pool2d(x, k, s, p, **kw), dtype, rtol=2 * RTOL[dtype], what="avg_pool2d vs torch")
+    dy = randn(*y.shape, dtype=dtype)
+    (egi,) = autograd(lambda a: TF.avg_pool2d(a, k, s, p, **kw), [x], dy)
+    close(F.avg_pool2d_backward(dy, x, k, s, p, **kw), egi, dtype, what="avg_pool2d backward")
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("shape,size", [((8, 2048, 7, 7), 1), ((1, 2, 9, 5), (4, 3)), ((3, 5, 6), (5, 6))], ids=str)
+def test_adaptive_avg_pool2d(shape, size, dtype):
+    x = randn(*shape, dtype=dtype)
+    y = F.adaptive_avg_pool2d(x, size)
+    close(y, TF.adaptive_avg_pool2d(x.double(), size), dtype, what="adaptive_avg_pool2d")
+    dy = randn(*y.shape, dtype=dtype)
+    (egi,) = autograd(lambda a: TF.adaptive_avg_pool2d(a, size), [x], dy)
+    close(F.adaptive_avg_pool2d_backward(dy, x), egi, dtype, what="adaptive_avg_pool2d backward")
+
+
+def test_pool_matches_cpu_bits():
+    """The CPU and CUDA kernels share the windows and the order of the sums."""
+    x = randn(2, 3, 11, 10)
+    dy = randn(2, 3, 5, 5)
+    for fn in (lambda a: F.avg_pool2d(a, 3, 2, 1), lambda a: F.adaptive_avg_pool2d(a, (5, 5))):
+        assert torch.equal(fn(x).cpu(), torch.from_numpy(fn(x.cpu().numpy())))
+    gi = F.avg_pool2d_backward(dy, x, 3, 2, 1)
+    assert torch.equal(gi.cpu(), torch.from_numpy(F.avg_pool2d_backward(dy.cpu().numpy(), x.cpu().numpy(), 3, 2, 1)))
