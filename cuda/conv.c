@@ -68,14 +68,6 @@ static void plan_destroy(conv_plan *p)
     free(p);
 }
 
-/* The filter's layout: C order (KCRS) or channels-last (KRSC). */
-static int filter_is_nhwc(const ampc_conv *c)
-{
-    const int64_t cg = c->c / c->groups;
-    const int64_t *s = c->w_strides;
-    return !(s[3] == 1 && s[2] == c->s && s[1] == c->r * c->s && (c->k == 1 || s[0] == cg * c->r * c->s));
-}
-
 static cudnnMathType_t math_type(int dtype)
 {
     if (dtype == AMPC_FLOAT16 || dtype == AMPC_BFLOAT16)
@@ -160,7 +152,40 @@ static int find(cudnnHandle_t handle, const conv_plan *p, const ampc_conv *c, vo
     return AMPC_OK;
 }
 
-static int choose(conv_plan *p, const timing *t, int count)
+/* cuDNN's heuristic ranking of the pass's algorithms, untimed: the fallback
+ * when none of the timed ones ran (seen for float64 data gradients). */
+static int heuristic(cudnnHandle_t handle, const conv_plan *p, timing *t, int *count)
+{
+    const conv_key *k = &p->key;
+    if (k->pass == AMPC_CONV_FORWARD) {
+        cudnnConvolutionFwdAlgoPerf_t perf[MAX_ALGOS];
+        DNN_TRY(cudnnGetConvolutionForwardAlgorithm_v7(handle, p->x, p->w, p->conv, p->y, MAX_ALGOS, count, perf),
+                "cudnnGetConvolutionForwardAlgorithm_v7");
+        COPY_TIMINGS(perf, *count, t);
+    }
+    else if (k->pass == AMPC_CONV_BACKWARD_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[MAX_ALGOS];
+        DNN_TRY(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, p->w, p->y, p->conv, p->x, MAX_ALGOS, count,
+                                                            perf),
+                "cudnnGetConvolutionBackwardDataAlgorithm_v7");
+        COPY_TIMINGS(perf, *count, t);
+    }
+    else {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[MAX_ALGOS];
+        DNN_TRY(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, p->x, p->y, p->conv, p->w, MAX_ALGOS, count,
+                                                              perf),
+                "cudnnGetConvolutionBackwardFilterAlgorithm_v7");
+        COPY_TIMINGS(perf, *count, t);
+    }
+    /* untimed: keep cuDNN's order, which the deterministic preference then follows */
+    for (int i = 0; i < *count; i++)
+        t[i].time = 0;
+    return AMPC_OK;
+}
+
+/* The algorithm to run among t[0..count): the fastest that succeeded in the
+ * wanted math, or a deterministic one within DETERMINISTIC_SLACK of it. */
+static const timing *pick(const conv_plan *p, const timing *t, int count)
 {
     const cudnnMathType_t wanted = math_type(p->key.dtype);
     const timing *fastest = NULL, *chosen = NULL;
@@ -176,13 +201,34 @@ static int choose(conv_plan *p, const timing *t, int count)
             break;
         }
     }
+    return chosen != NULL ? chosen : fastest;
+}
+
+static const char *pass_name(int pass)
+{
+    return pass == AMPC_CONV_FORWARD ? "forward" : pass == AMPC_CONV_BACKWARD_DATA ? "data gradient" : "filter gradient";
+}
+
+static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int count)
+{
+    const cudnnMathType_t wanted = math_type(p->key.dtype);
+    const timing *chosen = pick(p, timed, count);
+    timing ranked[MAX_ALGOS];
+    int ranked_count = 0;
+    if (chosen == NULL) {
+        const int rc = heuristic(handle, p, ranked, &ranked_count);
+        if (rc != AMPC_OK)
+            return rc;
+        chosen = pick(p, ranked, ranked_count);
+    }
     if (chosen == NULL)
-        chosen = fastest;
-    if (chosen == NULL)
-        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuDNN has no algorithm for this convolution (%lld x %lld x %lld "
-                                  "x %lld, %lld filters of %lld x %lld, groups %lld)", (long long)p->key.n,
-                                  (long long)p->key.c, (long long)p->key.h, (long long)p->key.w, (long long)p->key.k,
-                                  (long long)p->key.r, (long long)p->key.s, (long long)p->key.groups);
+        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuDNN has no algorithm for this convolution (%s, %lld x %lld x "
+                                  "%lld x %lld, %lld filters of %lld x %lld, groups %lld; %d timed, %d ranked, the "
+                                  "first: %s)", pass_name(p->key.pass), (long long)p->key.n, (long long)p->key.c,
+                                  (long long)p->key.h, (long long)p->key.w, (long long)p->key.k, (long long)p->key.r,
+                                  (long long)p->key.s, (long long)p->key.groups, count, ranked_count,
+                                  count > 0 ? cudnnGetErrorString(timed[0].status)
+                                  : ranked_count > 0 ? cudnnGetErrorString(ranked[0].status) : "none");
     p->algo = chosen->algo;
     p->workspace = chosen->memory;
     if (wanted != CUDNN_FMA_MATH)
@@ -212,7 +258,7 @@ static int plan_build(cudnnHandle_t handle, int device, void *stream, conv_plan 
         if (rc == AMPC_OK)
             rc = freed;
     }
-    return rc == AMPC_OK ? choose(p, t, count) : rc;
+    return rc == AMPC_OK ? choose(handle, p, t, count) : rc;
 }
 
 static int plan_get(cudnnHandle_t handle, int device, void *stream, const conv_key *key, const ampc_conv *c,
@@ -304,7 +350,7 @@ int ampc_cuda_conv(int device, void *stream, const ampc_conv *c)
     key.device = device;
     key.pass = (int)c->pass;
     key.dtype = c->x.dtype;
-    key.w_nhwc = filter_is_nhwc(c);
+    key.w_nhwc = c->channels_last;  /* the filter in the data's layout: KRSC, else KCRS */
     key.n = c->n, key.c = c->c, key.h = c->h, key.w = c->w;
     key.k = c->k, key.r = c->r, key.s = c->s, key.p = c->p, key.q = c->q, key.groups = c->groups;
     for (int i = 0; i < 2; i++) {

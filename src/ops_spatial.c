@@ -29,17 +29,70 @@ static void elem_strides(const ampc_view *v, int64_t *out)
         out[d] = v->strides[d] / ampc_dtype_size(v->dtype);
 }
 
-/* Dense channels-last: (n, c, h, w) stored as (n, h, w, c). */
+/* Element strides of a dense (n, c, h, w) array in NCHW order, stored in C
+ * order or channels-last (as (n, h, w, c)). */
+static void dense_strides(const int64_t *shape, int channels_last, int64_t *out)
+{
+    const int64_t c = shape[1], h = shape[2], w = shape[3];
+    out[0] = c * h * w;
+    out[1] = channels_last ? 1 : h * w;
+    out[2] = channels_last ? w * c : w;
+    out[3] = channels_last ? c : 1;
+}
+
+/* Dense channels-last: (n, c, h, w) stored as (n, h, w, c). The strides of
+ * dimensions of size 1 do not matter (torch leaves them arbitrary). */
 static int is_channels_last(const ampc_view *v)
 {
-    const int64_t size = ampc_dtype_size(v->dtype), c = v->shape[1], h = v->shape[2], w = v->shape[3];
-    return v->ndim == 4 && v->strides[1] == size && v->strides[3] == c * size && v->strides[2] == w * c * size &&
-           (v->shape[0] == 1 || v->strides[0] == h * w * c * size);
+    if (v->ndim != 4)
+        return 0;
+    int64_t want[4];
+    dense_strides(v->shape, 1, want);
+    for (int d = 0; d < 4; d++)
+        if (v->shape[d] != 1 && v->strides[d] != want[d] * ampc_dtype_size(v->dtype))
+            return 0;
+    return 1;
 }
 
 static int is_c_order(const ampc_view *v)
 {
     return ampc_layout_is_c_contiguous(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype));
+}
+
+/* v as a dense channels-last array: itself, or a copy (kept by a). */
+static int make_channels_last(ampc_op_args *a, ampc_view *v)
+{
+    if (is_channels_last(v))
+        return 0;
+    int64_t strides[4];
+    dense_strides(v->shape, 1, strides);
+    for (int d = 0; d < 4; d++)
+        strides[d] *= ampc_dtype_size(v->dtype);
+    ampc_view copy;
+    PyObject *obj = ampc_array_empty(a->st, v->device, v->dtype, 4, v->shape, strides, &copy);
+    if (obj == NULL || ampc_op_keep(a, obj) < 0 || ampc_cast_views(a->st, &copy, v, 1) < 0)
+        return -1;
+    v->data = copy.data;
+    memcpy(v->strides, copy.strides, sizeof v->strides[0] * 4);
+    v->stream = copy.stream;
+    return 0;
+}
+
+/* cuDNN's legacy convolutions want one layout for every operand (a filter
+ * in the other layout, or a 1x1 filter described in the other format, has
+ * no algorithm), and float64 data gradients only in C order. The layout is
+ * the input's: channels-last when it is (not float64), else C order; the
+ * filter and dy (or y) are copied to it where they differ. The CPU takes
+ * C order. */
+static int conv_layout(ampc_op_args *a, ampc_view *x, ampc_view *wt, ampc_view *dy, ampc_conv *cv)
+{
+    cv->channels_last = a->device.type == AMPC_DEVICE_CUDA && x->dtype != AMPC_FLOAT64 && !is_c_order(x) &&
+                        is_channels_last(x);
+    ampc_view *views[3] = {x, wt, dy};
+    for (int i = 0; i < 3; i++)
+        if (views[i] != NULL && (cv->channels_last ? make_channels_last(a, views[i]) : ampc_op_dense(a, views[i])) < 0)
+            return -1;
+    return 0;
 }
 
 /* GPU kernels take C order or channels-last; the CPU ones C order. */
@@ -382,11 +435,13 @@ static int add_bias(ampc_op_args *a, const ampc_view *y, const ampc_view *bias)
     return AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e);
 }
 
+/* The operands of cv, dense in cv's layout (conv_layout): their strides as
+ * that layout's, whatever those of their size-1 dimensions are. */
 static void conv_fill_strides(ampc_conv *cv, const ampc_view *x, const ampc_view *wt, const ampc_view *y)
 {
-    elem_strides(x, cv->x_strides);
-    elem_strides(wt, cv->w_strides);
-    elem_strides(y, cv->y_strides);
+    dense_strides(x->shape, cv->channels_last, cv->x_strides);
+    dense_strides(wt->shape, cv->channels_last, cv->w_strides);
+    dense_strides(y->shape, cv->channels_last, cv->y_strides);
     cv->x = buf_of(x);
     cv->weight = buf_of(wt);
     cv->y = buf_of(y);
@@ -427,7 +482,7 @@ static PyObject *mod_conv2d(PyObject *module, PyObject *args, PyObject *kwargs)
             goto done;
         }
     }
-    if (layout_for_device(&a, x) < 0 || layout_for_device(&a, wt) < 0 || (bias && ampc_op_dense(&a, bias) < 0))
+    if (conv_layout(&a, x, wt, NULL, &cv) < 0 || (bias && ampc_op_dense(&a, bias) < 0))
         goto done;
     const int64_t yshape[4] = {cv.n, cv.k, cv.p, cv.q};
     ampc_view y;
@@ -489,7 +544,7 @@ static PyObject *mod_conv2d_backward(PyObject *module, PyObject *args, PyObject 
                      ampc_dtype_names[x->dtype], ampc_dtype_names[dy->dtype]);
         goto done;
     }
-    if (layout_for_device(&a, dy) < 0 || layout_for_device(&a, x) < 0 || layout_for_device(&a, wt) < 0)
+    if (conv_layout(&a, x, wt, dy, &cv) < 0)
         goto done;
     ampc_view out;
     PyObject *out_obj = data ? output_like(&a, x->dtype, x->shape, x, &out)

@@ -238,8 +238,27 @@ def test_adaptive_avg_pool2d(shape, size, dtype):
 def test_pool_matches_cpu_bits():
     """The CPU and CUDA kernels share the windows and the order of the sums."""
     x = randn(2, 3, 11, 10)
-    dy = randn(2, 3, 5, 5)
+    dy = randn(2, 3, 6, 5)  # (11 + 2 - 3) // 2 + 1 rows, (10 + 2 - 3) // 2 + 1 columns
     for fn in (lambda a: F.avg_pool2d(a, 3, 2, 1), lambda a: F.adaptive_avg_pool2d(a, (5, 5))):
         assert torch.equal(fn(x).cpu(), torch.from_numpy(fn(x.cpu().numpy())))
     gi = F.avg_pool2d_backward(dy, x, 3, 2, 1)
     assert torch.equal(gi.cpu(), torch.from_numpy(F.avg_pool2d_backward(dy.cpu().numpy(), x.cpu().numpy(), 3, 2, 1)))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("case", [CONVS[0], CONVS[2], CONVS[5]], ids=str)
+def test_conv2d_mixed_layouts(case, dtype):
+    """cuDNN's legacy API has no algorithm when the filter's layout differs from the data's (nor for
+    float64 channels-last data gradients): ampc puts every operand in the input's layout."""
+    x, wt, b, kw = conv_case(case, dtype)
+    rtol = conv_rtol(dtype, case) * (4 if dtype in (torch.float32, torch.float64) else 1)
+    dy = randn(*TF.conv2d(x, wt, b, **kw).shape, dtype=dtype)
+    egi, egw, _ = autograd(lambda a, w, c: TF.conv2d(a, w, c, **kw), [x, wt, b], dy)
+    ref = TF.conv2d(x.double(), wt.double(), b.double(), **kw)
+    cl = torch.channels_last
+    for xs, ws, dys in ((x, wt.contiguous(memory_format=cl), dy), (x.contiguous(memory_format=cl), wt, dy),
+                        (x.contiguous(memory_format=cl), wt, dy.contiguous(memory_format=cl))):
+        close(F.conv2d(xs, ws, b, **kw), ref, dtype, rtol=conv_rtol(dtype, case), what="mixed-layout forward")
+        gi, gw, _ = F.conv2d_backward(dys, xs, ws, **kw, bias_grad=False)
+        close(gi, egi, dtype, rtol=rtol, what="mixed-layout grad_input")
+        close(gw, egw, dtype, rtol=rtol * 4, what="mixed-layout grad_weight")
