@@ -10,8 +10,13 @@
  * index outside [0, classes) that is not ignore_index gives that position
  * a NaN loss (a NaN mean, a step GradScaler skips) and a zero gradient,
  * and nothing outside the row is read.
+ *
+ * Class-index targets over contiguous logits of one storage type, without
+ * both class weights and label smoothing, take the streamed fast path:
+ * 16-byte packs, one exponential per element (packs.cuh). Label smoothing's
+ * sum of (lse - x) is then n * lse - sum(x), taken in the same pass.
  */
-#include "ops.cuh"
+#include "packs.cuh"
 
 namespace {
 
@@ -92,6 +97,88 @@ __global__ void cross_entropy_kernel(ampc_cross_entropy c, Acc *pos_loss, Acc *p
         *static_cast<Acc *>(c.denom.data) = 1;
 }
 
+/* cross_entropy_kernel for class indices over contiguous rows (inner 1),
+ * streamed; no class weights when smoothing. */
+template <class T, int G>
+__global__ void cross_entropy_streamed(ampc_cross_entropy c, float *pos_loss, float *pos_weight)
+{
+    typedef RowGroup<G> Group;
+    __shared__ float scratch[BLOCK / 32];
+    const int64_t rows = c.rows.outer, n = c.rows.n;
+    const float ls = (float)c.smoothing;
+    const int lane = Group::lane();
+    for (int64_t pos = Group::first(); pos < rows; pos += Group::step()) {
+        const T *x = static_cast<const T *>(c.logits.data) + pos * n;
+        float m = -INFINITY, e = 0.0f, sx = 0.0f;
+        stream_reduce<T, G>(x, nullptr, n, lane, [&](int64_t, const float *v, const float *, auto count) {
+            online_add_segment<decltype(count)::value>(m, e, v);
+            if (ls > 0.0f)
+                for (int i = 0; i < decltype(count)::value; i++)
+                    sx += v[i];
+        });
+        float M, S;
+        combine_max_sum<G>(m, e, M, S, scratch);
+        const float lse = M == -INFINITY ? M : M + m_log(S);
+        if (ls > 0.0f)
+            sx = Group::sum(sx, scratch);
+        float loss, weight;
+        const int64_t t = load_index(c.target, pos);
+        if (t == c.ignore_index) {
+            loss = 0.0f;
+            weight = 0.0f;
+        }
+        else if (t < 0 || t >= n) {
+            loss = NAN;
+            weight = 0.0f;
+        }
+        else {
+            weight = class_weight<float>(c.weight, t);
+            loss = (1.0f - ls) * weight * (lse - to_float(x[t]));
+            if (ls > 0.0f)
+                loss += ls * ((float)n * lse - sx) / (float)n;
+        }
+        if (lane == 0) {
+            if (c.lse.data != nullptr)
+                static_cast<float *>(c.lse.data)[pos] = lse;
+            if (c.reduction == 0) {
+                store(c.loss, pos, loss);
+            }
+            else {
+                pos_loss[pos] = loss;
+                pos_weight[pos] = weight;
+            }
+        }
+    }
+    if (c.reduction == 0 && c.denom.data != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+        *static_cast<float *>(c.denom.data) = 1.0f;
+}
+
+/* Whether the streamed kernels serve these logits: class indices, inner 1,
+ * a 16-bit or float32 storage type, not class weights and smoothing both. */
+static bool streamable(const ampc_rows &rows, int logits_dtype, int probs_target, int log_probs, const void *weight,
+                       double smoothing)
+{
+    return rows.inner == 1 && !probs_target && !log_probs && logits_dtype != AMPC_FLOAT64 &&
+           (weight == nullptr || smoothing == 0.0);
+}
+
+/* The streamed forward, launched, or NOT_FAST. */
+int cross_entropy_fast(const ampc_cross_entropy *c, float *pos_loss, float *pos_weight, cudaStream_t stream)
+{
+    if (!streamable(c->rows, c->logits.dtype, c->probs_target, c->log_probs, c->weight.data, c->smoothing))
+        return NOT_FAST;
+    const int group = c->rows.n < STREAM_BLOCK_FROM ? 32 : BLOCK;
+    const unsigned grid = rows_grid(c->rows.outer, group);
+    return with_storage(c->logits.dtype, [&](auto type) {
+        using T = decltype(type);
+        if (group == 32)
+            cross_entropy_streamed<T, 32><<<grid, BLOCK, 0, stream>>>(*c, pos_loss, pos_weight);
+        else
+            cross_entropy_streamed<T, BLOCK><<<grid, BLOCK, 0, stream>>>(*c, pos_loss, pos_weight);
+        return ampc_cuda_launched("cross_entropy kernel");
+    });
+}
+
 /* One block: the mean or sum of the positions, in float64 and a fixed order
  * (each thread a fixed set of positions, then the block's tree). */
 constexpr int FINISH = 1024;
@@ -137,9 +224,14 @@ int cross_entropy(int device, void *stream, const ampc_cross_entropy *c)
         pos_weight = pos_loss + rows;
     }
     if (rows > 0) {
-        const RowLaunch L = row_launch(c->rows);
-        AMPC_LAUNCH_ROWS(cross_entropy_kernel, Acc, L, as_stream(stream), *c, pos_loss, pos_weight);
-        const int status = ampc_cuda_launched("cross_entropy kernel");
+        int status = NOT_FAST;
+        if constexpr (std::is_same<Acc, float>::value)
+            status = cross_entropy_fast(c, pos_loss, pos_weight, as_stream(stream));
+        if (status == NOT_FAST) {
+            const RowLaunch L = row_launch(c->rows);
+            AMPC_LAUNCH_ROWS(cross_entropy_kernel, Acc, L, as_stream(stream), *c, pos_loss, pos_weight);
+            status = ampc_cuda_launched("cross_entropy kernel");
+        }
         if (status != AMPC_OK)
             return status;
     }
@@ -206,6 +298,38 @@ __global__ void cross_entropy_backward_kernel(ampc_cross_entropy_backward c)
     }
 }
 
+/* cross_entropy_backward_kernel for streamable rows. */
+template <class T, int G>
+__global__ void cross_entropy_backward_streamed(ampc_cross_entropy_backward c)
+{
+    typedef RowGroup<G> Group;
+    const int64_t rows = c.rows.outer, n = c.rows.n;
+    const float ls = (float)c.smoothing;
+    const float denom = *static_cast<const float *>(c.denom.data);
+    const float dl_one = c.reduction != 0 ? load<float>(c.dloss, 0) : 0.0f;
+    const int lane = Group::lane();
+    for (int64_t pos = Group::first(); pos < rows; pos += Group::step()) {
+        const T *x = static_cast<const T *>(c.logits.data) + pos * n;
+        T *dx = static_cast<T *>(c.dlogits.data) + pos * n;
+        const float dl = c.reduction == 0 ? load<float>(c.dloss, pos) : dl_one;
+        const float f = c.reduction == 1 ? dl / denom : dl;
+        const int64_t t = load_index(c.target, pos);
+        if (t == c.ignore_index || t < 0 || t >= n) {
+            stream_map<T, G>(nullptr, nullptr, dx, n, lane, [](int64_t, float, float) { return 0.0f; });
+            continue;
+        }
+        const float lse = static_cast<const float *>(c.lse.data)[pos];
+        const float wt = class_weight<float>(c.weight, t);
+        stream_map<T, G>(x, nullptr, dx, n, lane, [&](int64_t k, float v, float) {
+            const float p = m_exp(v - lse);
+            float g = (1.0f - ls) * wt * (p - (k == t ? 1.0f : 0.0f));
+            if (ls > 0.0f)
+                g += ls / (float)n * ((float)n * p - 1.0f);
+            return f * g;
+        });
+    }
+}
+
 }  // namespace
 
 extern "C" int ampc_cuda_cross_entropy(int device, void *stream, const ampc_cross_entropy *c)
@@ -221,6 +345,19 @@ extern "C" int ampc_cuda_cross_entropy_backward(int device, void *stream, const 
     if (c->rows.outer * c->rows.n * c->rows.inner == 0)
         return AMPC_OK;
     return ampc_on_device(device, [&] {
+        if (c->dlogits.dtype == c->logits.dtype && same_phase(c->logits.data, c->dlogits.data) &&
+            streamable(c->rows, c->logits.dtype, c->probs_target, c->log_probs, c->weight.data, c->smoothing)) {
+            const int group = c->rows.n < STREAM_BLOCK_FROM ? 32 : BLOCK;
+            const unsigned grid = rows_grid(c->rows.outer, group);
+            return with_storage(c->logits.dtype, [&](auto type) {
+                using T = decltype(type);
+                if (group == 32)
+                    cross_entropy_backward_streamed<T, 32><<<grid, BLOCK, 0, as_stream(stream)>>>(*c);
+                else
+                    cross_entropy_backward_streamed<T, BLOCK><<<grid, BLOCK, 0, as_stream(stream)>>>(*c);
+                return ampc_cuda_launched("cross_entropy backward kernel");
+            });
+        }
         const RowLaunch L = row_launch(c->rows);
         if (c->logits.dtype == AMPC_FLOAT64)
             AMPC_LAUNCH_ROWS(cross_entropy_backward_kernel, double, L, as_stream(stream), *c);

@@ -8,8 +8,13 @@
  * Backward: dx row by row (two sums over the row: of g = dy * w and of
  * g * xhat), and dweight = sum over rows of dy * xhat, dbias = sum of dy,
  * as two-stage column sums in one pass (ops.cuh), in a fixed order.
+ *
+ * Contiguous rows whose arrays share one storage type, n a whole number of
+ * 16-byte packs, take packs.cuh's paths: a row held in registers (read
+ * once by the forward, dy and x read once by the backward's dx) and the
+ * weight gradients as column sums a pack of columns per thread.
  */
-#include "ops.cuh"
+#include "packs.cuh"
 
 namespace {
 
@@ -124,6 +129,192 @@ int layer_norm_backward(int device, void *stream, const ampc_layer_norm_backward
     return AMPC_OK;
 }
 
+template <class T, int G, int NV>
+__global__ void layer_norm_cached(ampc_layer_norm l)
+{
+    typedef RowGroup<G> Group;
+    constexpr int VEC = vec_of<T>();
+    __shared__ float scratch[BLOCK / 32];
+    const int64_t n = l.n;
+    const int lane = Group::lane();
+    const T *w = static_cast<const T *>(l.weight.data), *b = static_cast<const T *>(l.bias.data);
+    for (int64_t first = Group::block_first(); first < l.rows; first += Group::step()) {
+        const int64_t row = first + Group::in_block(), packs = row < l.rows ? n / VEC : 0;
+        CachedRow<T, G, NV> x;
+        x.load(static_cast<const T *>(l.x.data) + row * n, packs, lane);
+        float s = 0.0f;
+        x.each(packs, lane, [&](int64_t, float v) { s += v; });
+        const float mean = Group::sum(s, scratch) / (float)n;
+        float q = 0.0f;
+        x.each(packs, lane, [&](int64_t, float v) { q += (v - mean) * (v - mean); });
+        const float var = Group::sum(q, scratch) / (float)n;
+        const float rstd = 1.0f / m_sqrt(var + (float)l.eps);
+        T *y = static_cast<T *>(l.y.data) + row * n;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t p = lane + (int64_t)k * G;
+            if (p >= packs)
+                continue;
+            Pack<T> pw, pb, out;
+            if (w != nullptr)
+                pw.load(w + p * VEC);
+            if (b != nullptr)
+                pb.load(b + p * VEC);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                float v = (x.p[k][i] - mean) * rstd;
+                if (w != nullptr)
+                    v *= pw[i];
+                if (b != nullptr)
+                    v += pb[i];
+                out.set(i, v);
+            }
+            out.store(y + p * VEC);
+        }
+        if (lane == 0 && row < l.rows) {
+            static_cast<float *>(l.mean.data)[row] = mean;
+            static_cast<float *>(l.rstd.data)[row] = rstd;
+        }
+    }
+}
+
+/* dx of layer_norm_dx_kernel from rows held in registers. */
+template <class T, int G, int NV>
+__global__ void layer_norm_dx_cached(ampc_layer_norm_backward l)
+{
+    typedef RowGroup<G> Group;
+    constexpr int VEC = vec_of<T>();
+    __shared__ float scratch[BLOCK / 32];
+    const int64_t n = l.n;
+    const int lane = Group::lane();
+    const T *w = static_cast<const T *>(l.weight.data);
+    for (int64_t first = Group::block_first(); first < l.rows; first += Group::step()) {
+        const int64_t row = first + Group::in_block(), packs = row < l.rows ? n / VEC : 0;
+        CachedRow<T, G, NV> dy, x;
+        dy.load(static_cast<const T *>(l.dy.data) + row * n, packs, lane);
+        x.load(static_cast<const T *>(l.x.data) + row * n, packs, lane);
+        const float mean = packs > 0 ? static_cast<const float *>(l.mean.data)[row] : 0.0f;
+        const float rstd = packs > 0 ? static_cast<const float *>(l.rstd.data)[row] : 0.0f;
+        float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t p = lane + (int64_t)k * G;
+            if (p >= packs)
+                continue;
+            Pack<T> pw;
+            if (w != nullptr)
+                pw.load(w + p * VEC);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                const float g = w != nullptr ? dy.p[k][i] * pw[i] : dy.p[k][i];
+                sg += g;
+                sgx += g * (x.p[k][i] - mean) * rstd;
+            }
+        }
+        const float mg = Group::sum(sg, scratch) / (float)n;
+        const float mgx = Group::sum(sgx, scratch) / (float)n;
+        T *dx = static_cast<T *>(l.dx.data) + row * n;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t p = lane + (int64_t)k * G;
+            if (p >= packs)
+                continue;
+            Pack<T> pw, out;
+            if (w != nullptr)
+                pw.load(w + p * VEC);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                const float g = w != nullptr ? dy.p[k][i] * pw[i] : dy.p[k][i];
+                out.set(i, rstd * (g - mg - (x.p[k][i] - mean) * rstd * mgx));
+            }
+            out.store(dx + p * VEC);
+        }
+    }
+}
+
+/* Column values of the weight gradients a pack at a time: v[0] = dy * xhat
+ * (dweight), v[NV - 1] = dy (dbias); NV 2 for both, 1 for either alone. */
+template <class T, int NV, bool WEIGHT>
+struct PackedDyXhat {
+    const T *dy, *x;
+    const float *mean, *rstd;
+    int64_t n;
+    template <class Values>
+    __device__ void operator()(int64_t j, int64_t pack, Values &v) const
+    {
+        Pack<T> d, xx;
+        d.load(dy + j * n + pack * Pack<T>::VEC);
+        if (WEIGHT)
+            xx.load(x + j * n + pack * Pack<T>::VEC);
+        const float mu = mean[j], rs = rstd[j];
+#pragma unroll
+        for (int i = 0; i < Pack<T>::VEC; i++) {
+            if (WEIGHT)
+                v[0][i] = d[i] * (xx[i] - mu) * rs;
+            v[NV - 1][i] = d[i];
+        }
+    }
+};
+
+template <class T>
+int layer_norm_weight_grads_packed(int device, void *stream, const ampc_layer_norm_backward *l)
+{
+    const T *dy = static_cast<const T *>(l->dy.data), *x = static_cast<const T *>(l->x.data);
+    const float *mean = static_cast<const float *>(l->mean.data), *rstd = static_cast<const float *>(l->rstd.data);
+    const char *what = "layer_norm weight gradient kernel";
+    if (l->dweight.data != nullptr && l->dbias.data != nullptr)
+        return packed_column_sums<T, 2>(device, stream, PackedDyXhat<T, 2, true>{dy, x, mean, rstd, l->n}, l->rows,
+                                        l->n, l->dweight, l->dbias, 1.0f, what);
+    if (l->dweight.data != nullptr)
+        return packed_column_sums<T, 1>(device, stream, PackedDyXhat<T, 1, true>{dy, x, mean, rstd, l->n}, l->rows,
+                                        l->n, l->dweight, l->dweight, 1.0f, what);
+    return packed_column_sums<T, 1>(device, stream, PackedDyXhat<T, 1, false>{dy, x, mean, rstd, l->n}, l->rows,
+                                    l->n, l->dbias, l->dbias, 1.0f, what);
+}
+
+/* The forward's fast path, or NOT_FAST. */
+int layer_norm_fast(const ampc_layer_norm *l, cudaStream_t stream)
+{
+    const int dtype = l->x.dtype;
+    if (l->y.dtype != dtype || (l->weight.data != nullptr && l->weight.dtype != dtype) ||
+        (l->bias.data != nullptr && l->bias.dtype != dtype) ||
+        !packs_fit(dtype, l->n, l->x.data, l->y.data, l->weight.data, l->bias.data))
+        return NOT_FAST;
+    const int tier = cached_tier(l->n, dtype == AMPC_FLOAT32 ? 4 : 8);
+    if (tier < 0)
+        return NOT_FAST;
+    return with_storage(dtype, [&](auto type) {
+        using T = decltype(type);
+        AMPC_LAUNCH_CACHED(layer_norm_cached, T, tier, tier_grid(l->rows, tier), stream, *l);
+        return ampc_cuda_launched("layer_norm kernel");
+    });
+}
+
+/* The backward's fast path (dx and the weight gradients), or NOT_FAST. */
+int layer_norm_backward_fast(int device, void *stream, const ampc_layer_norm_backward *l)
+{
+    const int dtype = l->x.dtype;
+    if (l->dy.dtype != dtype || (l->dx.data != nullptr && l->dx.dtype != dtype) ||
+        (l->weight.data != nullptr && l->weight.dtype != dtype) ||
+        !packs_fit(dtype, l->n, l->x.data, l->dy.data, l->dx.data, l->weight.data))
+        return NOT_FAST;
+    const int tier = cached_tier(l->n, dtype == AMPC_FLOAT32 ? 4 : 8);
+    if (tier < 0)
+        return NOT_FAST;
+    return with_storage(dtype, [&](auto type) {
+        using T = decltype(type);
+        if (l->dx.data != nullptr) {
+            AMPC_LAUNCH_CACHED(layer_norm_dx_cached, T, tier, tier_grid(l->rows, tier), as_stream(stream), *l);
+            const int status = ampc_cuda_launched("layer_norm backward kernel");
+            if (status != AMPC_OK)
+                return status;
+        }
+        if (l->dweight.data == nullptr && l->dbias.data == nullptr)
+            return (int)AMPC_OK;
+        return layer_norm_weight_grads_packed<T>(device, stream, l);
+    });
+}
+
 }  // namespace
 
 extern "C" int ampc_cuda_layer_norm(int device, void *stream, const ampc_layer_norm *l)
@@ -131,6 +322,9 @@ extern "C" int ampc_cuda_layer_norm(int device, void *stream, const ampc_layer_n
     if (l->rows == 0 || l->n == 0)
         return AMPC_OK;
     return ampc_on_device(device, [&] {
+        const int fast = layer_norm_fast(l, as_stream(stream));
+        if (fast != NOT_FAST)
+            return fast;
         const RowLaunch L = row_launch(ampc_rows{l->rows, l->n, 1});
         if (l->x.dtype == AMPC_FLOAT64)
             AMPC_LAUNCH_ROWS(layer_norm_kernel, double, L, as_stream(stream), *l);
@@ -145,6 +339,9 @@ extern "C" int ampc_cuda_layer_norm_backward(int device, void *stream, const amp
     if (l->rows == 0 || l->n == 0)
         return AMPC_OK;
     return ampc_on_device(device, [&] {
+        const int fast = layer_norm_backward_fast(device, stream, l);
+        if (fast != NOT_FAST)
+            return fast;
         return l->x.dtype == AMPC_FLOAT64 ? layer_norm_backward<double>(device, stream, l)
                                           : layer_norm_backward<float>(device, stream, l);
     });

@@ -114,15 +114,20 @@ __device__ __forceinline__ double m_abs(double x) { return fabs(x); }
 /* ------------------------------------------------------------------------ */
 
 /* G threads per row: rows run over positions (o, i) of (outer, n, inner),
- * each a row of n elements `inner` apart starting at base(). */
+ * each a row of n elements `inner` apart starting at base(). A group of 4
+ * warps (G = 128) shares the block's barriers with the other groups, so its
+ * kernels loop over the block's rows together (block_first, block_step)
+ * and let a group without a row join the reductions idle. */
 template <int G>
 struct RowGroup {
-    static_assert(G == 1 || G == 32 || G == BLOCK, "a row group is a thread, a warp or a block");
+    static_assert(G == 1 || G == 32 || G == 128 || G == BLOCK, "a row group is a thread, 1, 4 or 16 warps");
     static constexpr int ROWS_PER_BLOCK = BLOCK / G;
 
     __device__ static int lane() { return G == 1 ? 0 : (int)(threadIdx.x % G); }
     __device__ static int64_t first() { return (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / G; }
     __device__ static int64_t step() { return (int64_t)gridDim.x * ROWS_PER_BLOCK; }
+    __device__ static int64_t block_first() { return (int64_t)blockIdx.x * ROWS_PER_BLOCK; }
+    __device__ static int in_block() { return (int)(threadIdx.x / G); }
 
     /* The sum (max: the NaN-propagating maximum) over the group, the same
      * value in every lane. The warp's butterfly combines the same two values
@@ -160,13 +165,14 @@ private:
     template <class Acc, class Op>
     __device__ static Acc across_warps(Acc v, Acc *scratch, Op op)
     {
-        const int warp = threadIdx.x / 32;
+        constexpr int WARPS = G / 32;
+        const int warp = threadIdx.x / 32, first = warp - warp % WARPS;
         if (threadIdx.x % 32 == 0)
             scratch[warp] = v;
         __syncthreads();
-        Acc r = scratch[0];
-        for (int w = 1; w < BLOCK / 32; w++)
-            r = op(r, scratch[w]);
+        Acc r = scratch[first];
+        for (int w = 1; w < WARPS; w++)
+            r = op(r, scratch[first + w]);
         __syncthreads();  /* scratch is free for the next reduction */
         return r;
     }

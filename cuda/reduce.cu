@@ -4,8 +4,11 @@
  *   inner > 1: ops.cuh's column sums (coalesced across i);
  *   inner == 1: each row cut into chunks, a block summing each chunk, then
  *   the chunks added in order (column_finish with inner 1).
+ * A sum over the rows of a contiguous 2-D array of one storage type (a
+ * bias's gradient) takes packs.cuh's column sums, a pack of columns per
+ * thread.
  */
-#include "ops.cuh"
+#include "packs.cuh"
 
 namespace {
 
@@ -74,6 +77,35 @@ int reduce(int device, void *stream, const ampc_reduce *r)
     return status;
 }
 
+template <class T>
+struct PackedElement {
+    const T *x;
+    int64_t cols;
+    template <class Values>
+    __device__ void operator()(int64_t j, int64_t pack, Values &v) const
+    {
+        Pack<T> p;
+        p.load(x + j * cols + pack * Pack<T>::VEC);
+#pragma unroll
+        for (int i = 0; i < Pack<T>::VEC; i++)
+            v[0][i] = p[i];
+    }
+};
+
+/* Sums over the rows of a (rows, cols) array whose columns come in whole
+ * 16-byte packs, or NOT_FAST. */
+int reduce_fast(int device, void *stream, const ampc_reduce *r)
+{
+    const ampc_rows &d = r->rows;
+    if (d.outer != 1 || d.inner == 1 || d.n == 0 || !packs_fit(r->x.dtype, d.inner, r->x.data))
+        return NOT_FAST;
+    return with_storage(r->x.dtype, [&](auto type) {
+        using T = decltype(type);
+        return packed_column_sums<T, 1>(device, stream, PackedElement<T>{static_cast<const T *>(r->x.data), d.inner},
+                                        d.n, d.inner, r->out, r->out, (float)r->scale, "sum kernel");
+    });
+}
+
 }  // namespace
 
 extern "C" int ampc_cuda_reduce(int device, void *stream, const ampc_reduce *r)
@@ -81,6 +113,9 @@ extern "C" int ampc_cuda_reduce(int device, void *stream, const ampc_reduce *r)
     if (r->rows.outer * r->rows.inner == 0)
         return AMPC_OK;
     return ampc_on_device(device, [&] {
+        const int fast = reduce_fast(device, stream, r);
+        if (fast != NOT_FAST)
+            return fast;
         return r->x.dtype == AMPC_FLOAT64 ? reduce<double>(device, stream, r) : reduce<float>(device, stream, r);
     });
 }

@@ -8,8 +8,15 @@
  * outputs: two reads (the second mostly from cache), one write.
  * A row of -inf gives NaN and a NaN anywhere makes its row NaN, as torch's
  * and the CPU kernel's do.
+ *
+ * Contiguous rows of one storage type take packs.cuh's paths: a row that
+ * fits a lane's registers is read once (softmax_cached: max, sum, write,
+ * all from registers); a longer one is streamed twice in 16-byte packs
+ * (softmax_streamed: the online sum with one exponential per element, then
+ * the writes). Anything else (strided rows, float64, an output dtype other
+ * than the input's) takes the generic kernels.
  */
-#include "ops.cuh"
+#include "packs.cuh"
 
 namespace {
 
@@ -22,17 +29,20 @@ __global__ void softmax_kernel(ampc_softmax s)
     __shared__ Acc scratch[BLOCK / 32];
     const int64_t rows = s.rows.outer * s.rows.inner, n = s.rows.n, stride = s.rows.inner;
     for (int64_t pos = Group::first(); pos < rows; pos += Group::step()) {
-        const int64_t base = row_base(s.rows, pos);
+        const int64_t base = row_base(s.rows, pos), live = ampc_softmax_live(&s, pos);
         Acc M, S;
-        row_max_sum<G, Acc>(s.x, base, n, stride, M, S, scratch);
+        row_max_sum<G, Acc>(s.x, base, live, stride, M, S, scratch);
         if (s.log) {
             const Acc shift = M + m_log(S);
-            row_each<G, Acc>(s.x, base, n, stride, [&](int64_t j, Acc v) { store(s.y, base + j * stride, v - shift); });
+            row_each<G, Acc>(s.x, base, n, stride, [&](int64_t j, Acc v) {
+                store(s.y, base + j * stride, j < live ? v - shift : (Acc)-INFINITY);
+            });
         }
         else {
             const Acc inv = (Acc)1 / S;
-            row_each<G, Acc>(s.x, base, n, stride,
-                             [&](int64_t j, Acc v) { store(s.y, base + j * stride, m_exp(v - M) * inv); });
+            row_each<G, Acc>(s.x, base, n, stride, [&](int64_t j, Acc v) {
+                store(s.y, base + j * stride, j < live ? m_exp(v - M) * inv : (Acc)0);
+            });
         }
     }
 }
@@ -58,6 +68,153 @@ __global__ void softmax_backward_kernel(ampc_softmax_backward s)
     }
 }
 
+template <class T, int G, int NV>
+__global__ void softmax_cached(ampc_softmax s)
+{
+    typedef RowGroup<G> Group;
+    __shared__ float scratch[BLOCK / 32];
+    const int64_t n = s.rows.n, rows = s.rows.outer;
+    const int lane = Group::lane();
+    for (int64_t first = Group::block_first(); first < rows; first += Group::step()) {
+        const int64_t row = first + Group::in_block(), packs = row < rows ? n / vec_of<T>() : 0;
+        CachedRow<T, G, NV> x;
+        x.load(static_cast<const T *>(s.x.data) + row * n, packs, lane);
+        const int64_t live = ampc_softmax_live(&s, row);
+        float m = -INFINITY;
+        x.each(packs, lane, [&](int64_t j, float v) { m = j < live ? nan_max(m, v) : m; });
+        const float M = Group::max(m, scratch);
+        float e = 0.0f;
+        x.each(packs, lane, [&](int64_t j, float v) { e += j < live ? m_exp(v - M) : 0.0f; });
+        const float S = Group::sum(e, scratch);
+        T *y = static_cast<T *>(s.y.data) + row * n;
+        if (s.log) {
+            const float shift = M + m_log(S);
+            cached_map(x, x, y, packs, lane, [&](int64_t j, float v, float) { return j < live ? v - shift : -INFINITY; });
+        }
+        else {
+            const float inv = 1.0f / S;
+            cached_map(x, x, y, packs, lane,
+                       [&](int64_t j, float v, float) { return j < live ? m_exp(v - M) * inv : 0.0f; });
+        }
+    }
+}
+
+template <class T, int G>
+__global__ void softmax_streamed(ampc_softmax s)
+{
+    typedef RowGroup<G> Group;
+    __shared__ float scratch[BLOCK / 32];
+    const int64_t n = s.rows.n;
+    const int lane = Group::lane();
+    for (int64_t row = Group::first(); row < s.rows.outer; row += Group::step()) {
+        const T *x = static_cast<const T *>(s.x.data) + row * n;
+        const int64_t live = ampc_softmax_live(&s, row);
+        float m = -INFINITY, e = 0.0f;
+        stream_reduce<T, G>(x, nullptr, live, lane, [&](int64_t, const float *v, const float *, auto count) {
+            online_add_segment<decltype(count)::value>(m, e, v);
+        });
+        float M, S;
+        combine_max_sum<G>(m, e, M, S, scratch);
+        T *y = static_cast<T *>(s.y.data) + row * n;
+        if (s.log) {
+            const float shift = M + m_log(S);
+            stream_map<T, G>(x, nullptr, y, n, lane,
+                             [&](int64_t j, float v, float) { return j < live ? v - shift : -INFINITY; });
+        }
+        else {
+            const float inv = 1.0f / S;
+            stream_map<T, G>(x, nullptr, y, n, lane,
+                             [&](int64_t j, float v, float) { return j < live ? m_exp(v - M) * inv : 0.0f; });
+        }
+    }
+}
+
+template <class T, int G, int NV>
+__global__ void softmax_backward_cached(ampc_softmax_backward s)
+{
+    typedef RowGroup<G> Group;
+    __shared__ float scratch[BLOCK / 32];
+    const int64_t n = s.rows.n, rows = s.rows.outer;
+    const int lane = Group::lane();
+    for (int64_t first = Group::block_first(); first < rows; first += Group::step()) {
+        const int64_t row = first + Group::in_block(), packs = row < rows ? n / vec_of<T>() : 0;
+        CachedRow<T, G, NV> dy, y;
+        dy.load(static_cast<const T *>(s.dy.data) + row * n, packs, lane);
+        y.load(static_cast<const T *>(s.y.data) + row * n, packs, lane);
+        float t = 0.0f;
+        cached_each2(dy, y, packs, lane, [&](int64_t, float d, float v) { t += s.log ? d : d * v; });
+        t = Group::sum(t, scratch);
+        cached_map(dy, y, static_cast<T *>(s.dx.data) + row * n, packs, lane,
+                   [&](int64_t, float d, float v) { return s.log ? d - m_exp(v) * t : v * (d - t); });
+    }
+}
+
+template <class T, int G>
+__global__ void softmax_backward_streamed(ampc_softmax_backward s)
+{
+    typedef RowGroup<G> Group;
+    __shared__ float scratch[BLOCK / 32];
+    const int64_t n = s.rows.n;
+    const int lane = Group::lane();
+    for (int64_t row = Group::first(); row < s.rows.outer; row += Group::step()) {
+        const T *dy = static_cast<const T *>(s.dy.data) + row * n, *y = static_cast<const T *>(s.y.data) + row * n;
+        float t = 0.0f;
+        stream_reduce<T, G>(dy, y, n, lane, [&](int64_t, const float *d, const float *v, auto count) {
+            for (int i = 0; i < decltype(count)::value; i++)
+                t += s.log ? d[i] : d[i] * v[i];
+        });
+        t = Group::sum(t, scratch);
+        stream_map<T, G>(dy, y, static_cast<T *>(s.dx.data) + row * n, n, lane,
+                         [&](int64_t, float d, float v) { return s.log ? d - m_exp(v) * t : v * (d - t); });
+    }
+}
+
+int softmax_fast(const ampc_softmax *s, cudaStream_t stream)
+{
+    if (s->x.dtype != s->y.dtype)
+        return NOT_FAST;
+    const void *ptrs[2] = {s->x.data, s->y.data};
+    return with_storage(s->x.dtype, [&](auto type) {
+        using T = decltype(type);
+        return launch_fast_rows(
+            s->rows, s->x.dtype, ptrs, 2, stream,
+            [&](int tier, unsigned grid, cudaStream_t st) {
+                AMPC_LAUNCH_CACHED(softmax_cached, T, tier, grid, st, *s);
+                return ampc_cuda_launched("softmax kernel");
+            },
+            [&](int group, unsigned grid, cudaStream_t st) {
+                if (group == 32)
+                    softmax_streamed<T, 32><<<grid, BLOCK, 0, st>>>(*s);
+                else
+                    softmax_streamed<T, BLOCK><<<grid, BLOCK, 0, st>>>(*s);
+                return ampc_cuda_launched("softmax kernel");
+            });
+    });
+}
+
+int softmax_backward_fast(const ampc_softmax_backward *s, cudaStream_t stream)
+{
+    if (s->dx.dtype != s->dy.dtype || s->y.dtype != s->dy.dtype)
+        return NOT_FAST;
+    const void *ptrs[3] = {s->dy.data, s->y.data, s->dx.data};
+    return with_storage(s->dy.dtype, [&](auto type) {
+        using T = decltype(type);
+        return launch_fast_rows(
+            s->rows, s->dy.dtype, ptrs, 3, stream,
+            [&](int tier, unsigned grid, cudaStream_t st) {
+                AMPC_LAUNCH_CACHED(softmax_backward_cached, T, tier, grid, st, *s);
+                return ampc_cuda_launched("softmax backward kernel");
+            },
+            [&](int group, unsigned grid, cudaStream_t st) {
+                if (group == 32)
+                    softmax_backward_streamed<T, 32><<<grid, BLOCK, 0, st>>>(*s);
+                else
+                    softmax_backward_streamed<T, BLOCK><<<grid, BLOCK, 0, st>>>(*s);
+                return ampc_cuda_launched("softmax backward kernel");
+            });
+    });
+}
+
 }  // namespace
 
 extern "C" int ampc_cuda_softmax(int device, void *stream, const ampc_softmax *s)
@@ -65,6 +222,9 @@ extern "C" int ampc_cuda_softmax(int device, void *stream, const ampc_softmax *s
     if (s->rows.outer * s->rows.n * s->rows.inner == 0)
         return AMPC_OK;
     return ampc_on_device(device, [&] {
+        const int fast = softmax_fast(s, as_stream(stream));
+        if (fast != NOT_FAST)
+            return fast;
         const RowLaunch L = row_launch(s->rows);
         if (s->x.dtype == AMPC_FLOAT64)
             AMPC_LAUNCH_ROWS(softmax_kernel, double, L, as_stream(stream), *s);
@@ -79,6 +239,9 @@ extern "C" int ampc_cuda_softmax_backward(int device, void *stream, const ampc_s
     if (s->rows.outer * s->rows.n * s->rows.inner == 0)
         return AMPC_OK;
     return ampc_on_device(device, [&] {
+        const int fast = softmax_backward_fast(s, as_stream(stream));
+        if (fast != NOT_FAST)
+            return fast;
         const RowLaunch L = row_launch(s->rows);
         if (s->y.dtype == AMPC_FLOAT64)
             AMPC_LAUNCH_ROWS(softmax_backward_kernel, double, L, as_stream(stream), *s);

@@ -143,8 +143,10 @@ def test_binary_broadcast_and_promotion():
 # softmax, log_softmax
 # --------------------------------------------------------------------------------------------
 
-SOFTMAX_CASES = [((7,), 0), ((33, 1000), -1), ((4, 50257), -1), ((2, 3, 2049), -1), ((8, 16, 33), 1),
-                 ((5, 1), 1), ((64, 3), 0)]
+# Rows held in a warp's registers (1000, 768), in a block's (3000), streamed (7, 2049, 50257: rows
+# off 16-byte boundaries too), strided (dim not last).
+SOFTMAX_CASES = [((7,), 0), ((33, 1000), -1), ((5, 768), -1), ((3, 3000), -1), ((4, 50257), -1), ((2, 3, 2049), -1),
+                 ((8, 16, 33), 1), ((5, 1), 1), ((64, 3), 0)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
@@ -182,7 +184,7 @@ def test_softmax_special_values():
 # --------------------------------------------------------------------------------------------
 
 LN_CASES = [((4, 7), (7,)), ((2, 3, 17), (3, 17)), ((5, 1), (1,)), ((8, 768), (768,)), ((3, 4099), (4099,)),
-            ((1000, 64), (64,))]
+            ((1000, 64), (64,)), ((6, 3072), (3072,)), ((2, 20000), (20000,))]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
@@ -330,7 +332,7 @@ def test_pointwise_loss(name, fwd, bwd, top, reduction, dtype):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("shape,dim", [((3, 5, 7), None), ((3, 5, 7), 1), ((3, 5, 7), (0, 2)), ((3, 5, 7), 0),
                                        ((1 << 22,), None), ((4096, 3), 0), ((3, 70_000), 1), ((70_000, 40), 0),
-                                       ((2, 3000, 33), 1)], ids=str)
+                                       ((2, 3000, 33), 1), ((513, 2304), 0)], ids=str)
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_sum_and_mean(shape, dim, keepdim, dtype):
     x = randn(*shape, dtype=dtype)
