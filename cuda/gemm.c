@@ -10,7 +10,9 @@
  * Plans: for each shape, layout, dtype and operand alignment, the
  * descriptors and the algorithm cuBLASLt's heuristic ranks first are made
  * once and kept (what torch.backends.cudnn.benchmark does for cuDNN); a
- * call then sets the bias pointer and enqueues. The handle is one per
+ * call then sets the bias pointer and enqueues. linear's backward takes
+ * its bias gradient from the weight gradient's product (the BGRADB
+ * epilogue) where cuBLASLt has an algorithm for it. The handle is one per
  * device; the workspace comes from ampc's pool on the call's stream.
  */
 #include "common.h"
@@ -36,7 +38,7 @@ typedef struct {
     int64_t lda, ldb, ldc, ldd;
     int64_t stride_a, stride_b, stride_c, stride_d;
     int trans_a, trans_b;
-    int ab_dtype, d_dtype, has_c, has_bias;
+    int ab_dtype, d_dtype, has_c, has_bias, has_bias_grad;
     uint32_t align[4];                      /* a, b, c, d: bytes, at most 256 */
 } plan_key;
 
@@ -141,8 +143,9 @@ static int plan_build(cublasLtHandle_t handle, plan *p)
            "cublasLtMatmulDescSetAttribute(TRANSA)");
     LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
            "cublasLtMatmulDescSetAttribute(TRANSB)");
-    if (k->has_bias) {
-        const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    if (k->has_bias || k->has_bias_grad) {
+        /* bias_grad: the sums of op(a) over k, cuBLASLt's B (the operands are swapped) */
+        const cublasLtEpilogue_t epilogue = k->has_bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADB;
         const cudaDataType_t bias_type = cuda_type(k->d_dtype);
         LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
                "cublasLtMatmulDescSetAttribute(EPILOGUE)");
@@ -181,9 +184,10 @@ static int plan_build(cublasLtHandle_t handle, plan *p)
     if (st != CUBLAS_STATUS_SUCCESS)
         return lt_fail(st, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0)
-        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuBLASLt has no algorithm for a %lldx%lldx%lld product "
-                                  "(batch %lld) of these dtypes and layouts", (long long)k->m, (long long)k->n,
-                                  (long long)k->k, (long long)k->batch);
+        return ampc_cuda_fail_msg(k->has_bias_grad ? AMPC_ERR_UNSUPPORTED : AMPC_ERR_CUDA,
+                                  "cuBLASLt has no algorithm for a %lldx%lldx%lld product (batch %lld) of these "
+                                  "dtypes and layouts%s", (long long)k->m, (long long)k->n, (long long)k->k,
+                                  (long long)k->batch, k->has_bias_grad ? " with the bias gradient" : "");
     p->algo = result.algo;
     p->workspace = result.workspaceSize;
     return AMPC_OK;
@@ -232,9 +236,11 @@ static int gemm_locked(int device, void *stream, const ampc_gemm *g, const plan_
     void *workspace = NULL;
     if (p->workspace > 0)
         rc = ampc_cuda_alloc(device, p->workspace, stream, &workspace);
-    if (rc == AMPC_OK && key->has_bias) {
+    if (rc == AMPC_OK && (key->has_bias || key->has_bias_grad)) {
+        const void *const *pointer = key->has_bias ? (const void *const *)&g->bias.data
+                                                   : (const void *const *)&g->bias_grad.data;
         const cublasStatus_t st = cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                                 &g->bias.data, sizeof g->bias.data);
+                                                                 pointer, sizeof *pointer);
         if (st != CUBLAS_STATUS_SUCCESS)
             rc = lt_fail(st, "cublasLtMatmulDescSetAttribute(BIAS_POINTER)");
     }
@@ -272,6 +278,10 @@ int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g)
                                   (long long)g->batch);
     if (g->bias.data != NULL && g->bias.dtype != g->d.dtype)
         return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "the bias epilogue needs the output's dtype");
+    if (g->bias_grad.data != NULL &&
+        (g->bias_grad.dtype != g->d.dtype || g->batch != 1 || g->bias.data != NULL || g->c.data != NULL))
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "the bias gradient epilogue takes one product of the output's "
+                                  "dtype, without c or bias");
     plan_key key;
     memset(&key, 0, sizeof key);  /* padding too: keys are compared as bytes */
     key.device = device;
@@ -282,6 +292,7 @@ int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g)
     key.ab_dtype = g->a.dtype, key.d_dtype = g->d.dtype;
     key.has_c = g->c.data != NULL && g->beta != 0.0;
     key.has_bias = g->bias.data != NULL;
+    key.has_bias_grad = g->bias_grad.data != NULL;
     if (key.has_c) {
         key.ldc = g->ldc;
         key.stride_c = g->stride_c;

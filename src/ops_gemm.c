@@ -295,8 +295,23 @@ static int expand_dense(ampc_op_args *a, ampc_view *v, int vb, const mm_shape *s
     return 0;
 }
 
+/* sums (out_dtype, m values) = the sums of the dense (k, m) x0 over its
+ * rows: op(a)'s sums over k when op(a) is x0 transposed. */
+static int input_column_sums(ampc_op_args *a, ampc_view *x0, const ampc_view *sums)
+{
+    if (ampc_op_dense(a, x0) < 0)
+        return -1;
+    ampc_reduce r = {.rows = {1, x0->shape[0], x0->shape[1]}, .scale = 1.0, .out = {sums->data, sums->dtype},
+                     .x = {x0->data, x0->dtype}};
+    return AMPC_RUN_KERNEL(a, ampc_cpu_reduce, reduce, &r);
+}
+
+/* sums (when not NULL): linear's bias gradient from the weight gradient's
+ * product, fused into it (cuBLASLt's BGRADB epilogue) where it can be, else
+ * input_column_sums over x0. */
 static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_view *c, const ampc_view *bias,
-                      double alpha, double beta, ampc_dtype out_dtype, const mm_shape *s, PyObject **out_obj)
+                      double alpha, double beta, ampc_dtype out_dtype, const mm_shape *s, PyObject **out_obj,
+                      const ampc_view *sums, ampc_view *x0)
 {
     /* Matrices as 2-D or more: a 1-D a is (1, k), a 1-D b (k, 1). */
     if (x->ndim == 1) {
@@ -367,34 +382,54 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
         }
     }
     *out_obj = o;
-    if (out.numel == 0)
-        return 0;
-    if (s->k == 0 && g.c.data == NULL && g.bias.data == NULL) {
-        /* an empty sum: zeros */
-        ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = out.numel,
-                        .shape = {out.numel}, .out = g.d};
-        return AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &zero);
+    if (out.numel == 0 || s->k == 0) {
+        int rc = 0;
+        if (out.numel > 0 && g.c.data == NULL && g.bias.data == NULL) {
+            /* an empty sum: zeros */
+            ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = out.numel,
+                            .shape = {out.numel}, .out = g.d};
+            rc = AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &zero);
+        }
+        else if (out.numel > 0) {
+            /* c or bias alone: the products add nothing */
+            void *stream;
+            if (ampc_op_stream_begin(a, &stream) < 0)
+                return -1;
+            const int status = a->st->cuda->gemm(a->device.index, stream, &g);
+            if (status != AMPC_OK)
+                return ampc_cuda_raise(a->st, status, a->op);
+            rc = ampc_op_stream_end(a, stream);
+        }
+        return rc == 0 && sums != NULL ? input_column_sums(a, x0, sums) : rc;
     }
     void *stream;
     if (ampc_op_stream_begin(a, &stream) < 0)
         return -1;
-    const int status = a->st->cuda->gemm(a->device.index, stream, &g);
+    if (sums != NULL && s->k > 0 && g.batch == 1 && g.c.data == NULL && g.bias.data == NULL)
+        g.bias_grad = (ampc_buf){sums->data, sums->dtype};
+    int status = a->st->cuda->gemm(a->device.index, stream, &g);
+    if (status == AMPC_ERR_UNSUPPORTED) {
+        g.bias_grad = (ampc_buf){NULL, AMPC_FLOAT32};
+        status = a->st->cuda->gemm(a->device.index, stream, &g);
+    }
     if (status != AMPC_OK)
         return ampc_cuda_raise(a->st, status, a->op);
-    return ampc_op_stream_end(a, stream);
+    if (ampc_op_stream_end(a, stream) < 0)
+        return -1;
+    return sums != NULL && g.bias_grad.data == NULL ? input_column_sums(a, x0, sums) : 0;
 }
 
 static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"input", "other", "c", "bias", "alpha", "beta", "transpose_a", "transpose_b", "op",
-                             "dtype", NULL};
+                             "dtype", "bias_grad", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *y_obj, *c_obj = Py_None, *b_obj = Py_None, *dtype_obj = Py_None, *result = NULL;
     double alpha = 1.0, beta = 1.0;
-    int ta = 0, tb = 0;
+    int ta = 0, tb = 0, want_sums = 0;
     const char *name = "matmul";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOddppsO:_matmul", kwlist, &x_obj, &y_obj, &c_obj, &b_obj,
-                                     &alpha, &beta, &ta, &tb, &name, &dtype_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOddppsOp:_matmul", kwlist, &x_obj, &y_obj, &c_obj, &b_obj,
+                                     &alpha, &beta, &ta, &tb, &name, &dtype_obj, &want_sums))
         return NULL;
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
@@ -426,6 +461,12 @@ static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_Format(PyExc_ValueError, "%s: a transposed operand needs 2 dimensions or more", name);
         goto done;
     }
+    if (want_sums && (!ta || x->ndim != 2 || y->ndim != 2 || c != NULL || bias != NULL || alpha != 1.0)) {
+        PyErr_Format(PyExc_ValueError, "%s: bias_grad takes a product of a transposed 2-D input and a 2-D other, "
+                     "without c, bias or alpha", name);
+        goto done;
+    }
+    ampc_view x0 = *x;  /* before the transpose: the (k, m) array bias_grad sums over its rows */
     if (ta)
         swap_last_two(x);
     if (tb)
@@ -442,12 +483,28 @@ static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
         goto done;
     }
     const ampc_dtype out_dtype = have_dtype ? dtype : x->dtype;
-    PyObject *out_obj = NULL;
-    const int rc = a.device.type == AMPC_DEVICE_CPU
-                       ? matmul_cpu(&a, x, y, c, bias, alpha, beta, out_dtype, &out_obj)
-                       : matmul_gpu(&a, x, y, c, bias, alpha, beta, out_dtype, &s, &out_obj);
-    if (rc == 0)
+    PyObject *out_obj = NULL, *sums_obj = NULL;
+    ampc_view sums;
+    if (want_sums && (sums_obj = ampc_op_output(&a, out_dtype, 1, &s.m, &sums)) == NULL)
+        goto done;
+    int rc;
+    if (a.device.type == AMPC_DEVICE_CPU) {
+        rc = matmul_cpu(&a, x, y, c, bias, alpha, beta, out_dtype, &out_obj);
+        if (rc == 0 && want_sums)
+            rc = input_column_sums(&a, &x0, &sums);
+    }
+    else {
+        rc = matmul_gpu(&a, x, y, c, bias, alpha, beta, out_dtype, &s, &out_obj, want_sums ? &sums : NULL, &x0);
+    }
+    if (rc == 0 && !want_sums)
         result = ampc_op_result(&a, out_obj);
+    if (rc == 0 && want_sums) {
+        PyObject *pair[2] = {ampc_op_result(&a, out_obj), NULL};
+        if (pair[0] != NULL && (pair[1] = ampc_op_result(&a, sums_obj)) != NULL)
+            result = PyTuple_Pack(2, pair[0], pair[1]);
+        Py_XDECREF(pair[0]);
+        Py_XDECREF(pair[1]);
+    }
 done:
     ampc_op_args_release(&a);
     return result;
@@ -456,6 +513,8 @@ done:
 PyMethodDef ampc_gemm_methods[] = {
     {"_matmul", (PyCFunction)(void (*)(void))mod_matmul, METH_VARARGS | METH_KEYWORDS,
      "_matmul(input, other, *, c=None, bias=None, alpha=1.0, beta=1.0, transpose_a=False, transpose_b=False, "
-     "op='matmul', dtype=None): alpha * op(input) @ op(other) + beta * c + bias, accumulated in float32."},
+     "op='matmul', dtype=None, bias_grad=False): alpha * op(input) @ op(other) + beta * c + bias, accumulated in "
+     "float32. bias_grad (linear's weight gradient, input = grad_output transposed): returns (product, the sums "
+     "of op(input) over k), the sums fused into the product on the GPU where cuBLASLt can."},
     {NULL, NULL, 0, NULL},
 };
