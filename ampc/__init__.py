@@ -22,7 +22,8 @@ from ampc._C import (
     get_num_threads,
     set_num_threads,
 )
-from ampc import amp, cpu, cuda, nn, optim
+from ampc import amp, cpu, cuda, nn, optim, random
+from ampc.random import manual_seed
 from ampc.amp import (
     AutocastOp,
     autocast,
@@ -61,6 +62,7 @@ __all__ = [
     "Parameter",
     "amp",
     "as_dtype",
+    "manual_seed",
     "autocast",
     "autocast_decrement_nesting",
     "autocast_increment_nesting",
@@ -84,6 +86,7 @@ __all__ = [
     "is_autocast_enabled",
     "nn",
     "optim",
+    "random",
     "register_autocast",
     "set_autocast_cache_enabled",
     "set_autocast_dtype",

@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 6
+#define AMPC_CUDA_ABI_VERSION 7
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 
 typedef enum {
@@ -41,6 +41,7 @@ typedef enum {
     AMPC_ERR_OUT_OF_MEMORY = -2,
     AMPC_ERR_CUDA = -3,          /* any other CUDA, cuBLAS or cuDNN failure */
     AMPC_ERR_INVALID = -4,       /* bad argument (a bug in the caller) */
+    AMPC_ERR_UNSUPPORTED = -5,   /* a fused form the library cannot do here: take the unfused one */
 } ampc_status;
 
 typedef struct {
@@ -163,6 +164,13 @@ typedef struct ampc_cuda_api {
     int (*batch_norm_backward)(int device, void *stream, const ampc_batch_norm_backward *b);
     int (*pool)(int device, void *stream, const ampc_pool *p);
     int (*pool_backward)(int device, void *stream, const ampc_pool_backward *p);
+
+    /* --- ABI 7 --- */
+
+    /* cuda/embedding.cu and cuda/dropout.cu (ops.h); gemm's bias_grad. */
+    int (*embedding)(int device, void *stream, const ampc_embedding *e);
+    int (*embedding_backward)(int device, void *stream, const ampc_embedding_backward *e);
+    int (*dropout)(int device, void *stream, const ampc_dropout *d);
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

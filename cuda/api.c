@@ -51,6 +51,9 @@ int ampc_cuda_batch_norm(int device, void *stream, const ampc_batch_norm *b);
 int ampc_cuda_batch_norm_backward(int device, void *stream, const ampc_batch_norm_backward *b);
 int ampc_cuda_pool(int device, void *stream, const ampc_pool *p);
 int ampc_cuda_pool_backward(int device, void *stream, const ampc_pool_backward *p);
+int ampc_cuda_embedding(int device, void *stream, const ampc_embedding *e);
+int ampc_cuda_embedding_backward(int device, void *stream, const ampc_embedding_backward *e);
+int ampc_cuda_dropout(int device, void *stream, const ampc_dropout *d);
 
 const ampc_cuda_api ampc_cuda_api_table = {
     .abi_version = AMPC_CUDA_ABI_VERSION,
@@ -90,6 +93,9 @@ const ampc_cuda_api ampc_cuda_api_table = {
     .batch_norm_backward = ampc_cuda_batch_norm_backward,
     .pool = ampc_cuda_pool,
     .pool_backward = ampc_cuda_pool_backward,
+    .embedding = ampc_cuda_embedding,
+    .embedding_backward = ampc_cuda_embedding_backward,
+    .dropout = ampc_cuda_dropout,
 };
 
 static int cuda_exec(PyObject *module)

@@ -102,6 +102,38 @@ int ampc_op_keep(ampc_op_args *a, PyObject *obj)
     return 0;
 }
 
+/* Copy the elements of src (any strides) to the dense dst, byte for byte:
+ * integer arrays (class indices), which the cast kernels do not take. A
+ * same-size floating dtype stands in for 2-, 4- and 8-byte elements (a
+ * same-dtype cast copies every bit, on the CPU and the GPU); 1-byte ones are
+ * copied here on the CPU. */
+static int copy_bits(ampc_op_args *a, ampc_view *dst, const ampc_view *src)
+{
+    const int64_t size = ampc_dtype_size(src->dtype);
+    const ampc_dtype alias = size == 8 ? AMPC_FLOAT64 : size == 4 ? AMPC_FLOAT32 : AMPC_FLOAT16;
+    if (size > 1) {
+        ampc_view d = *dst, s = *src;
+        d.dtype = s.dtype = alias;
+        return ampc_cast_views(a->st, &d, &s, 1);
+    }
+    if (src->device.type != AMPC_DEVICE_CPU) {
+        PyErr_Format(PyExc_ValueError, "%s: a strided array of 1-byte elements on a GPU: pass a contiguous one",
+                     a->op);
+        return -1;
+    }
+    int64_t index[AMPC_MAX_NDIM] = {0};
+    char *out = dst->data;
+    for (int64_t i = 0; i < src->numel; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < src->ndim; d++)
+            off += index[d] * src->strides[d];
+        out[i] = src->data[off];
+        for (int d = src->ndim - 1; d >= 0 && ++index[d] == src->shape[d]; d--)
+            index[d] = 0;
+    }
+    return 0;
+}
+
 int ampc_op_dense(ampc_op_args *a, ampc_view *v)
 {
     if (ampc_layout_is_c_contiguous(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype)))
@@ -110,7 +142,7 @@ int ampc_op_dense(ampc_op_args *a, ampc_view *v)
     PyObject *obj = ampc_array_empty(a->st, v->device, v->dtype, v->ndim, v->shape, NULL, &copy);
     if (obj == NULL || ampc_op_keep(a, obj) < 0)
         return -1;
-    if (ampc_cast_views(a->st, &copy, v, 1) < 0)
+    if ((AMPC_DTYPE_IS_FLOAT(v->dtype) ? ampc_cast_views(a->st, &copy, v, 1) : copy_bits(a, &copy, v)) < 0)
         return -1;
     /* The view keeps its owner (harmless) and now reads the copy. */
     v->data = copy.data;
@@ -395,12 +427,13 @@ done:
 
 static PyObject *mod_softmax(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"input", "dim", "log", "dtype", NULL};
+    static char *kwlist[] = {"input", "dim", "log", "dtype", "causal", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *dtype_obj = Py_None, *result = NULL;
     long long dim;
-    int log;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OLp|O:_softmax", kwlist, &x_obj, &dim, &log, &dtype_obj))
+    int log, causal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OLp|O$p:_softmax", kwlist, &x_obj, &dim, &log, &dtype_obj,
+                                     &causal))
         return NULL;
     const char *name = log ? "log_softmax" : "softmax";
     ampc_op_args a;
@@ -414,6 +447,14 @@ static PyObject *mod_softmax(PyObject *module, PyObject *args, PyObject *kwargs)
         ampc_op_normalize_dim(name, dim, x->ndim, &d) < 0 || ampc_op_dense(&a, x) < 0)
         goto done;
     s.rows = ampc_op_rows(x, d);
+    if (causal) {
+        /* attention's mask over the last two dimensions: query rows, key columns */
+        if (x->ndim < 2 || d != x->ndim - 1) {
+            PyErr_Format(PyExc_ValueError, "%s: a causal mask needs 2 dimensions or more and the last one as dim", name);
+            goto done;
+        }
+        s.causal = x->shape[x->ndim - 2];
+    }
     ampc_view y;
     PyObject *y_obj = ampc_op_output(&a, have_dtype ? dtype : x->dtype, x->ndim, x->shape, &y);
     if (y_obj == NULL)
@@ -517,13 +558,13 @@ static int check_param(const char *op, const ampc_view *p, const char *name, int
 
 static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"input", "n", "weight", "bias", "eps", NULL};
+    static char *kwlist[] = {"input", "n", "weight", "bias", "eps", "dtype", NULL};
     ampc_state *st = ampc_state_of(module);
-    PyObject *x_obj, *w_obj = Py_None, *b_obj = Py_None, *result = NULL;
+    PyObject *x_obj, *w_obj = Py_None, *b_obj = Py_None, *dtype_obj = Py_None, *result = NULL;
     long long nnorm;
     double eps = 1e-5;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|OOd:_layer_norm", kwlist, &x_obj, &nnorm, &w_obj, &b_obj,
-                                     &eps))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|OOd$O:_layer_norm", kwlist, &x_obj, &nnorm, &w_obj, &b_obj,
+                                     &eps, &dtype_obj))
         return NULL;
     const char *name = "layer_norm";
     ampc_op_args a;
@@ -531,7 +572,9 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
     ampc_layer_norm l = {.eps = eps};
     ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
     ampc_view *w = NULL, *b = NULL;
-    if (x == NULL)
+    int have_dtype;
+    ampc_dtype dtype;
+    if (x == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0)
         goto done;
     if (w_obj != Py_None && (w = ampc_op_arg(&a, w_obj, "weight", AMPC_ARG_FLOAT)) == NULL)
         goto done;
@@ -541,11 +584,12 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
         check_param(name, b, "bias", l.n) < 0 || ampc_op_dense(&a, x) < 0 || (w && ampc_op_dense(&a, w) < 0) ||
         (b && ampc_op_dense(&a, b) < 0))
         goto done;
-    /* torch: the output takes the input's dtype; mean and rstd the accumulation type. */
+    /* torch: the output takes the input's dtype (unless asked: group_norm's float32 xhat); mean and rstd the
+     * accumulation type. */
     const ampc_dtype acc = ampc_acc_dtype(x->dtype);
     ampc_view y, mean, rstd;
     const int64_t rows = l.rows;
-    PyObject *y_obj = ampc_op_output(&a, x->dtype, x->ndim, x->shape, &y);
+    PyObject *y_obj = ampc_op_output(&a, have_dtype ? dtype : x->dtype, x->ndim, x->shape, &y);
     PyObject *mean_obj = y_obj ? ampc_op_output(&a, acc, 1, &rows, &mean) : NULL;
     PyObject *rstd_obj = mean_obj ? ampc_op_output(&a, acc, 1, &rows, &rstd) : NULL;
     if (rstd_obj == NULL)
@@ -1041,11 +1085,12 @@ PyMethodDef ampc_ops_methods[] = {
     {"_ew", (PyCFunction)(void (*)(void))mod_ew, METH_VARARGS | METH_KEYWORDS,
      "_ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None): f(a, b; param) * c * scale, broadcast."},
     {"_softmax", (PyCFunction)(void (*)(void))mod_softmax, METH_VARARGS | METH_KEYWORDS,
-     "_softmax(input, dim, log, dtype=None)"},
+     "_softmax(input, dim, log, dtype=None, *, causal=False): causal masks the last two dimensions as attention's "
+     "is_causal does (query row i takes key columns 0..i)."},
     {"_softmax_backward", (PyCFunction)(void (*)(void))mod_softmax_backward, METH_VARARGS | METH_KEYWORDS,
      "_softmax_backward(grad_output, output, dim, log, dtype=None)"},
     {"_layer_norm", (PyCFunction)(void (*)(void))mod_layer_norm, METH_VARARGS | METH_KEYWORDS,
-     "_layer_norm(input, n, weight=None, bias=None, eps=1e-5) -> (output, mean, rstd)"},
+     "_layer_norm(input, n, weight=None, bias=None, eps=1e-5, *, dtype=None) -> (output, mean, rstd)"},
     {"_layer_norm_backward", (PyCFunction)(void (*)(void))mod_layer_norm_backward, METH_VARARGS | METH_KEYWORDS,
      "_layer_norm_backward(grad_output, input, mean, rstd, n, weight=None, weight_grads=True, input_grad=True) "
      "-> (grad_input, grad_weight, grad_bias)"},

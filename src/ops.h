@@ -27,6 +27,13 @@
 extern "C" {
 #endif
 
+/* Helpers the CPU and CUDA kernels share. */
+#ifdef __CUDACC__
+#define AMPC_HOST_DEVICE __host__ __device__
+#else
+#define AMPC_HOST_DEVICE
+#endif
+
 /* A dense array (C order) of one of the floating dtypes, or of an integer
  * dtype for class indices. data NULL: absent (an optional weight). */
 typedef struct {
@@ -148,12 +155,23 @@ typedef struct {
     int64_t outer, n, inner;
 } ampc_rows;
 
-/* y = softmax(x) or log_softmax(x) along n. */
+/* y = softmax(x) or log_softmax(x) along n. causal (attention's mask,
+ * rows contiguous): 0, or the L rows of each matrix, of which row r takes
+ * columns 0..r alone, the others counting as -inf (y = 0, or -inf for
+ * log_softmax). */
 typedef struct {
     ampc_rows rows;
     int log;
     ampc_buf y, x;
+    int64_t causal;
 } ampc_softmax;
+
+/* The columns a row of a (causal) softmax takes. */
+static inline AMPC_HOST_DEVICE int64_t ampc_softmax_live(const ampc_softmax *s, int64_t row)
+{
+    const int64_t live = s->causal > 0 ? row % s->causal + 1 : s->rows.n;
+    return live < s->rows.n ? live : s->rows.n;
+}
 
 /* dx from dy and the forward's output y:
  * softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - exp(y) * sum(dy). */
@@ -224,7 +242,10 @@ typedef struct {
  * batch strides (elements) may be 0 (a broadcast operand). c (optional)
  * has d's dtype and layout parameters of its own; bias (optional) has n
  * values, added to every row. a and b share a dtype; d has that dtype
- * or float32. Accumulates in float32 (float64 for float64). */
+ * or float32. Accumulates in float32 (float64 for float64). bias_grad
+ * (optional; one product, no c or bias): also the m sums of op(a) over k,
+ * in d's dtype (linear's bias gradient, when op(a) is dy transposed); a
+ * GPU that cannot fuse them answers AMPC_ERR_UNSUPPORTED. */
 typedef struct {
     int64_t m, n, k, batch;
     int trans_a, trans_b;
@@ -232,6 +253,7 @@ typedef struct {
     int64_t stride_a, stride_b, stride_c, stride_d;
     double alpha, beta;
     ampc_buf a, b, c, d, bias;
+    ampc_buf bias_grad;
 } ampc_gemm;
 
 /* ------------------------------------------------------------------------ */
@@ -241,10 +263,11 @@ typedef struct {
 /* A 2-D convolution (cross-correlation, as torch's conv2d; conv1d is one
  * with a single row): x (n, c, h, w), weight (k, c / groups, r, s), y (n, k,
  * p, q). Strides are in elements, in NCHW order, so a channels-last array is
- * one whose c stride is 1 (the GPU takes that layout as it is; the CPU
- * kernels need C order). pass says which of the three is written from the
- * other two: the forward writes y, the data gradient x (from y holding dy),
- * the filter gradient w. */
+ * one whose c stride is 1. All three share one layout (the entry point
+ * copies what differs): channels-last on the GPU when the input is, else
+ * C order (what the CPU kernels need). pass says which of the three is
+ * written from the other two: the forward writes y, the data gradient x
+ * (from y holding dy), the filter gradient w. */
 typedef enum { AMPC_CONV_FORWARD = 0, AMPC_CONV_BACKWARD_DATA, AMPC_CONV_BACKWARD_FILTER } ampc_conv_pass;
 
 typedef struct {
@@ -256,6 +279,7 @@ typedef struct {
     int64_t stride[2], pad[2], dilation[2];
     int64_t x_strides[4], w_strides[4], y_strides[4];
     ampc_buf x, weight, y;
+    int channels_last;  /* every operand channels-last (the GPU), else all C order */
 } ampc_conv;
 
 /* batch_norm over x viewed as (n, c, h, w) with x_strides (elements, NCHW
@@ -303,11 +327,40 @@ typedef struct {
     ampc_buf y, x, indices;
 } ampc_pool;
 
-#ifdef __CUDACC__
-#define AMPC_HOST_DEVICE __host__ __device__
-#else
-#define AMPC_HOST_DEVICE
-#endif
+/* ------------------------------------------------------------------------ */
+/* Embedding and dropout                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* out (count, dim) = the rows of weight (num, dim) that indices (count
+ * integers) name; out has weight's dtype. An index outside [0, num): the
+ * CPU entry point refuses it before anything is written; the GPU, which
+ * cannot look without waiting for the device, writes a row of NaN. */
+typedef struct {
+    int64_t num, dim, count;
+    ampc_buf out, weight, indices;
+} ampc_embedding;
+
+/* dweight (num, dim) from dy (count, dim): row r is the sum of the rows of
+ * dy whose index is r, taken in position order in the accumulation dtype
+ * and rounded once (so the CPU and the GPU give the same bits); rows no
+ * index names, the row padding_idx (-1: none) and indices out of range get
+ * zeros and nothing. */
+typedef struct {
+    int64_t num, dim, count, padding_idx;
+    ampc_buf dweight, dy, indices;
+} ampc_embedding_backward;
+
+/* y = x * keep * scale over numel dense elements (y may be x), keep from
+ * philox.h: element i of the draw (seed, offset). Dropout's backward is the
+ * same call on dy with the forward's seed and offset. */
+typedef struct {
+    int64_t numel;
+    uint64_t seed, offset;
+    uint32_t keep_below;  /* keep with probability keep_below / 2^24 */
+    double scale;         /* 1 / (1 - p), applied in the accumulation dtype */
+    ampc_buf y, x;
+} ampc_dropout;
+
 
 /* The rows (axis 0) or columns (axis 1) window i covers: [*lo, *hi) by
  * *step, and *padded, its extent with padding (what count_include_pad
@@ -386,6 +439,10 @@ int ampc_cpu_batch_norm(const ampc_batch_norm *b);
 int ampc_cpu_batch_norm_backward(const ampc_batch_norm_backward *b);
 int ampc_cpu_pool(const ampc_pool *p);
 int ampc_cpu_pool_backward(const ampc_pool_backward *p);
+/* embedding_cpu.c: indices already checked to lie in [0, num). */
+int ampc_cpu_embedding(const ampc_embedding *e);
+int ampc_cpu_embedding_backward(const ampc_embedding_backward *e);
+int ampc_cpu_dropout(const ampc_dropout *d);
 
 #ifdef __cplusplus
 }

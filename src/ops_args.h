@@ -106,6 +106,7 @@ PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y);
 extern PyMethodDef ampc_ops_methods[];
 extern PyMethodDef ampc_gemm_methods[];
 extern PyMethodDef ampc_spatial_methods[];
+extern PyMethodDef ampc_embedding_methods[];
 
 
 #endif /* AMPC_OPS_ARGS_H */

@@ -19,6 +19,14 @@ import numpy as np
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
+from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
+    _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
+    scaled_dot_product_attention_backward)
+from ampc.nn._embedding import (  # noqa: F401
+    _dropout_forward, dropout, dropout_backward, embedding, embedding_backward)
+from ampc.nn._glue import (  # noqa: F401
+    cat, cat_backward, chunk, flatten, permute, permute_backward, reshape, reshape_backward, split, squeeze, stack,
+    stack_backward, transpose, transpose_backward, unsqueeze)
 from ampc.nn._spatial import (  # noqa: F401 - re-exported under torch's names
     _batch_norm_forward, adaptive_avg_pool2d, adaptive_avg_pool2d_backward, avg_pool2d, avg_pool2d_backward,
     batch_norm, batch_norm_backward, conv1d, conv1d_backward, conv2d, conv2d_backward, max_pool2d,
@@ -106,8 +114,11 @@ def linear_backward(grad_output, input, weight, *, input_grad=True, weight_grad=
         g2 = _reshape(grad_output, (-1, k))
         if weight_grad:
             x2 = _reshape(input, (-1, input.shape[-1]))
-            gw = _C._matmul(g2, x2, transpose_a=True, op="linear_backward")
-        if bias_grad:
+            # the bias gradient comes with the weight's product (fused on the GPU where cuBLASLt can)
+            gw = _C._matmul(g2, x2, transpose_a=True, op="linear_backward", bias_grad=bias_grad)
+            if bias_grad:
+                gw, gb = gw
+        elif bias_grad:
             gb = _C._sum(g2, (0,))
     return gi, gw, gb
 
@@ -252,6 +263,74 @@ def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=
                                          weight_grads and (weight is not None or bias is not None))
     gw = _reshape(gw, tuple(weight.shape)) if weight is not None else None
     gb = _reshape(gb, tuple(bias.shape)) if bias is not None else None
+    return gi, gw, gb
+
+
+def _group_rows(op, input, num_groups):
+    """input (N, C, *) as its (N * num_groups, C / num_groups * prod(*)) rows."""
+    shape = tuple(input.shape)
+    if len(shape) < 2:
+        raise ValueError(f"{op}: Expected at least 2 dimensions for input tensor but received {len(shape)}")
+    num_groups = int(num_groups)
+    if num_groups <= 0 or shape[1] % num_groups != 0:
+        raise ValueError(f"{op}: Expected number of channels in input to be divisible by num_groups, but got input "
+                         f"of shape {list(shape)} and num_groups={num_groups}")
+    return _reshape(input, (shape[0] * num_groups, -1)) if _numel(input) > 0 else input
+
+
+def _channels(input, values):
+    """A (C,) array shaped to broadcast over input (N, C, *)."""
+    return _reshape(values, (-1,) + (1,) * (len(input.shape) - 2))
+
+
+def _group_norm_forward(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """(output, mean, rstd): group_norm, and the statistics of each of the N * num_groups groups."""
+    rows = _group_rows("group_norm", input, num_groups)
+    n = _numel(rows) // max(rows.shape[0], 1) if _numel(rows) else 0
+    dtype = _dtype(input)
+    if weight is None and bias is None:
+        y, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps))
+        return _reshape(y, tuple(input.shape)), mean, rstd
+    # the affine step per channel, on the normalised values in the accumulation dtype: one rounding
+    xhat, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps), dtype=_acc(dtype))
+    y = _reshape(xhat, tuple(input.shape))
+    if weight is not None:
+        y = _ew("mul", y, _channels(input, weight), dtype=_acc(dtype) if bias is not None else dtype)
+    if bias is not None:
+        y = _ew("add", y, _channels(input, bias), dtype=dtype)
+    return y, mean, rstd
+
+
+@autocast_op(name="group_norm")
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """torch.nn.functional.group_norm over input (N, C, *): the channels in num_groups groups, each
+    normalised over its channels and positions; weight and bias per channel."""
+    return _group_norm_forward(input, num_groups, weight, bias, eps)[0]
+
+
+def group_norm_backward(grad_output, input, num_groups, weight=None, bias=None, eps=1e-5, *, mean=None, rstd=None,
+                        weight_grads=True):
+    """(grad_input, grad_weight, grad_bias) of group_norm; mean and rstd as _group_norm_forward
+    returned them (recomputed when not given). grad_weight/grad_bias are None without weight/bias."""
+    rows = _group_rows("group_norm_backward", input, num_groups)
+    shape = tuple(input.shape)
+    n = _numel(rows) // max(rows.shape[0], 1) if _numel(rows) else 0
+    if mean is None or rstd is None:
+        _, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps))
+    acc = _acc(_dtype(input))
+    # dx: layer_norm's over the groups, with the incoming gradient times the channel's weight
+    g = grad_output if weight is None else _ew("mul", grad_output, _channels(input, weight), dtype=acc)
+    gi = _C._layer_norm_backward(_reshape(g, tuple(rows.shape)), rows, mean, rstd, n, None, False)[0]
+    gi = _reshape(gi, shape)
+    gw = gb = None
+    dims = (0,) + tuple(range(2, len(shape)))
+    if weight_grads and weight is not None:
+        xhat = _ew("mul", _ew("add", rows, _reshape(mean, (-1, 1)), param=-1.0, dtype=acc), _reshape(rstd, (-1, 1)))
+        gw = _C._sum(_ew("mul", grad_output, _reshape(xhat, shape), dtype=acc), dims)
+        gw = gw if _dtype(gw) == _dtype(weight) else _ew("copy", gw, dtype=_dtype(weight))
+    if weight_grads and bias is not None:
+        gb = _C._sum(grad_output, dims, dtype=acc)
+        gb = gb if _dtype(gb) == _dtype(bias) else _ew("copy", gb, dtype=_dtype(bias))
     return gi, gw, gb
 
 

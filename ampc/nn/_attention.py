@@ -1,0 +1,99 @@
+"""scaled_dot_product_attention and its backward pass, on the lower-precision list as in torch.
+
+Composed from ampc's kernels the way a fused attention kernel keeps its precision: the scores
+q @ k^T * scale come out of the matrix product in float32 (float32 accumulation, no rounding to
+16 bits), the mask is added there, the softmax runs in float32 with the causal mask applied inside
+the kernel (no mask array) and rounds the probabilities once to the inputs' dtype, and
+probabilities @ v accumulates in float32 again. The backward pass recomputes nothing but dropout's
+mask (from its seed and offset). The probabilities take B * H * L * S values, which a fused kernel
+would not store; a fused kernel (cuDNN's or ampc's) is the next step for long sequences.
+"""
+
+import math
+
+from ampc import _C, as_dtype
+from ampc.amp import autocast_op
+from ampc.nn._embedding import _dropout_forward, dropout_backward
+from ampc.nn._glue import _library
+
+_F32 = as_dtype("float32")
+_F64 = as_dtype("float64")
+_OPS = _C._ew_ops()
+
+
+def _acc(dtype):
+    """Where the scores live: float32, float64 for float64 inputs."""
+    return _F64 if dtype == _F64 else _F32
+
+
+def _check(query, key, value, attn_mask, is_causal, enable_gqa):
+    op = "scaled_dot_product_attention"
+    if len(query.shape) < 2 or len(key.shape) < 2 or len(value.shape) < 2:
+        raise ValueError(f"{op}: query, key and value need 2 dimensions or more (..., L, E)")
+    if key.shape[-1] != query.shape[-1]:
+        raise ValueError(f"{op}: key has {key.shape[-1]} features per position, query {query.shape[-1]}")
+    if value.shape[-2] != key.shape[-2]:
+        raise ValueError(f"{op}: value has {value.shape[-2]} positions, key {key.shape[-2]}")
+    if tuple(query.shape[:-2]) != tuple(key.shape[:-2]) or tuple(key.shape[:-2]) != tuple(value.shape[:-2]):
+        if enable_gqa:
+            raise NotImplementedError(f"{op}: enable_gqa (fewer key/value heads than query heads) is not supported")
+        raise ValueError(f"{op}: query, key and value must have the same batch dimensions, got "
+                         f"{tuple(query.shape[:-2])}, {tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}")
+    if is_causal and attn_mask is not None:
+        raise ValueError(f"{op}: Explicit attn_mask should not be set when is_causal=True")
+
+
+def _scale(query, scale):
+    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+
+
+def _additive_mask(attn_mask):
+    """A boolean mask (True: attend) as 0 / -inf in float32; a float mask as it is."""
+    if str(attn_mask.dtype) in ("bool", "torch.bool"):
+        lib = _library(attn_mask)
+        zero = lib.zeros((), dtype=lib.float32) if lib.__name__ != "torch" else 0.0
+        return lib.where(attn_mask, zero, -math.inf)
+    return attn_mask
+
+
+def _forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """(output, probs, dropout_state): the attention, its probabilities (the inputs' dtype) and
+    the (seed, offset) of its dropout mask (None without dropout)."""
+    _check(query, key, value, attn_mask, is_causal, enable_gqa)
+    dtype = as_dtype(query.dtype)
+    scores = _C._matmul(query, key, transpose_b=True, alpha=_scale(query, scale), dtype=_acc(dtype),
+                        op="scaled_dot_product_attention")
+    if attn_mask is not None:
+        scores = _C._ew(_OPS["add"], scores, _additive_mask(attn_mask), dtype=_acc(dtype))
+    probs = _C._softmax(scores, -1, False, dtype, causal=bool(is_causal))
+    state = None
+    attended = probs
+    if dropout_p > 0.0:
+        attended, state = _dropout_forward(probs, dropout_p, True)
+    return _C._matmul(attended, value, op="scaled_dot_product_attention"), probs, state
+
+
+@autocast_op(name="scaled_dot_product_attention")
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v over
+    (..., L, E) queries, (..., S, E) keys and (..., S, Ev) values; is_causal lets query i see keys
+    0..i; attn_mask is boolean (True: attend) or added to the scores."""
+    return _forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]
+
+
+def scaled_dot_product_attention_backward(grad_output, query, key, value, probs, dropout_p=0.0, scale=None,
+                                          dropout_state=None):
+    """(grad_query, grad_key, grad_value) from the forward's probs and dropout_state (_forward);
+    in the inputs' dtype, each product accumulated in float32."""
+    scale = _scale(query, scale)
+    dtype = as_dtype(query.dtype)
+    attended = probs if dropout_state is None else _C._dropout(probs, float(dropout_p), *dropout_state)
+    op = "scaled_dot_product_attention_backward"
+    grad_value = _C._matmul(attended, grad_output, transpose_a=True, op=op)
+    grad_attended = _C._matmul(grad_output, value, transpose_b=True, dtype=_acc(dtype), op=op)
+    grad_probs = dropout_backward(grad_attended, dropout_state, dropout_p)
+    grad_scores = _C._softmax_backward(grad_probs, probs, -1, False, dtype)
+    grad_query = _C._matmul(grad_scores, key, alpha=scale, op=op)
+    grad_key = _C._matmul(grad_scores, query, transpose_a=True, alpha=scale, op=op)
+    return grad_query, grad_key, grad_value

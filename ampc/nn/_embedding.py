@@ -1,0 +1,76 @@
+"""embedding and dropout: the rows of a table, and a random mask. Both keep their input's dtype
+(torch's autocast lists neither)."""
+
+from ampc import _C, random
+
+
+def _padding_index(op, padding_idx, num):
+    """torch's padding_idx: None, or an index in [-num, num), taken modulo num."""
+    if padding_idx is None:
+        return -1
+    padding_idx = int(padding_idx)
+    if not -num <= padding_idx < num:
+        raise ValueError(f"{op}: Padding_idx must be within num_embeddings, got {padding_idx} for {num} rows")
+    return padding_idx % num
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False):
+    """The rows of weight (num_embeddings, embedding_dim) that input's integers name, shaped
+    input.shape + (embedding_dim,). An index outside the table raises ValueError on the CPU and
+    gives a row of NaN on a GPU (looking would wait for the device)."""
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse are not supported")
+    if len(weight.shape) == 2:
+        _padding_index("embedding", padding_idx, weight.shape[0])
+    return _C._embedding(weight, input)
+
+
+def embedding_backward(grad_output, input, num_weights, padding_idx=None):
+    """grad_weight (num_weights, embedding_dim) in grad_output's dtype: each row the sum of the
+    gradients of the positions that named it, added in position order (the same bits on the CPU
+    and a GPU); the row padding_idx gets none."""
+    return _C._embedding_backward(grad_output, input, int(num_weights),
+                                  _padding_index("embedding_backward", padding_idx, int(num_weights)))
+
+
+def _check_p(p):
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    return float(p)
+
+
+def _dropout_forward(input, p=0.5, training=True):
+    """(output, state): dropout, and the (seed, offset) of its mask for dropout_backward (None when
+    nothing was dropped: evaluation)."""
+    p = _check_p(p)
+    if not training:
+        return input, None
+    state = random._draw(_numel(input))
+    return _C._dropout(input, p, *state), state
+
+
+def dropout(input, p=0.5, training=True, inplace=False):
+    """torch.nn.functional.dropout: each element zeroed with probability p, the others scaled by
+    1 / (1 - p), from ampc.random's stream (seeded by ampc.random.manual_seed; the CPU and a GPU
+    draw the same mask). inplace writes the result into input."""
+    out, _ = _dropout_forward(input, p, training)
+    if inplace and out is not input:
+        _C.cast(out, out=input)
+        return input
+    return out
+
+
+def dropout_backward(grad_output, state, p=0.5):
+    """The gradient of dropout's input: grad_output through the forward's mask (state as
+    _dropout_forward returned it; None for evaluation: grad_output itself)."""
+    if state is None:
+        return grad_output
+    return _C._dropout(grad_output, _check_p(p), *state)
+
+
+def _numel(x):
+    n = 1
+    for s in x.shape:
+        n *= int(s)
+    return n

@@ -1,0 +1,155 @@
+"""The glue between layers: reshape, transpose, permute, flatten, unsqueeze, squeeze, cat, stack,
+split, chunk, and their backward passes.
+
+These move no numbers that need precision, so they run in the array's own library (NumPy, torch,
+CuPy, JAX), as views where that library makes views: ampc adds no copy. cat and stack are on
+torch's promote list: under autocast their floating inputs meet in the widest dtype, as torch's.
+"""
+
+import importlib
+
+from ampc.amp import autocast_op
+
+
+def _library(x):
+    """The module whose functions take x: numpy, torch, cupy or jax.numpy."""
+    root = type(x).__module__.split(".")[0]
+    name = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy"}.get(root)
+    if name is None:
+        raise TypeError(f"expected a NumPy, torch, CuPy or JAX array, got {type(x).__name__}")
+    return importlib.import_module(name)
+
+
+def _dim(op, dim, ndim):
+    n = max(ndim, 1)
+    if not -n <= dim < n:
+        raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def reshape(input, shape):
+    return input.reshape(tuple(shape))
+
+
+def reshape_backward(grad_output, input_shape):
+    return grad_output.reshape(tuple(input_shape))
+
+
+def transpose(input, dim0, dim1):
+    nd = len(input.shape)
+    return _library(input).swapaxes(input, _dim("transpose", dim0, nd), _dim("transpose", dim1, nd))
+
+
+def transpose_backward(grad_output, dim0, dim1):
+    return transpose(grad_output, dim0, dim1)
+
+
+def permute(input, dims):
+    nd = len(input.shape)
+    dims = tuple(_dim("permute", d, nd) for d in dims)
+    if sorted(dims) != list(range(nd)):
+        raise ValueError(f"permute: dims {dims} are not a permutation of the input's {nd} dimensions")
+    lib = _library(input)
+    return lib.permute(input, dims) if lib.__name__ == "torch" else lib.transpose(input, dims)
+
+
+def permute_backward(grad_output, dims):
+    nd = len(grad_output.shape)
+    dims = [_dim("permute", d, nd) for d in dims]
+    inverse = [0] * nd
+    for i, d in enumerate(dims):
+        inverse[d] = i
+    return permute(grad_output, inverse)
+
+
+def flatten(input, start_dim=0, end_dim=-1):
+    shape = tuple(input.shape)
+    if not shape:
+        return input.reshape((1,))
+    s, e = _dim("flatten", start_dim, len(shape)), _dim("flatten", end_dim, len(shape))
+    if s > e:
+        raise ValueError("flatten: start_dim cannot come after end_dim")
+    n = 1
+    for d in shape[s:e + 1]:
+        n *= d
+    return input.reshape(shape[:s] + (n,) + shape[e + 1:])
+
+
+def unsqueeze(input, dim):
+    shape = tuple(input.shape)
+    d = _dim("unsqueeze", dim, len(shape) + 1)
+    return input.reshape(shape[:d] + (1,) + shape[d:])
+
+
+def squeeze(input, dim=None):
+    shape = tuple(input.shape)
+    if dim is None:
+        return input.reshape(tuple(s for s in shape if s != 1))
+    d = _dim("squeeze", dim, len(shape))
+    return input.reshape(shape[:d] + shape[d + 1:]) if shape and shape[d] == 1 else input
+
+
+def _slice(x, dim, start, stop):
+    return x[(slice(None),) * dim + (slice(start, stop),)]
+
+
+@autocast_op(name="cat")
+def cat(tensors, dim=0):
+    """torch.cat: arrays of one library joined along dim (mixed float dtypes promote)."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("cat: expected a non-empty list of arrays")
+    lib = _library(tensors[0])
+    dim = _dim("cat", dim, len(tensors[0].shape))
+    return lib.cat(tensors, dim) if lib.__name__ == "torch" else lib.concatenate(tensors, axis=dim)
+
+
+def cat_backward(grad_output, sizes, dim=0):
+    """The gradients of cat's inputs: grad_output cut into sizes along dim (views)."""
+    dim = _dim("cat", dim, len(grad_output.shape))
+    out, start = [], 0
+    for n in sizes:
+        out.append(_slice(grad_output, dim, start, start + int(n)))
+        start += int(n)
+    if start != grad_output.shape[dim]:
+        raise ValueError(f"cat_backward: sizes add up to {start}, but grad_output has {grad_output.shape[dim]} "
+                         f"along dim {dim}")
+    return out
+
+
+@autocast_op(name="stack")
+def stack(tensors, dim=0):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("stack: expected a non-empty list of arrays")
+    dim = _dim("stack", dim, len(tensors[0].shape) + 1)
+    return _library(tensors[0]).stack(tensors, dim)
+
+
+def stack_backward(grad_output, count, dim=0):
+    dim = _dim("stack", dim, len(grad_output.shape))
+    return [squeeze(_slice(grad_output, dim, i, i + 1), dim) for i in range(int(count))]
+
+
+def split(tensor, split_size_or_sections, dim=0):
+    """torch.split: pieces of split_size along dim (the last may be shorter), or of the listed sizes."""
+    dim = _dim("split", dim, len(tensor.shape))
+    n = tensor.shape[dim]
+    if isinstance(split_size_or_sections, int):
+        size = split_size_or_sections
+        if size <= 0:
+            raise ValueError(f"split: split_size must be positive, got {size}")
+        sizes = [min(size, n - s) for s in range(0, n, size)] or [0]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != n:
+            raise ValueError(f"split: split_sizes add up to {sum(sizes)}, but the dimension has {n}")
+    return tuple(cat_backward(tensor, sizes, dim))
+
+
+def chunk(input, chunks, dim=0):
+    """torch.chunk: at most `chunks` pieces of ceil(n / chunks) along dim."""
+    if chunks <= 0:
+        raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+    n = input.shape[_dim("chunk", dim, len(input.shape))]
+    return split(input, max(-(-n // chunks), 1), dim)

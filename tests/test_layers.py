@@ -1,0 +1,332 @@
+"""The layer ops beyond the row kernels on the CPU: embedding, dropout (Philox), group_norm,
+scaled_dot_product_attention (causal and masked), and the glue between layers; forward against
+float64 references written from the definitions, backward against float64 finite differences,
+the dtypes autocast gives them, bad input."""
+
+import math
+
+import numpy as np
+import pytest
+
+import ampc
+import ops_reference as ref
+from ops_reference import BF16, F16, F32, F64, FLOATS, assert_close, f64, numeric_grad
+
+F = ampc.nn.functional
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+
+
+# --------------------------------------------------------------------------------------------
+# Philox: the generator dropout draws from
+# --------------------------------------------------------------------------------------------
+
+def philox(seed, counter):
+    """Philox4x32-10 in Python, from the paper (Salmon et al. 2011)."""
+    m = (1 << 32) - 1
+    c = [counter & m, counter >> 32, 0, 0]
+    k = [seed & m, seed >> 32]
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k[0], p1 & m, (p0 >> 32) ^ c[3] ^ k[1], p0 & m]
+        k = [(k[0] + 0x9E3779B9) & m, (k[1] + 0xBB67AE85) & m]
+    return c
+
+
+def test_philox_known_answer():
+    # Random123's known-answer vector for philox4x32-10, counter 0 and key 0
+    assert philox(0, 0) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+def dropout_mask(seed, offset, n, p):
+    keep_below = round((1 - p) * 2**24)
+    words = [w for b in range((n + 3) // 4) for w in philox(seed, offset + b)]
+    return np.array([(w >> 8) < keep_below for w in words[:n]])
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_dropout_is_the_philox_mask(rng, dtype):
+    ampc.manual_seed(1234)
+    x = ref.random(rng, (3, 37), dtype)
+    p = 0.3
+    y, state = F._dropout_forward(x, p)
+    assert state == (1234, 0)
+    keep = dropout_mask(1234, 0, x.size, p).reshape(x.shape)
+    scale = np.float64(1 / (1 - p)) if dtype == F64 else np.float64(np.float32(1 / (1 - p)))
+    # the product in the accumulation dtype, rounded once
+    want = np.where(keep, (f64(x) * scale).astype(F32 if dtype != F64 else F64), 0)
+    assert y.dtype == dtype and np.array_equal(f64(y), f64(np.asarray(want).astype(dtype)))
+    # the stream moved on by ceil(111 / 4) counters; the next draw differs
+    assert ampc.random.get_rng_state() == (1234, 28)
+    y2, state2 = F._dropout_forward(x, p)
+    assert state2 == (1234, 28) and not np.array_equal(y2 != 0, y != 0)
+    # backward: the same mask and scale
+    g = ref.random(rng, x.shape, dtype)
+    gx = F.dropout_backward(g, state, p)
+    assert np.array_equal(f64(gx), f64(np.where(keep, (f64(g) * scale).astype(F32 if dtype != F64 else F64),
+                                                0).astype(dtype)))
+
+
+def test_dropout_statistics_and_edges(rng):
+    x = np.ones(200_000, np.float32)
+    y = F.dropout(x, 0.25)
+    kept = y != 0
+    assert abs(kept.mean() - 0.75) < 0.01 and np.allclose(y[kept], 1 / 0.75)
+    assert F.dropout(x, 0.5, training=False) is x
+    assert np.array_equal(F.dropout(x, 0.0), x)
+    assert not F.dropout(x, 1.0).any()
+    bad = np.array([np.nan, np.inf], np.float32)
+    out = F.dropout(bad, 1.0)
+    assert np.isnan(out).all(), "a dropped NaN or inf must stay visible (x * 0), as torch's"
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        F.dropout(x, 1.5)
+    with pytest.raises(TypeError):
+        F.dropout(np.arange(4), 0.5)
+    ampc.manual_seed(7)
+    a = F.dropout(x, 0.5)
+    ampc.manual_seed(7)
+    assert np.array_equal(a, F.dropout(x, 0.5))
+    inplace = x.copy()
+    assert F.dropout(inplace, 0.5, inplace=True) is inplace and (inplace == 0).any()
+
+
+def test_dropout_thread_count_does_not_change_bits(rng):
+    x = ref.random(rng, (300_001,), F16)
+    old = ampc.get_num_threads()
+    try:
+        ampc.set_num_threads(1)
+        one = F._dropout_forward(x, 0.4)
+        ampc.set_num_threads(2)
+        two = F._C._dropout(x, 0.4, *one[1])
+    finally:
+        ampc.set_num_threads(old)
+    assert np.array_equal(one[0].view(np.uint16), two.view(np.uint16))
+
+
+# --------------------------------------------------------------------------------------------
+# embedding
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32, np.uint8], ids=str)
+def test_embedding(rng, dtype, index_dtype):
+    w = ref.random(rng, (11, 7), dtype)
+    idx = rng.integers(0, 11, (4, 5)).astype(index_dtype)
+    y = F.embedding(idx, w)
+    assert y.dtype == dtype and y.shape == (4, 5, 7)
+    assert np.array_equal(y.view(np.uint8), w[idx].view(np.uint8))
+    # strided indices and weight
+    assert np.array_equal(f64(F.embedding(idx[:, ::2], w)), f64(w[idx[:, ::2]]))
+    wide = np.repeat(w, 2, axis=1)[:, ::2]
+    assert np.array_equal(f64(F.embedding(idx, wide)), f64(w[idx]))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("padding_idx", [None, 2, -1])
+def test_embedding_backward(rng, dtype, padding_idx):
+    num, dim = 9, 300  # dim above the kernel's column block
+    idx = rng.integers(0, num, (6, 7))
+    idx[0, :3] = 2  # a repeated index
+    dy = ref.random(rng, (6, 7, dim), dtype)
+    gw = F.embedding_backward(dy, idx, num, padding_idx)
+    want = np.zeros((num, dim))
+    pad = None if padding_idx is None else padding_idx % num
+    for p, r in enumerate(idx.reshape(-1)):
+        if r != pad:
+            want[r] += f64(dy).reshape(-1, dim)[p]
+    assert gw.dtype == dtype
+    assert_close(gw, want, dtype, scale=np.abs(f64(dy)).max() * 4, what="embedding grad")
+    if pad is not None:
+        assert not f64(gw[pad]).any()
+    # against finite differences of the forward (float64)
+    if dtype == F64:
+        w = rng.standard_normal((num, dim))
+        r = rng.standard_normal((6, 7, dim))
+        num_g = numeric_grad(lambda v: F.embedding(idx, v), w.copy(), r)
+        if pad is not None:
+            num_g[pad] = 0
+        np.testing.assert_allclose(F.embedding_backward(r, idx, num, padding_idx), num_g, atol=1e-6)
+
+
+def test_embedding_bad_input(rng):
+    w = ref.random(rng, (5, 3), F32)
+    with pytest.raises(ValueError, match="index 5, outside the 5 rows"):
+        F.embedding(np.array([1, 5]), w)
+    with pytest.raises(ValueError, match="index -1"):
+        F.embedding(np.array([-1]), w)
+    with pytest.raises(TypeError, match="integer"):
+        F.embedding(np.array([1.0]), w)
+    with pytest.raises(TypeError, match="floating"):
+        F.embedding(np.array([1]), np.arange(6).reshape(2, 3))
+    with pytest.raises(ValueError, match="2-D"):
+        F.embedding(np.array([1]), w.reshape(-1))
+    with pytest.raises(ValueError, match="Padding_idx"):
+        F.embedding(np.array([1]), w, padding_idx=5)
+    with pytest.raises(ValueError, match="grad_output"):
+        F.embedding_backward(np.ones((2, 3), np.float32), np.array([1, 2, 3]), 5)
+
+
+# --------------------------------------------------------------------------------------------
+# group_norm
+# --------------------------------------------------------------------------------------------
+
+def group_norm_ref(x, groups, w=None, b=None, eps=1e-5):
+    x = f64(x)
+    rows = x.reshape(x.shape[0], groups, -1)
+    mu = rows.mean(-1, keepdims=True)
+    var = rows.var(-1, keepdims=True)
+    y = ((rows - mu) / np.sqrt(var + eps)).reshape(x.shape)
+    shape = (-1,) + (1,) * (x.ndim - 2)
+    if w is not None:
+        y = y * f64(w).reshape(shape)
+    if b is not None:
+        y = y + f64(b).reshape(shape)
+    return y
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("shape,groups", [((2, 6, 5, 3), 3), ((3, 4, 7), 2), ((1, 8, 1, 1), 8), ((2, 4), 1)],
+                         ids=str)
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm(rng, shape, groups, affine, dtype):
+    x = ref.random(rng, shape, dtype, scale=2.0) + dtype.type(0.5)
+    w = ref.random(rng, shape[1:2], dtype) if affine else None
+    b = ref.random(rng, shape[1:2], dtype) if affine else None
+    y = F.group_norm(x, groups, w, b)
+    assert_close(y, group_norm_ref(x, groups, w, b), dtype, rtol=2 * ref.RTOL[dtype], what="group_norm")
+    g = ref.random(rng, shape, dtype)
+    gi, gw, gb = F.group_norm_backward(g, x, groups, w, b)
+    # the analytic gradient in float64 against finite differences of the float64 reference
+    x64, w64, b64, g64 = f64(x), (f64(w) if affine else None), (f64(b) if affine else None), f64(g)
+    want_x = numeric_grad(lambda v: group_norm_ref(v, groups, w64, b64), x64.copy(), g64)
+    tol = {F32: 2e-4, F16: 2e-2, BF16: 1e-1, F64: 1e-6}[dtype]
+    np.testing.assert_allclose(f64(gi), want_x, atol=tol * (1 + np.abs(want_x).max()))
+    if affine:
+        want_w = numeric_grad(lambda v: group_norm_ref(x64, groups, v, b64), w64.copy(), g64)
+        want_b = numeric_grad(lambda v: group_norm_ref(x64, groups, w64, v), b64.copy(), g64)
+        np.testing.assert_allclose(f64(gw), want_w, atol=tol * (1 + np.abs(want_w).max()) * 4)
+        np.testing.assert_allclose(f64(gb), want_b, atol=tol * (1 + np.abs(want_b).max()) * 4)
+        assert gw.dtype == dtype and gb.dtype == dtype
+    else:
+        assert gw is None and gb is None
+
+
+def test_group_norm_bad_input(rng):
+    x = ref.random(rng, (2, 6, 4), F32)
+    with pytest.raises(ValueError, match="divisible by num_groups"):
+        F.group_norm(x, 4)
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        F.group_norm(x[0, 0], 1)
+
+
+# --------------------------------------------------------------------------------------------
+# scaled_dot_product_attention
+# --------------------------------------------------------------------------------------------
+
+def sdpa_ref(q, k, v, mask=None, causal=False, scale=None):
+    q, k, v = f64(q), f64(k), f64(v)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + f64(mask)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return p @ v
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L,S", [(5, 7), (6, 6), (1, 3)])
+def test_sdpa(rng, dtype, causal, L, S):
+    q = ref.random(rng, (2, 3, L, 8), dtype)
+    k = ref.random(rng, (2, 3, S, 8), dtype)
+    v = ref.random(rng, (2, 3, S, 5), dtype)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    # probabilities are rounded once to the dtype before multiplying v
+    rtol = {F32: 1e-5, F16: 4e-3, BF16: 3e-2, F64: 1e-12}[dtype]
+    assert_close(out, sdpa_ref(q, k, v, causal=causal), dtype, rtol=rtol, scale=np.abs(f64(v)).max(), what="sdpa")
+    # backward against finite differences of the float64 reference
+    g = ref.random(rng, out.shape, dtype)
+    _, probs, state = F._scaled_dot_product_attention_forward(q, k, v, is_causal=causal)
+    gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
+    for got, which in ((gq, 0), (gk, 1), (gv, 2)):
+        args = [f64(q), f64(k), f64(v)]
+
+        def fn(t, which=which, args=args):
+            a = list(args)
+            a[which] = t
+            return sdpa_ref(*a, causal=causal)
+
+        want = numeric_grad(fn, args[which].copy(), f64(g))
+        assert got.dtype == dtype
+        # float64: the finite differences' own error (h = 1e-6) dominates
+        np.testing.assert_allclose(f64(got), want, atol=max(rtol * 20, 1e-7) * (1 + np.abs(want).max()))
+
+
+def test_sdpa_masks_scale_dropout(rng):
+    q, k, v = (ref.random(rng, s, F32) for s in [(2, 4, 6), (2, 5, 6), (2, 5, 3)])
+    mask = rng.random((4, 5)) > 0.3
+    mask[:, 0] = True
+    assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), sdpa_ref(q, k, v, mask=mask), F32,
+                 rtol=1e-5, what="boolean mask")
+    add = ref.random(rng, (2, 4, 5), F32)
+    assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=0.3),
+                 sdpa_ref(q, k, v, mask=add, scale=0.3), F32, rtol=1e-5, what="additive mask, scale")
+    ampc.manual_seed(3)
+    out, probs, state = F._scaled_dot_product_attention_forward(q, k, v, dropout_p=0.5)
+    dropped = F._C._dropout(probs, 0.5, *state)
+    assert_close(out, f64(dropped) @ f64(v), F32, rtol=1e-5, what="dropout")
+    with pytest.raises(ValueError, match="is_causal"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
+    with pytest.raises(ValueError, match="features"):
+        F.scaled_dot_product_attention(q, k[..., :5], v)
+    with pytest.raises(ValueError, match="positions"):
+        F.scaled_dot_product_attention(q, k, v[:, :4])
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_autocast_dtypes_of_the_layer_ops(rng, dtype):
+    """torch's CPU autocast: sdpa on the lower list, group_norm float32 where listed, the rest as called."""
+    q = ref.random(rng, (2, 4, 8), F32)
+    x = ref.random(rng, (2, 4, 3), F32)
+    w = ampc.Parameter(ref.random(rng, (4,), F32))
+    with ampc.autocast("cpu", dtype=dtype):
+        assert F.scaled_dot_product_attention(q, q, q).dtype == dtype
+        assert F.embedding(np.array([1, 2]), ref.random(rng, (5, 3), F32)).dtype == F32
+        assert F.dropout(x, 0.1).dtype == F32
+        assert F.cat([x.astype(dtype), x], 0).dtype == F32  # promote
+        gn_policy = ampc.autocast_policy("group_norm", "cpu")
+        assert F.group_norm(x.astype(dtype), 2, w).dtype == (F32 if gn_policy == "fp32" else dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Glue
+# --------------------------------------------------------------------------------------------
+
+def test_glue_and_backward(rng):
+    x = ref.random(rng, (2, 3, 4), F32)
+    assert F.reshape(x, (6, 4)).shape == (6, 4) and F.reshape_backward(F.reshape(x, (6, 4)), x.shape).shape == x.shape
+    t = F.transpose(x, 0, 2)
+    assert np.array_equal(t, x.transpose(2, 1, 0)) and np.array_equal(F.transpose_backward(t, 0, 2), x)
+    p = F.permute(x, (2, 0, 1))
+    assert np.array_equal(F.permute_backward(p, (2, 0, 1)), x)
+    assert F.flatten(x, 1).shape == (2, 12) and F.unsqueeze(x, -1).shape == (2, 3, 4, 1)
+    assert F.squeeze(F.unsqueeze(x, 1), 1).shape == x.shape
+    y = ref.random(rng, (2, 5, 4), F32)
+    c = F.cat([x, y], 1)
+    a, b = F.cat_backward(c, [3, 5], 1)
+    assert np.array_equal(a, x) and np.array_equal(b, y)
+    s = F.stack([x, x], 0)
+    assert s.shape == (2, 2, 3, 4) and all(np.array_equal(u, x) for u in F.stack_backward(s, 2, 0))
+    assert [u.shape[2] for u in F.split(x, 3, 2)] == [3, 1] and [u.shape[1] for u in F.chunk(x, 2, 1)] == [2, 1]
+    with pytest.raises(IndexError):
+        F.transpose(x, 0, 3)
+    with pytest.raises(ValueError, match="add up"):
+        F.split(x, [1, 1], 1)
+    with pytest.raises(TypeError, match="NumPy, torch"):
+        F.cat([[1.0], [2.0]])

@@ -1,0 +1,147 @@
+"""The layer ops on CUDA tensors: embedding (the CPU's bits for its gradient), dropout (the CPU's
+mask for one seed), group_norm and scaled_dot_product_attention against torch and float64
+references, causal softmax, the dtypes torch's CUDA autocast gives them, bad input."""
+
+import numpy as np
+import pytest
+
+import ampc
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+from test_ops_gpu import FLOATS, ID, RTOL, autograd, close, randn  # noqa: E402
+
+TF = torch.nn.functional
+F = ampc.nn.functional
+
+
+def numpy_of(t):
+    """A CPU NumPy copy (bfloat16 through ml_dtypes)."""
+    if t.dtype == torch.bfloat16:
+        return t.cpu().view(torch.int16).numpy().view(ampc.bfloat16)
+    return t.cpu().numpy()
+
+
+def bits(t):
+    return t.contiguous().view(torch.uint8).cpu() if isinstance(t, torch.Tensor) else torch.from_numpy(
+        np.ascontiguousarray(t).view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+def test_embedding(dtype):
+    w = randn(50, 33, dtype=dtype)
+    idx = torch.randint(0, 50, (7, 9), device="cuda")
+    idx[0, :4] = 3
+    y = F.embedding(idx, w)
+    assert torch.equal(y, TF.embedding(idx, w))
+    dy = randn(7, 9, 33, dtype=dtype)
+    for padding_idx in (None, 3):
+        gw = F.embedding_backward(dy, idx, 50, padding_idx)
+        want = autograd(lambda v: TF.embedding(idx, v, padding_idx=padding_idx), [w], dy)[0]
+        close(gw, want, dtype, scale=dy.double().abs().max().item() * 4, what="embedding grad vs float64")
+        # the CPU sums each row over its positions in the same order: the same bits
+        cpu = F.embedding_backward(numpy_of(dy), idx.cpu().numpy(), 50, padding_idx)
+        assert torch.equal(bits(gw), bits(cpu)), "GPU and CPU embedding gradients differ"
+
+
+def test_embedding_out_of_range_is_nan():
+    """No host synchronisation: an index outside the table gives a NaN row, not a read outside it."""
+    w = randn(5, 4)
+    y = F.embedding(torch.tensor([1, 5, -1], device="cuda"), w)
+    assert torch.equal(y[0], w[1]) and y[1:].isnan().all()
+    g = F.embedding_backward(torch.ones(3, 4, device="cuda"), torch.tensor([1, 7, 1], device="cuda"), 5)
+    assert torch.equal(g[1], torch.full((4,), 2.0, device="cuda")) and g[[0, 2, 3, 4]].eq(0).all()
+
+
+def test_embedding_long_runs():
+    """Many positions naming one row (a warp adds them in order) and a large table."""
+    w = randn(50257, 64, dtype=torch.float16)
+    idx = torch.randint(0, 50257, (4096,), device="cuda")
+    idx[:2000] = 7
+    dy = randn(4096, 64, dtype=torch.float16)
+    gw = F.embedding_backward(dy, idx, 50257)
+    assert torch.equal(bits(gw), bits(F.embedding_backward(numpy_of(dy), idx.cpu().numpy(), 50257)))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+def test_dropout_mask_is_the_cpus(dtype):
+    x = randn(1000, 37, dtype=dtype)
+    ampc.manual_seed(99)
+    y, state = F._dropout_forward(x, 0.2)
+    cpu = F._C._dropout(numpy_of(x), 0.2, *state)
+    assert torch.equal(bits(y), bits(cpu)), "GPU and CPU dropout differ for one seed and offset"
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.8) < 0.01
+    g = randn(1000, 37, dtype=dtype)
+    assert torch.equal(bits(F.dropout_backward(g, state, 0.2)), bits(F._C._dropout(numpy_of(g), 0.2, *state)))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("shape,groups", [((4, 32, 7, 7), 8), ((2, 6, 33), 3), ((3, 64, 1, 1), 64)], ids=str)
+def test_group_norm(shape, groups, dtype):
+    x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
+    w, b = randn(shape[1], dtype=dtype), randn(shape[1], dtype=dtype)
+    fn = lambda v, wt, bs: TF.group_norm(v, groups, wt, bs)  # noqa: E731
+    want64 = fn(x.double(), w.double(), b.double())
+    close(F.group_norm(x, groups, w, b), want64, dtype, rtol=2 * RTOL[dtype], what="group_norm")
+    close(F.group_norm(x, groups), TF.group_norm(x.double(), groups), dtype, rtol=2 * RTOL[dtype],
+          what="group_norm without affine")
+    g = randn(*shape, dtype=dtype)
+    gi, gw, gb = F.group_norm_backward(g, x, groups, w, b)
+    egi, egw, egb = autograd(fn, [x, w, b], g)
+    red = g.double().abs().sum() / shape[1]
+    close(gi, egi, dtype, rtol=8 * RTOL[dtype], what="grad_input")
+    close(gw, egw, dtype, rtol=8 * RTOL[dtype], scale=red.item() * 3, what="grad_weight")
+    close(gb, egb, dtype, rtol=8 * RTOL[dtype], scale=red.item(), what="grad_bias")
+
+
+SDPA_RTOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float64: 1e-12}
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L,S,E", [(64, 64, 64), (33, 70, 16), (1024, 1024, 64)], ids=str)
+def test_sdpa(L, S, E, causal, dtype):
+    q, k, v = randn(2, 4, L, E, dtype=dtype), randn(2, 4, S, E, dtype=dtype), randn(2, 4, S, E, dtype=dtype)
+    fn = lambda a, b, c: TF.scaled_dot_product_attention(a, b, c, is_causal=causal)  # noqa: E731
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    rtol = SDPA_RTOL[dtype]
+    close(out, fn(q.double(), k.double(), v.double()), dtype, rtol=rtol, scale=1.0, what="sdpa vs float64")
+    close(out, fn(q, k, v), dtype, rtol=2 * rtol, scale=1.0, what="sdpa vs torch")
+    g = randn(*out.shape, dtype=dtype)
+    _, probs, _ = F._scaled_dot_product_attention_forward(q, k, v, is_causal=causal)
+    got = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
+    want = autograd(fn, [q, k, v], g)
+    for name, a, b in zip("qkv", got, want):
+        close(a, b, dtype, rtol=8 * rtol, scale=b.abs().max().item(), what=f"grad_{name}")
+
+
+def test_sdpa_mask_and_autocast():
+    q, k, v = randn(2, 8, 16), randn(2, 12, 16), randn(2, 12, 16)
+    mask = torch.rand(8, 12, device="cuda") > 0.3
+    mask[:, 0] = True
+    close(F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+          TF.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask), torch.float32,
+          scale=1.0, what="boolean mask")
+    for dtype in (torch.float16, torch.bfloat16):
+        with ampc.autocast("cuda", dtype=dtype):
+            got = F.scaled_dot_product_attention(q, k, v)
+            emb = F.embedding(torch.tensor([1], device="cuda"), v[0])
+            gn = F.group_norm(q.to(dtype).unsqueeze(-1), 2)
+        with torch.autocast("cuda", dtype=dtype):
+            want = TF.scaled_dot_product_attention(q, k, v)
+            tgn = TF.group_norm(q.to(dtype).unsqueeze(-1), 2)
+        assert got.dtype == want.dtype == dtype and emb.dtype == torch.float32 and gn.dtype == tgn.dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=ID.get)
+@pytest.mark.parametrize("n", [7, 1000, 3000, 50257])
+def test_causal_softmax_matches_cpu_rule(n, dtype):
+    """The kernel's causal mask (every path: cached, block, streamed) against a masked softmax."""
+    x = randn(3, 5, n, dtype=dtype, scale=3.0)
+    y = F._C._softmax(x, -1, False, None, causal=True)
+    keep = torch.ones(5, n, device="cuda", dtype=torch.bool).tril()
+    want = torch.softmax(x.double().masked_fill(~keep, float("-inf")), -1)
+    close(y, want, dtype, rtol=2 * RTOL[dtype], scale=0.0, what="causal softmax")
+    assert y.masked_select(~keep.expand_as(y)).eq(0).all()
