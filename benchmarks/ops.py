@@ -6,9 +6,10 @@ Each row times one op (forward or backward) on torch CUDA tensors with CUDA even
 --repeat after warm-up: ampc's and torch's, the ratio torch / ampc (above 1: ampc faster), and
 what ampc achieves against the measured limit: TFLOP/s against torch's own best product of that
 dtype (an 8192^3 matmul, which is what cuBLAS reaches here), GB/s against a device-to-device
-copy. Shapes: GPT-2 small's linear layers (8 x 1024 tokens, d = 768), ResNet-50's classifier
-(batch 256), the GPT-2 LM head's cross_entropy (50257 classes), layer_norm and softmax rows.
-Backward passes: torch's own backward ops (what autograd calls), ampc's *_backward functions.
+copy. Shapes: GPT-2 small's linear layers (8 x 1024 tokens, d = 768), ResNet-50's classifier,
+convolutions and batch norms (batch 256; NCHW and channels-last), the GPT-2 LM head's
+cross_entropy (50257 classes), layer_norm and softmax rows. Backward passes: torch's own backward
+ops (what autograd calls; autograd itself for batch_norm), ampc's *_backward functions.
 """
 
 import argparse
@@ -132,8 +133,58 @@ def bench_cross_entropy(limits, repeat):
                 limits=limits)
 
 
-BENCHES = {"linear": bench_linear, "layer_norm": bench_layer_norm, "softmax": bench_softmax,
-           "cross_entropy": bench_cross_entropy}
+# ResNet-50's convolutions at batch 256: (name, C, H, K, kernel, stride); padding keeps the size.
+RESNET_CONVS = [("stem 7x7", 3, 224, 64, 7, 2), ("layer1 3x3", 64, 56, 64, 3, 1), ("layer1 1x1", 256, 56, 64, 1, 1),
+                ("layer3 3x3", 256, 14, 256, 3, 1), ("layer4 1x1", 512, 7, 2048, 1, 1)]
+LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+def bench_conv2d(limits, repeat, batch=256):
+    for name, c, h, k, r, stride in RESNET_CONVS:
+        for dn, dtype in DTYPES.items():
+            for ln, layout in LAYOUTS.items():
+                x = torch.randn(batch, c, h, h, device="cuda", dtype=dtype).contiguous(memory_format=layout)
+                w = (torch.randn(k, c, r, r, device="cuda", dtype=dtype) * (c * r * r) ** -0.5).contiguous(
+                    memory_format=layout)
+                kw = dict(stride=stride, padding=r // 2)
+                y = TF.conv2d(x, w, None, **kw)
+                g = torch.randn_like(y)
+                flops = 2 * y.numel() * c * r * r
+                shape = f"{batch}x{c}x{h}^2->{k} {ln}"
+                row(f"conv2d fwd {name}", shape, dn, lambda: F.conv2d(x, w, None, **kw),
+                    lambda: TF.conv2d(x, w, None, **kw), repeat, flops=flops, limits=limits)
+                # what autograd runs: the data gradient (not for the stem's image) and the filter's
+                mask = [name != "stem 7x7", True, False]
+                row(f"conv2d bwd {name}", shape, dn,
+                    lambda: F.conv2d_backward(g, x, w, **kw, input_grad=mask[0], bias_grad=False),
+                    lambda: torch.ops.aten.convolution_backward(g, x, w, None, [stride] * 2, [r // 2] * 2, [1, 1],
+                                                                False, [0, 0], 1, mask),
+                    repeat, flops=flops * (1 + mask[0]), limits=limits)
+
+
+def bench_batch_norm(limits, repeat, batch=256):
+    for c, h in [(64, 112), (256, 56), (2048, 7)]:
+        for dn, dtype in DTYPES.items():
+            for ln, layout in LAYOUTS.items():
+                x = torch.randn(batch, c, h, h, device="cuda", dtype=dtype).contiguous(memory_format=layout)
+                g = torch.randn_like(x)
+                w, b = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+                rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+                shape = f"{batch}x{c}x{h}^2 {ln}"
+                nbytes = x.numel() * x.element_size()
+                row("batch_norm fwd (train)", shape, dn, lambda: F.batch_norm(x, rm, rv, w, b, training=True),
+                    lambda: TF.batch_norm(x, rm, rv, w, b, training=True), repeat, nbytes=2 * nbytes, limits=limits)
+                _, mean, rstd = F._batch_norm_forward(x, rm, rv, w, b, True)
+                xr, wr, br = x.clone().requires_grad_(True), w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+                yr = TF.batch_norm(xr, rm, rv, wr, br, training=True)
+                row("batch_norm bwd", shape, dn,
+                    lambda: F.batch_norm_backward(g, x, w, training=True, save_mean=mean, save_rstd=rstd),
+                    lambda: torch.autograd.grad(yr, (xr, wr, br), g, retain_graph=True), repeat,
+                    nbytes=3 * nbytes, limits=limits)
+
+
+BENCHES = {"linear": bench_linear, "conv2d": bench_conv2d, "layer_norm": bench_layer_norm,
+           "batch_norm": bench_batch_norm, "softmax": bench_softmax, "cross_entropy": bench_cross_entropy}
 
 
 def main():
@@ -142,6 +193,7 @@ def main():
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=list(BENCHES))
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # torch's default: full fp32 products, as ampc's
+    torch.backends.cudnn.allow_tf32 = False  # torch's convolutions default to TF32; ampc's never are
     limits = {"copy": copy_bandwidth(args.repeat),
               "peak": {dn: matmul_peak(dt, 10) for dn, dt in DTYPES.items()}}
     print(f"{torch.cuda.get_device_name()}: copy {limits['copy']:.0f} GB/s; matmul peak (torch, 8192^3) "
