@@ -363,6 +363,23 @@ int launch_fast_rows(const ampc_rows &rows, int dtype, const void *const *ptrs, 
     return streamed(group, rows_grid(rows.outer, group), stream);
 }
 
+/* launch_fast_rows with the kernels cached<T, G, NV> and streamed<T, G>
+ * over the descriptor desc (a variable): the status, or NOT_FAST. */
+#define AMPC_FAST_ROWS(cached, streamed, T, rows, dtype, ptrs, nptrs, stream, what, desc)          \
+    launch_fast_rows(                                                                             \
+        (rows), (dtype), (ptrs), (nptrs), (stream),                                               \
+        [&](int tier_, unsigned grid_, cudaStream_t st_) {                                         \
+            AMPC_LAUNCH_CACHED(cached, T, tier_, grid_, st_, desc);                                \
+            return ampc_cuda_launched(what);                                                      \
+        },                                                                                        \
+        [&](int group_, unsigned grid_, cudaStream_t st_) {                                        \
+            if (group_ == 32)                                                                     \
+                streamed<T, 32><<<grid_, ops::BLOCK, 0, st_>>>(desc);                             \
+            else                                                                                  \
+                streamed<T, ops::BLOCK><<<grid_, ops::BLOCK, 0, st_>>>(desc);                     \
+            return ampc_cuda_launched(what);                                                      \
+        })
+
 /* ------------------------------------------------------------------------ */
 /* Column sums, a pack of columns per thread                                 */
 /* ------------------------------------------------------------------------ */

@@ -176,19 +176,8 @@ int softmax_fast(const ampc_softmax *s, cudaStream_t stream)
     const void *ptrs[2] = {s->x.data, s->y.data};
     return with_storage(s->x.dtype, [&](auto type) {
         using T = decltype(type);
-        return launch_fast_rows(
-            s->rows, s->x.dtype, ptrs, 2, stream,
-            [&](int tier, unsigned grid, cudaStream_t st) {
-                AMPC_LAUNCH_CACHED(softmax_cached, T, tier, grid, st, *s);
-                return ampc_cuda_launched("softmax kernel");
-            },
-            [&](int group, unsigned grid, cudaStream_t st) {
-                if (group == 32)
-                    softmax_streamed<T, 32><<<grid, BLOCK, 0, st>>>(*s);
-                else
-                    softmax_streamed<T, BLOCK><<<grid, BLOCK, 0, st>>>(*s);
-                return ampc_cuda_launched("softmax kernel");
-            });
+        return AMPC_FAST_ROWS(softmax_cached, softmax_streamed, T, s->rows, s->x.dtype, ptrs, 2, stream,
+                              "softmax kernel", *s);
     });
 }
 
@@ -199,19 +188,8 @@ int softmax_backward_fast(const ampc_softmax_backward *s, cudaStream_t stream)
     const void *ptrs[3] = {s->dy.data, s->y.data, s->dx.data};
     return with_storage(s->dy.dtype, [&](auto type) {
         using T = decltype(type);
-        return launch_fast_rows(
-            s->rows, s->dy.dtype, ptrs, 3, stream,
-            [&](int tier, unsigned grid, cudaStream_t st) {
-                AMPC_LAUNCH_CACHED(softmax_backward_cached, T, tier, grid, st, *s);
-                return ampc_cuda_launched("softmax backward kernel");
-            },
-            [&](int group, unsigned grid, cudaStream_t st) {
-                if (group == 32)
-                    softmax_backward_streamed<T, 32><<<grid, BLOCK, 0, st>>>(*s);
-                else
-                    softmax_backward_streamed<T, BLOCK><<<grid, BLOCK, 0, st>>>(*s);
-                return ampc_cuda_launched("softmax backward kernel");
-            });
+        return AMPC_FAST_ROWS(softmax_backward_cached, softmax_backward_streamed, T, s->rows, s->dy.dtype, ptrs, 3,
+                              stream, "softmax backward kernel", *s);
     });
 }
 

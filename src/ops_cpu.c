@@ -21,18 +21,6 @@
 #include "ops_cpu_io.h"
 #include "parallel.h"
 
-/* A class index of an integer target array. */
-static int64_t target_at(const ampc_buf *t, int64_t i)
-{
-    switch (t->dtype) {
-    case AMPC_INT64: return ((const int64_t *)t->data)[i];
-    case AMPC_INT32: return ((const int32_t *)t->data)[i];
-    case AMPC_INT16: return ((const int16_t *)t->data)[i];
-    case AMPC_INT8: return ((const int8_t *)t->data)[i];
-    case AMPC_UINT8: return ((const uint8_t *)t->data)[i];
-    default: return -1;
-    }
-}
 
 #define REAL float
 #define F(name) name##_f
