@@ -2,8 +2,9 @@
  * batch_norm.c: ampc_batch_norm and ampc_batch_norm_backward (ops.h) on
  * cuDNN's batch normalisation, per channel ("spatial"): float32 statistics,
  * weights and running averages for float32 and 16-bit data, float64 for
- * float64. A channels-last input trains in cuDNN's persistent mode, as
- * torch chooses for that layout.
+ * float64. Channels-last training takes ampc's kernels (batch_norm_nhwc.cu)
+ * where its channels come in whole 16-byte packs, else cuDNN's persistent
+ * mode.
  *
  * cuDNN wants every per-channel operand: an absent weight is ones, an
  * absent bias zeros, a gradient nobody asked for a scratch buffer, all from
@@ -13,8 +14,11 @@
 
 #include <string.h>
 
-/* Defined in elementwise.cu. */
+/* Defined in elementwise.cu and batch_norm_nhwc.cu (channels-last training,
+ * or AMPC_NOT_TAKEN). */
 int ampc_cuda_elementwise(int device, void *stream, const ampc_ew *e);
+int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_batch_norm *b);
+int ampc_cuda_batch_norm_nhwc_backward(int device, void *stream, const ampc_batch_norm_backward *b);
 
 /* cuDNN's scaling factors: double for double data, float otherwise. */
 typedef struct {
@@ -206,6 +210,9 @@ int ampc_cuda_batch_norm(int device, void *stream, const ampc_batch_norm *b)
 {
     if (b->n * b->c * b->h * b->w == 0)
         return AMPC_OK;
+    const int nhwc = ampc_cuda_batch_norm_nhwc(device, stream, b);
+    if (nhwc != AMPC_NOT_TAKEN)
+        return nhwc;
     WITH_DNN(device, stream, forward_descs(handle, device, stream, b));
 }
 
@@ -213,5 +220,8 @@ int ampc_cuda_batch_norm_backward(int device, void *stream, const ampc_batch_nor
 {
     if (b->n * b->c * b->h * b->w == 0)
         return AMPC_OK;
+    const int nhwc = ampc_cuda_batch_norm_nhwc_backward(device, stream, b);
+    if (nhwc != AMPC_NOT_TAKEN)
+        return nhwc;
     WITH_DNN(device, stream, backward_descs(handle, device, stream, b));
 }

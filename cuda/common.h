@@ -14,6 +14,10 @@
 extern "C" {
 #endif
 
+/* What a fast path answers when it does not serve the arguments, and the
+ * general path should (the ampc_status codes are 0 and negative). */
+#define AMPC_NOT_TAKEN 1
+
 /* Record "what: <CUDA's message> (<error name>)" and return the matching
  * status. Clears CUDA's non-sticky last error. */
 int ampc_cuda_fail(cudaError_t err, const char *what);

@@ -128,17 +128,24 @@ struct CachedRow {
                 p[k].load(row + (lane + (int64_t)k * G) * VEC);
     }
 
-    /* fn(j, x[j]) over the lane's elements, in order. */
+    /* fn(j, x[j]) over the lane's elements j < live, in order. A pack wholly
+     * below live (every pack, without a causal mask) takes no test per element. */
     template <class Fn>
-    __device__ __forceinline__ void each(int64_t packs, int lane, Fn fn) const
+    __device__ __forceinline__ void each(int64_t packs, int lane, Fn fn, int64_t live = INT64_MAX) const
     {
 #pragma unroll
         for (int k = 0; k < NV; k++)
             if (lane + (int64_t)k * G < packs) {
                 const int64_t j0 = (lane + (int64_t)k * G) * VEC;
+                if (j0 + VEC <= live) {
 #pragma unroll
-                for (int i = 0; i < VEC; i++)
-                    fn(j0 + i, p[k][i]);
+                    for (int i = 0; i < VEC; i++)
+                        fn(j0 + i, p[k][i]);
+                }
+                else {
+                    for (int i = 0; i < VEC && j0 + i < live; i++)
+                        fn(j0 + i, p[k][i]);
+                }
             }
     }
 };
@@ -160,10 +167,12 @@ __device__ __forceinline__ void cached_each2(const CachedRow<T, G, NV> &a, const
 }
 
 /* out[j] = fn(j, a[j], b[j]) over the lane's elements of two cached rows
- * (b may be a: a single-row map), stored a pack at a time. */
+ * (b may be a: a single-row map), stored a pack at a time; `dead` from
+ * element live on (a causal mask). */
 template <class T, int G, int NV, class Fn>
 __device__ __forceinline__ void cached_map(const CachedRow<T, G, NV> &a, const CachedRow<T, G, NV> &b, T *out,
-                                           int64_t packs, int lane, Fn fn)
+                                           int64_t packs, int lane, Fn fn, int64_t live = INT64_MAX,
+                                           float dead = 0.0f)
 {
     constexpr int VEC = Pack<T>::VEC;
 #pragma unroll
@@ -171,9 +180,16 @@ __device__ __forceinline__ void cached_map(const CachedRow<T, G, NV> &a, const C
         if (lane + (int64_t)k * G < packs) {
             const int64_t j0 = (lane + (int64_t)k * G) * VEC;
             Pack<T> o;
+            if (j0 + VEC <= live) {
 #pragma unroll
-            for (int i = 0; i < VEC; i++)
-                o.set(i, fn(j0 + i, a.p[k][i], b.p[k][i]));
+                for (int i = 0; i < VEC; i++)
+                    o.set(i, fn(j0 + i, a.p[k][i], b.p[k][i]));
+            }
+            else {
+#pragma unroll
+                for (int i = 0; i < VEC; i++)
+                    o.set(i, j0 + i < live ? fn(j0 + i, a.p[k][i], b.p[k][i]) : dead);
+            }
             o.store(out + j0);
         }
 }
@@ -262,17 +278,19 @@ __device__ __forceinline__ void stream_reduce(const T *a_row, const T *b_row, in
 }
 
 /* out[j] = fn(j, a[j], b[j]) over the group's share of a row (b_row may be
- * null: b reads 0; a_row null: a reads 0). out must meet 16-byte boundaries
- * where the inputs do (same_phase). */
+ * null: b reads 0; a_row null: a reads 0), `dead` from element live on (a
+ * causal mask). out must meet 16-byte boundaries where the inputs do
+ * (same_phase). */
 template <class T, int G, class Fn>
-__device__ __forceinline__ void stream_map(const T *a_row, const T *b_row, T *out_row, int64_t n, int lane, Fn fn)
+__device__ __forceinline__ void stream_map(const T *a_row, const T *b_row, T *out_row, int64_t n, int lane, Fn fn,
+                                           int64_t live = INT64_MAX, float dead = 0.0f)
 {
     constexpr int VEC = Pack<T>::VEC;
     const int64_t head = head_of(out_row, n);
     const int64_t packs = (n - head) / VEC, tail = head + packs * VEC;
     auto scalar = [&](int64_t j) {
         const float a = a_row != nullptr ? to_float(a_row[j]) : 0.0f, b = b_row != nullptr ? to_float(b_row[j]) : 0.0f;
-        out_row[j] = from_float<T>(fn(j, a, b));
+        out_row[j] = from_float<T>(j < live ? fn(j, a, b) : dead);
     };
     if (lane < head)
         scalar(lane);
@@ -292,8 +310,10 @@ __device__ __forceinline__ void stream_map(const T *a_row, const T *b_row, T *ou
                 const int64_t j0 = head + (p + u * G) * VEC;
                 Pack<T> o;
 #pragma unroll
-                for (int i = 0; i < VEC; i++)
-                    o.set(i, fn(j0 + i, a_row != nullptr ? pa[u][i] : 0.0f, b_row != nullptr ? pb[u][i] : 0.0f));
+                for (int i = 0; i < VEC; i++) {
+                    const float a = a_row != nullptr ? pa[u][i] : 0.0f, b = b_row != nullptr ? pb[u][i] : 0.0f;
+                    o.set(i, j0 + VEC <= live || j0 + i < live ? fn(j0 + i, a, b) : dead);
+                }
                 o.store(out_row + j0);
             }
     }
@@ -333,9 +353,8 @@ __device__ __forceinline__ void combine_max_sum(float m, float s, float &M, floa
 /* Choosing a path                                                           */
 /* ------------------------------------------------------------------------ */
 
-/* What a fast path answers when the arrays need the generic kernels (the
- * ampc_status codes are 0 and negative). */
-constexpr int NOT_FAST = 1;
+/* What a fast path answers when the arrays need the generic kernels. */
+constexpr int NOT_FAST = AMPC_NOT_TAKEN;
 
 /* The group size of a streamed row: a warp for short rows, a block for long. */
 constexpr int64_t STREAM_BLOCK_FROM = 4096;

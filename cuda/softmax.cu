@@ -81,20 +81,19 @@ __global__ void softmax_cached(ampc_softmax s)
         x.load(static_cast<const T *>(s.x.data) + row * n, packs, lane);
         const int64_t live = ampc_softmax_live(&s, row);
         float m = -INFINITY;
-        x.each(packs, lane, [&](int64_t j, float v) { m = j < live ? nan_max(m, v) : m; });
+        x.each(packs, lane, [&](int64_t, float v) { m = nan_max(m, v); }, live);
         const float M = Group::max(m, scratch);
         float e = 0.0f;
-        x.each(packs, lane, [&](int64_t j, float v) { e += j < live ? m_exp(v - M) : 0.0f; });
+        x.each(packs, lane, [&](int64_t, float v) { e += m_exp(v - M); }, live);
         const float S = Group::sum(e, scratch);
         T *y = static_cast<T *>(s.y.data) + row * n;
         if (s.log) {
             const float shift = M + m_log(S);
-            cached_map(x, x, y, packs, lane, [&](int64_t j, float v, float) { return j < live ? v - shift : -INFINITY; });
+            cached_map(x, x, y, packs, lane, [&](int64_t, float v, float) { return v - shift; }, live, -INFINITY);
         }
         else {
             const float inv = 1.0f / S;
-            cached_map(x, x, y, packs, lane,
-                       [&](int64_t j, float v, float) { return j < live ? m_exp(v - M) * inv : 0.0f; });
+            cached_map(x, x, y, packs, lane, [&](int64_t, float v, float) { return m_exp(v - M) * inv; }, live);
         }
     }
 }
@@ -118,13 +117,13 @@ __global__ void softmax_streamed(ampc_softmax s)
         T *y = static_cast<T *>(s.y.data) + row * n;
         if (s.log) {
             const float shift = M + m_log(S);
-            stream_map<T, G>(x, nullptr, y, n, lane,
-                             [&](int64_t j, float v, float) { return j < live ? v - shift : -INFINITY; });
+            stream_map<T, G>(x, nullptr, y, n, lane, [&](int64_t, float v, float) { return v - shift; }, live,
+                             -INFINITY);
         }
         else {
             const float inv = 1.0f / S;
-            stream_map<T, G>(x, nullptr, y, n, lane,
-                             [&](int64_t j, float v, float) { return j < live ? m_exp(v - M) * inv : 0.0f; });
+            stream_map<T, G>(x, nullptr, y, n, lane, [&](int64_t, float v, float) { return m_exp(v - M) * inv; },
+                             live);
         }
     }
 }

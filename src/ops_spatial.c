@@ -80,13 +80,14 @@ static int make_channels_last(ampc_op_args *a, ampc_view *v)
 
 /* cuDNN's legacy convolutions want one layout for every operand (a filter
  * in the other layout, or a 1x1 filter described in the other format, has
- * no algorithm), and float64 data gradients only in C order. The layout is
- * the input's: channels-last when it is (not float64), else C order; the
- * filter and dy (or y) are copied to it where they differ. The CPU takes
- * C order. */
+ * no algorithm), and float64 gradients only in C order. The layout is the
+ * input's: channels-last when it is (but float64's gradients), else C
+ * order; the filter and dy (or y) are copied to it where they differ. The
+ * CPU takes C order. */
 static int conv_layout(ampc_op_args *a, ampc_view *x, ampc_view *wt, ampc_view *dy, ampc_conv *cv)
 {
-    cv->channels_last = a->device.type == AMPC_DEVICE_CUDA && x->dtype != AMPC_FLOAT64 && !is_c_order(x) &&
+    const int float64_gradient = x->dtype == AMPC_FLOAT64 && cv->pass != AMPC_CONV_FORWARD;
+    cv->channels_last = a->device.type == AMPC_DEVICE_CUDA && !float64_gradient && !is_c_order(x) &&
                         is_channels_last(x);
     ampc_view *views[3] = {x, wt, dy};
     for (int i = 0; i < 3; i++)

@@ -145,5 +145,12 @@ for dt in DTYPES:
         t = torch.randint(0, n, (6,), device="cuda")
         loss, lse, denom = F._cross_entropy_forward(x[:, 1:], t - 1, label_smoothing=0.1)
         F.cross_entropy_backward(torch.ones_like(loss), x[:, 1:], t - 1, label_smoothing=0.1, lse=lse, denom=denom)
+    for c in (12, 64):  # channels-last batch norm: ampc's kernels (or cuDNN for 12 in 16 bits)
+        x = torch.randn(3, c, 5, 7, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+        if dt != torch.float64:
+            acc = torch.float32
+            stats = [torch.randn(c, device="cuda", dtype=acc) for _ in range(2)]
+            y, sm, sr = F._batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
+            F.batch_norm_backward(y, x, stats[0], training=True, save_mean=sm, save_rstd=sr)
 torch.cuda.synchronize()
 print("memcheck workload done")

@@ -91,7 +91,9 @@ def test_group_norm(shape, groups, dtype):
     gi, gw, gb = F.group_norm_backward(g, x, groups, w, b)
     egi, egw, egb = autograd(fn, [x, w, b], g)
     red = g.double().abs().sum() / shape[1]
-    close(gi, egi, dtype, rtol=8 * RTOL[dtype], what="grad_input")
+    # scale: the incoming gradient (a group of one element has a zero gradient, which both sides
+    # reach only up to rounding)
+    close(gi, egi, dtype, rtol=8 * RTOL[dtype], scale=g.double().abs().max().item(), what="grad_input")
     close(gw, egw, dtype, rtol=8 * RTOL[dtype], scale=red.item() * 3, what="grad_weight")
     close(gb, egb, dtype, rtol=8 * RTOL[dtype], scale=red.item(), what="grad_bias")
 
