@@ -41,7 +41,7 @@ __device__ __forceinline__ Acc row_logsumexp(const ampc_buf &x, int64_t base, in
 /* Per position: lse (when saved), and the loss and weight into pos_loss
  * and pos_weight (mean, sum) or the loss itself (none). */
 template <int G, class Acc>
-__global__ void cross_entropy_kernel(ampc_cross_entropy c, Acc *pos_loss, Acc *pos_weight)
+__global__ void __launch_bounds__(BLOCK) cross_entropy_kernel(ampc_cross_entropy c, Acc *pos_loss, Acc *pos_weight)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[BLOCK / 32];
@@ -100,7 +100,7 @@ __global__ void cross_entropy_kernel(ampc_cross_entropy c, Acc *pos_loss, Acc *p
 /* cross_entropy_kernel for class indices over contiguous rows (inner 1),
  * streamed; no class weights when smoothing. */
 template <class T, int G>
-__global__ void cross_entropy_streamed(ampc_cross_entropy c, float *pos_loss, float *pos_weight)
+__global__ void __launch_bounds__(BLOCK) cross_entropy_streamed(ampc_cross_entropy c, float *pos_loss, float *pos_weight)
 {
     typedef RowGroup<G> Group;
     __shared__ float scratch[BLOCK / 32];
@@ -242,7 +242,7 @@ int cross_entropy(int device, void *stream, const ampc_cross_entropy *c)
 }
 
 template <int G, class Acc>
-__global__ void cross_entropy_backward_kernel(ampc_cross_entropy_backward c)
+__global__ void __launch_bounds__(BLOCK) cross_entropy_backward_kernel(ampc_cross_entropy_backward c)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[BLOCK / 32];
@@ -300,7 +300,7 @@ __global__ void cross_entropy_backward_kernel(ampc_cross_entropy_backward c)
 
 /* cross_entropy_backward_kernel for streamable rows. */
 template <class T, int G>
-__global__ void cross_entropy_backward_streamed(ampc_cross_entropy_backward c)
+__global__ void __launch_bounds__(BLOCK) cross_entropy_backward_streamed(ampc_cross_entropy_backward c)
 {
     typedef RowGroup<G> Group;
     const int64_t rows = c.rows.outer, n = c.rows.n;

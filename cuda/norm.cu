@@ -21,7 +21,7 @@ namespace {
 using namespace ops;
 
 template <int G, class Acc>
-__global__ void layer_norm_kernel(ampc_layer_norm l)
+__global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[BLOCK / 32];
@@ -52,7 +52,7 @@ __global__ void layer_norm_kernel(ampc_layer_norm l)
 
 /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w. */
 template <int G, class Acc>
-__global__ void layer_norm_dx_kernel(ampc_layer_norm_backward l)
+__global__ void __launch_bounds__(BLOCK) layer_norm_dx_kernel(ampc_layer_norm_backward l)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[BLOCK / 32];
@@ -130,7 +130,7 @@ int layer_norm_backward(int device, void *stream, const ampc_layer_norm_backward
 }
 
 template <class T, int G, int NV>
-__global__ void layer_norm_cached(ampc_layer_norm l)
+__global__ void __launch_bounds__(BLOCK) layer_norm_cached(ampc_layer_norm l)
 {
     typedef RowGroup<G> Group;
     constexpr int VEC = vec_of<T>();
@@ -180,7 +180,7 @@ __global__ void layer_norm_cached(ampc_layer_norm l)
 
 /* dx of layer_norm_dx_kernel from rows held in registers. */
 template <class T, int G, int NV>
-__global__ void layer_norm_dx_cached(ampc_layer_norm_backward l)
+__global__ void __launch_bounds__(BLOCK) layer_norm_dx_cached(ampc_layer_norm_backward l)
 {
     typedef RowGroup<G> Group;
     constexpr int VEC = vec_of<T>();

@@ -30,7 +30,10 @@ extern "C" int ampc_cuda_free(int device, void *ptr, size_t nbytes, void *stream
 
 namespace ops {
 
-/* Threads of a block-sized row group, and of every other launch here. */
+/* Threads of a block-sized row group, and of every other launch here. Row
+ * kernels declare it as their launch bound, so the compiler keeps them
+ * within 65536 / BLOCK registers a thread (a row held in registers would
+ * otherwise ask for more than a block can have). */
 constexpr int BLOCK = 512;
 
 /* ------------------------------------------------------------------------ */

@@ -23,7 +23,7 @@ namespace {
 using namespace ops;
 
 template <int G, class Acc>
-__global__ void softmax_kernel(ampc_softmax s)
+__global__ void __launch_bounds__(BLOCK) softmax_kernel(ampc_softmax s)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[BLOCK / 32];
@@ -49,7 +49,7 @@ __global__ void softmax_kernel(ampc_softmax s)
 
 /* softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - exp(y) * sum(dy). */
 template <int G, class Acc>
-__global__ void softmax_backward_kernel(ampc_softmax_backward s)
+__global__ void __launch_bounds__(BLOCK) softmax_backward_kernel(ampc_softmax_backward s)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[BLOCK / 32];
@@ -69,7 +69,7 @@ __global__ void softmax_backward_kernel(ampc_softmax_backward s)
 }
 
 template <class T, int G, int NV>
-__global__ void softmax_cached(ampc_softmax s)
+__global__ void __launch_bounds__(BLOCK) softmax_cached(ampc_softmax s)
 {
     typedef RowGroup<G> Group;
     __shared__ float scratch[BLOCK / 32];
@@ -99,7 +99,7 @@ __global__ void softmax_cached(ampc_softmax s)
 }
 
 template <class T, int G>
-__global__ void softmax_streamed(ampc_softmax s)
+__global__ void __launch_bounds__(BLOCK) softmax_streamed(ampc_softmax s)
 {
     typedef RowGroup<G> Group;
     __shared__ float scratch[BLOCK / 32];
@@ -129,7 +129,7 @@ __global__ void softmax_streamed(ampc_softmax s)
 }
 
 template <class T, int G, int NV>
-__global__ void softmax_backward_cached(ampc_softmax_backward s)
+__global__ void __launch_bounds__(BLOCK) softmax_backward_cached(ampc_softmax_backward s)
 {
     typedef RowGroup<G> Group;
     __shared__ float scratch[BLOCK / 32];
@@ -149,7 +149,7 @@ __global__ void softmax_backward_cached(ampc_softmax_backward s)
 }
 
 template <class T, int G>
-__global__ void softmax_backward_streamed(ampc_softmax_backward s)
+__global__ void __launch_bounds__(BLOCK) softmax_backward_streamed(ampc_softmax_backward s)
 {
     typedef RowGroup<G> Group;
     __shared__ float scratch[BLOCK / 32];

@@ -39,7 +39,8 @@ def assert_close(out, ref, dtype, *, scale=None, rtol=None, what=""):
     got = out.astype(np.float64)
     if scale is None:
         scale = np.abs(ref).max() if ref.size else 0.0
-    tol = rtol * (np.abs(ref) + scale) + 1e-300
+    # plus one spacing of the dtype's subnormals: a result that small keeps fewer significant bits
+    tol = rtol * (np.abs(ref) + scale) + float(ml_dtypes.finfo(dtype).smallest_subnormal)
     same_nan = np.isnan(got) == np.isnan(ref)
     assert same_nan.all(), f"{what}: NaN where the reference has none (or the other way)"
     bad = ~(np.abs(got - ref) <= tol) & ~np.isnan(ref)
