@@ -19,21 +19,6 @@ namespace {
 using namespace ops;
 
 template <class T>
-struct Plain {  /* x */
-    const T *x;
-    int64_t c;
-    template <class V>
-    __device__ void operator()(int64_t j, int64_t pack, V &v) const
-    {
-        Pack<T> p;
-        p.load(x + j * c + pack * Pack<T>::VEC);
-#pragma unroll
-        for (int i = 0; i < Pack<T>::VEC; i++)
-            v[0][i] = p[i];
-    }
-};
-
-template <class T>
 struct Squared {  /* (x - mean)^2 */
     const T *x;
     const float *mean;
@@ -172,7 +157,7 @@ extern "C" int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_ba
             using T = decltype(type);
             const T *x = static_cast<const T *>(b->x.data);
             const float inv = 1.0f / (float)rows;
-            int rc = packed_column_sums<T, 1>(device, stream, Plain<T>{x, b->c}, rows, b->c, b->save_mean,
+            int rc = packed_column_sums<T, 1>(device, stream, PlainColumns<T>{x, b->c}, rows, b->c, b->save_mean,
                                               b->save_mean, inv, "batch_norm mean");
             if (rc == AMPC_OK)
                 rc = packed_column_sums<T, 1>(device, stream,

@@ -417,6 +417,22 @@ static inline int64_t packed_column_chunks(int64_t rows, int64_t cols, int vec)
     return chunks > 0 ? chunks : 1;
 }
 
+/* The column values of a plain (rows, cols) array: a sum over its rows. */
+template <class T>
+struct PlainColumns {
+    const T *x;
+    int64_t cols;
+    template <class Values>
+    __device__ void operator()(int64_t j, int64_t pack, Values &v) const
+    {
+        Pack<T> p;
+        p.load(x + j * cols + pack * Pack<T>::VEC);
+#pragma unroll
+        for (int i = 0; i < Pack<T>::VEC; i++)
+            v[0][i] = p[i];
+    }
+};
+
 /* Stage 1 over (rows, cols): block (tile, chunk) adds val(j, pack, out) for
  * its chunk's rows, NVAL sums of VEC columns per thread, into
  * partial[v][chunk][col] (column_finish's layout with outer 1), or with one

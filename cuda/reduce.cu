@@ -77,21 +77,6 @@ int reduce(int device, void *stream, const ampc_reduce *r)
     return status;
 }
 
-template <class T>
-struct PackedElement {
-    const T *x;
-    int64_t cols;
-    template <class Values>
-    __device__ void operator()(int64_t j, int64_t pack, Values &v) const
-    {
-        Pack<T> p;
-        p.load(x + j * cols + pack * Pack<T>::VEC);
-#pragma unroll
-        for (int i = 0; i < Pack<T>::VEC; i++)
-            v[0][i] = p[i];
-    }
-};
-
 /* Sums over the rows of a (rows, cols) array whose columns come in whole
  * 16-byte packs, or NOT_FAST. */
 int reduce_fast(int device, void *stream, const ampc_reduce *r)
@@ -101,7 +86,7 @@ int reduce_fast(int device, void *stream, const ampc_reduce *r)
         return NOT_FAST;
     return with_storage(r->x.dtype, [&](auto type) {
         using T = decltype(type);
-        return packed_column_sums<T, 1>(device, stream, PackedElement<T>{static_cast<const T *>(r->x.data), d.inner},
+        return packed_column_sums<T, 1>(device, stream, PlainColumns<T>{static_cast<const T *>(r->x.data), d.inner},
                                         d.n, d.inner, r->out, r->out, (float)r->scale, "sum kernel");
     });
 }
