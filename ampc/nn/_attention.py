@@ -13,17 +13,9 @@ import math
 
 from ampc import _C, as_dtype
 from ampc.amp import autocast_op
+from ampc.nn._common import OPS as _OPS, acc_dtype as _acc
 from ampc.nn._embedding import _dropout_forward, dropout_backward
 from ampc.nn._glue import _library
-
-_F32 = as_dtype("float32")
-_F64 = as_dtype("float64")
-_OPS = _C._ew_ops()
-
-
-def _acc(dtype):
-    """Where the scores live: float32, float64 for float64 inputs."""
-    return _F64 if dtype == _F64 else _F32
 
 
 def _check(query, key, value, attn_mask, is_causal, enable_gqa):

@@ -2,6 +2,7 @@
 (torch's autocast lists neither)."""
 
 from ampc import _C, random
+from ampc.nn._common import numel as _numel
 
 
 def _padding_index(op, padding_idx, num):
@@ -68,9 +69,3 @@ def dropout_backward(grad_output, state, p=0.5):
         return grad_output
     return _C._dropout(grad_output, _check_p(p), *state)
 
-
-def _numel(x):
-    n = 1
-    for s in x.shape:
-        n *= int(s)
-    return n

@@ -14,11 +14,10 @@ the gradients of the inputs, in the dtypes the forward ran in.
 
 import math
 
-import numpy as np
-
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, numel as _numel
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -32,9 +31,7 @@ from ampc.nn._spatial import (  # noqa: F401 - re-exported under torch's names
     batch_norm, batch_norm_backward, conv1d, conv1d_backward, conv2d, conv2d_backward, max_pool2d,
     max_pool2d_backward, max_pool2d_with_indices)
 
-_OPS = _C._ew_ops()
-_F32 = np.dtype(np.float32)
-_F64 = np.dtype(np.float64)
+_OPS, _F32, _F64 = OPS, F32, F64
 _REDUCTIONS = ("none", "mean", "sum")
 
 
@@ -50,11 +47,6 @@ def _dtype(x):
     return as_dtype(x.dtype)
 
 
-def _acc(dtype):
-    """The dtype the kernels accumulate in for data of this dtype."""
-    return _F64 if dtype == _F64 else _F32
-
-
 def _promote(*dtypes):
     """torch's promotion among floating dtypes: equal stays, float64 wins, any other mix is float32."""
     first = dtypes[0]
@@ -66,10 +58,6 @@ def _promote(*dtypes):
 def _check_reduction(op, reduction):
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{op}: {reduction} is not a valid value for reduction")
-
-
-def _numel(x):
-    return math.prod(x.shape)
 
 
 def _reshape(x, shape):
