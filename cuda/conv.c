@@ -11,13 +11,13 @@
  * Algorithms: the first call of a shape, layout and dtype times cuDNN's
  * algorithms on the call's own buffers (cudnnFind...AlgorithmEx, as
  * torch.backends.cudnn.benchmark = True does), times the fastest few again
- * (FindEx's single cold run is noisy), and keeps the choice with its
- * descriptors: the fastest, or a deterministic one within 10 % of it, so
- * runs repeat their bits where that costs little. That first call waits for
- * the GPU; later calls only enqueue. The workspace comes from ampc's pool
- * on the call's stream.
+ * (FindEx's single cold run is noisy), times the graph API's engines
+ * (conv_graph.c), and keeps the choice with its descriptors: the fastest,
+ * or a deterministic one within 10 % of it, so runs repeat their bits where
+ * that costs little. That first call waits for the GPU; later calls only
+ * enqueue. The workspace comes from ampc's pool on the call's stream.
  */
-#include "dnn.h"
+#include "conv.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -28,13 +28,6 @@
 #define FIND_WORKSPACE ((size_t)1 << 30)   /* the most an algorithm may ask while they are timed */
 #define DETERMINISTIC_SLACK 1.10f
 
-typedef struct {
-    int device, pass, dtype, w_nhwc;
-    int64_t n, c, h, w, k, r, s, p, q, groups;
-    int64_t stride[2], pad[2], dilation[2];
-    int64_t x_strides[4], y_strides[4];
-} conv_key;
-
 typedef struct conv_plan {
     conv_key key;
     cudnnTensorDescriptor_t x, y;
@@ -42,6 +35,7 @@ typedef struct conv_plan {
     cudnnConvolutionDescriptor_t conv;
     int algo;
     size_t workspace;
+    conv_engine engine;  /* a graph API plan, when one ran faster than the legacy algorithms */
     struct conv_plan *next;
 } conv_plan;
 
@@ -59,6 +53,7 @@ static uint64_t key_hash(const conv_key *k)
 
 static void plan_destroy(conv_plan *p)
 {
+    ampc_conv_graph_destroy(&p->engine);
     if (p->x)
         cudnnDestroyTensorDescriptor(p->x);
     if (p->y)
@@ -187,6 +182,8 @@ static int heuristic(cudnnHandle_t handle, const conv_plan *p, timing *t, int *c
 
 static int run(cudnnHandle_t handle, const conv_plan *p, const ampc_conv *c, void *ws)
 {
+    if (p->engine.plan != NULL)
+        return ampc_conv_graph_run(handle, &p->engine, c, ws);
     const double one_d = 1.0, zero_d = 0.0;
     const float one_f = 1.0f, zero_f = 0.0f;
     const int f64 = p->key.dtype == AMPC_FLOAT64;
@@ -237,6 +234,46 @@ static const timing *pick(const conv_plan *p, const timing *t, int count)
     return chosen != NULL ? chosen : fastest;
 }
 
+int ampc_conv_time(void *stream, int runs, int (*launch)(const void *ctx), const void *ctx, float *best)
+{
+    cudaEvent_t start = NULL, stop = NULL;
+    cudaError_t err = cudaEventCreate(&start);
+    if (err == cudaSuccess)
+        err = cudaEventCreate(&stop);
+    int rc = err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "creating the events that time convolutions");
+    *best = INFINITY;
+    for (int r = 0; r < runs && rc == AMPC_OK; r++) {
+        float ms = 0.0f;
+        err = cudaEventRecord(start, (cudaStream_t)stream);
+        if (err == cudaSuccess && (rc = launch(ctx)) == AMPC_OK &&
+            (err = cudaEventRecord(stop, (cudaStream_t)stream)) == cudaSuccess &&
+            (err = cudaEventSynchronize(stop)) == cudaSuccess)
+            err = cudaEventElapsedTime(&ms, start, stop);
+        if (rc == AMPC_OK && err != cudaSuccess)
+            rc = ampc_cuda_fail(err, "timing a convolution");
+        if (rc == AMPC_OK && ms < *best)
+            *best = ms;
+    }
+    if (start != NULL)
+        cudaEventDestroy(start);
+    if (stop != NULL)
+        cudaEventDestroy(stop);
+    return rc;
+}
+
+typedef struct {
+    cudnnHandle_t handle;
+    const conv_plan *plan;
+    const ampc_conv *c;
+    void *ws;
+} legacy_launch;
+
+static int launch_legacy(const void *ctx)
+{
+    const legacy_launch *a = (const legacy_launch *)ctx;
+    return run(a->handle, a->plan, a->c, a->ws);
+}
+
 #define RETIMED 4   /* candidates timed again */
 #define RETIME_RUNS 3
 
@@ -247,14 +284,9 @@ static const timing *pick(const conv_plan *p, const timing *t, int count)
 static int retime(cudnnHandle_t handle, void *stream, conv_plan *p, const ampc_conv *c, void *ws, size_t ws_size,
                   timing *t, int count)
 {
-    cudaEvent_t start = NULL, stop = NULL;
-    cudaError_t err = cudaEventCreate(&start);
-    if (err == cudaSuccess)
-        err = cudaEventCreate(&stop);
-    int rc = err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "creating the events that time convolutions");
     const cudnnMathType_t wanted = math_type(p->key.dtype);
     int timed = 0;
-    for (int i = 0; i < count && rc == AMPC_OK; i++) {
+    for (int i = 0; i < count; i++) {
         if (!usable(p, &t[i]) || t[i].memory > ws_size)
             continue;
         if (timed == RETIMED) {
@@ -265,32 +297,14 @@ static int retime(cudnnHandle_t handle, void *stream, conv_plan *p, const ampc_c
         trial.algo = t[i].algo;
         trial.workspace = t[i].memory;
         const cudnnMathType_t math = wanted == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : t[i].math;
-        const cudnnStatus_t st = cudnnSetConvolutionMathType(p->conv, math);
-        if (st != CUDNN_STATUS_SUCCESS) {
-            rc = ampc_dnn_fail(st, "cudnnSetConvolutionMathType");
-            break;
-        }
-        float best = INFINITY;
-        for (int r = 0; r < RETIME_RUNS && rc == AMPC_OK; r++) {
-            float ms = 0.0f;
-            err = cudaEventRecord(start, (cudaStream_t)stream);
-            if (err == cudaSuccess && (rc = run(handle, &trial, c, ws)) == AMPC_OK &&
-                (err = cudaEventRecord(stop, (cudaStream_t)stream)) == cudaSuccess &&
-                (err = cudaEventSynchronize(stop)) == cudaSuccess)
-                err = cudaEventElapsedTime(&ms, start, stop);
-            if (rc == AMPC_OK && err != cudaSuccess)
-                rc = ampc_cuda_fail(err, "timing a convolution algorithm");
-            if (ms < best)
-                best = ms;
-        }
-        t[i].time = best;
+        DNN_TRY(cudnnSetConvolutionMathType(p->conv, math), "cudnnSetConvolutionMathType");
+        const legacy_launch a = {handle, &trial, c, ws};
+        const int rc = ampc_conv_time(stream, RETIME_RUNS, launch_legacy, &a, &t[i].time);
+        if (rc != AMPC_OK)
+            return rc;
         timed++;
     }
-    if (start != NULL)
-        cudaEventDestroy(start);
-    if (stop != NULL)
-        cudaEventDestroy(stop);
-    return rc;
+    return AMPC_OK;
 }
 
 static const char *pass_name(int pass)
@@ -298,10 +312,24 @@ static const char *pass_name(int pass)
     return pass == AMPC_CONV_FORWARD ? "forward" : pass == AMPC_CONV_BACKWARD_DATA ? "data gradient" : "filter gradient";
 }
 
+/* Whether the graph API's engine runs rather than the legacy algorithm t:
+ * the faster, or the deterministic one where it is within the slack. */
+static int graph_wins(const conv_engine *e, const timing *t)
+{
+    if (e->deterministic != t->deterministic)
+        return e->deterministic ? e->time <= t->time * DETERMINISTIC_SLACK : t->time > e->time * DETERMINISTIC_SLACK;
+    return e->time < t->time;
+}
+
 static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int count)
 {
     const cudnnMathType_t wanted = math_type(p->key.dtype);
     const timing *chosen = pick(p, timed, count);
+    if (p->engine.plan != NULL && (chosen == NULL || graph_wins(&p->engine, chosen))) {
+        p->workspace = p->engine.workspace;
+        return AMPC_OK;
+    }
+    ampc_conv_graph_destroy(&p->engine);
     timing ranked[MAX_ALGOS];
     int ranked_count = 0;
     if (chosen == NULL) {
@@ -344,6 +372,8 @@ static int plan_build(cudnnHandle_t handle, int device, void *stream, conv_plan 
     rc = find(handle, p, c, ws, ws_size, t, &count);
     if (rc == AMPC_OK)
         rc = retime(handle, stream, p, c, ws, ws_size, t, count);
+    if (rc == AMPC_OK)
+        rc = ampc_conv_graph_find(handle, stream, &p->key, c, ws, ws_size, DETERMINISTIC_SLACK, &p->engine);
     if (ws != NULL) {
         const int freed = ampc_cuda_free(device, ws, ws_size, stream);
         if (rc == AMPC_OK)
@@ -403,6 +433,15 @@ static int conv_locked(cudnnHandle_t handle, int device, void *stream, const amp
     return rc;
 }
 
+/* The largest power of two up to 16 that divides the address. */
+static int alignment(const void *data)
+{
+    int a = 1;
+    while (a < 16 && (uintptr_t)data % (uintptr_t)(2 * a) == 0)
+        a *= 2;
+    return a;
+}
+
 int ampc_cuda_conv(int device, void *stream, const ampc_conv *c)
 {
     if (c->n * c->k * c->p * c->q == 0 || c->c == 0)
@@ -413,6 +452,9 @@ int ampc_cuda_conv(int device, void *stream, const ampc_conv *c)
     key.pass = (int)c->pass;
     key.dtype = c->x.dtype;
     key.w_nhwc = c->channels_last;  /* the filter in the data's layout: KRSC, else KCRS */
+    key.align[0] = alignment(c->x.data);
+    key.align[1] = alignment(c->weight.data);
+    key.align[2] = alignment(c->y.data);
     key.n = c->n, key.c = c->c, key.h = c->h, key.w = c->w;
     key.k = c->k, key.r = c->r, key.s = c->s, key.p = c->p, key.q = c->q, key.groups = c->groups;
     for (int i = 0; i < 2; i++) {
