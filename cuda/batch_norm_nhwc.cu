@@ -55,15 +55,19 @@ struct DyAndDyXc {  /* dy, dy * (x - mean) */
     }
 };
 
-/* rstd from the sum of squared deviations (in save_rstd), and the running
- * averages (the unbiased variance), as the CPU kernel. */
-__global__ void finish_statistics(ampc_batch_norm b, int64_t count)
+/* rstd from the sum of squared deviations (in save_rstd), the running
+ * averages (the unbiased variance), as the CPU kernel, and each channel's
+ * scale and shift for normalize. */
+__global__ void finish_statistics(ampc_batch_norm b, int64_t count, float *scale, float *shift)
 {
+    const float *w = static_cast<const float *>(b.weight.data), *bias = static_cast<const float *>(b.bias.data);
     for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < b.c; ch += (int64_t)gridDim.x * blockDim.x) {
         float *rstd = static_cast<float *>(b.save_rstd.data) + ch;  /* holds the sum of squared deviations */
         const float mean = static_cast<const float *>(b.save_mean.data)[ch];
         const float m2 = *rstd, var = m2 / (float)count;
         *rstd = 1.0f / sqrtf(var + (float)b.eps);
+        scale[ch] = (w != nullptr ? w[ch] : 1.0f) * *rstd;
+        shift[ch] = (bias != nullptr ? bias[ch] : 0.0f) - mean * scale[ch];
         const float momentum = (float)b.momentum;
         if (b.running_mean.data != nullptr) {
             float *rm = static_cast<float *>(b.running_mean.data) + ch;
@@ -77,58 +81,80 @@ __global__ void finish_statistics(ampc_batch_norm b, int64_t count)
     }
 }
 
+/* VEC per-channel values from c0 (a multiple of 4 on a 16-byte boundary):
+ * a few vector loads where a scalar load per element and array kept the
+ * elementwise kernels at 15 % of the memory bandwidth (bound by the load
+ * unit). */
+template <int VEC>
+__device__ __forceinline__ void load_channels(const float *p, int64_t c0, float (&v)[VEC])
+{
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4) {
+        const float4 f = __ldg(reinterpret_cast<const float4 *>(p + c0 + i));
+        v[i] = f.x, v[i + 1] = f.y, v[i + 2] = f.z, v[i + 3] = f.w;
+    }
+}
+
 template <class T>
-__global__ void normalize(ampc_batch_norm b, int64_t packs)
+__global__ void normalize(ampc_batch_norm b, int64_t packs, const float *scale, const float *shift)
 {
     constexpr int VEC = Pack<T>::VEC;
     const int64_t per_row = b.c / VEC;
-    const float *mean = static_cast<const float *>(b.save_mean.data), *rstd = static_cast<const float *>(b.save_rstd.data);
-    const float *w = static_cast<const float *>(b.weight.data), *bias = static_cast<const float *>(b.bias.data);
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < packs; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t c0 = q % per_row * VEC;
         Pack<T> x, y;
+        float k[VEC], m[VEC];
         x.load(static_cast<const T *>(b.x.data) + q * VEC);
+        load_channels<VEC>(scale, c0, k);
+        load_channels<VEC>(shift, c0, m);
 #pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            const float scale = (w != nullptr ? w[c0 + i] : 1.0f) * rstd[c0 + i];
-            const float shift = (bias != nullptr ? bias[c0 + i] : 0.0f) - mean[c0 + i] * scale;
-            y.set(i, x[i] * scale + shift);
-        }
+        for (int i = 0; i < VEC; i++)
+            y.set(i, x[i] * k[i] + m[i]);
         y.store(static_cast<T *>(b.y.data) + q * VEC);
     }
 }
 
-/* dweight = sum(dy * (x - mean)) * rstd, dbias = sum(dy), from the sums. */
-__global__ void weight_gradients(ampc_batch_norm_backward b, const float *sum_dy, const float *sum_dy_xc)
+/* The input gradient's per-channel terms, dx = k * (dy - mean_dy - (x - mean) * proj). */
+struct GradTerms {
+    float *k, *mean_dy, *proj, *mean;
+};
+
+/* dweight = sum(dy * (x - mean)) * rstd, dbias = sum(dy), from the sums,
+ * and the input gradient's terms. */
+__global__ void channel_gradients(ampc_batch_norm_backward b, const float *sum_dy, const float *sum_dy_xc,
+                                  int64_t count, GradTerms terms)
 {
+    const float *w = static_cast<const float *>(b.weight.data), *rstd = static_cast<const float *>(b.save_rstd.data);
     for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < b.c; ch += (int64_t)gridDim.x * blockDim.x) {
         if (b.dweight.data != nullptr)
-            static_cast<float *>(b.dweight.data)[ch] = sum_dy_xc[ch] * static_cast<const float *>(b.save_rstd.data)[ch];
+            static_cast<float *>(b.dweight.data)[ch] = sum_dy_xc[ch] * rstd[ch];
         if (b.dbias.data != nullptr)
             static_cast<float *>(b.dbias.data)[ch] = sum_dy[ch];
+        terms.k[ch] = (w != nullptr ? w[ch] : 1.0f) * rstd[ch];
+        terms.mean_dy[ch] = sum_dy[ch] / (float)count;
+        terms.proj[ch] = sum_dy_xc[ch] / (float)count * rstd[ch] * rstd[ch];
+        terms.mean[ch] = static_cast<const float *>(b.save_mean.data)[ch];
     }
 }
 
 template <class T>
-__global__ void input_gradient(ampc_batch_norm_backward b, const float *sum_dy, const float *sum_dy_xc, int64_t count,
-                               int64_t packs)
+__global__ void input_gradient(ampc_batch_norm_backward b, GradTerms terms, int64_t packs)
 {
     constexpr int VEC = Pack<T>::VEC;
     const int64_t per_row = b.c / VEC;
-    const float *mean = static_cast<const float *>(b.save_mean.data), *rstd = static_cast<const float *>(b.save_rstd.data);
-    const float *w = static_cast<const float *>(b.weight.data);
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < packs; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t c0 = q % per_row * VEC;
         Pack<T> dy, x, dx;
+        float k[VEC], mean_dy[VEC], proj[VEC], mean[VEC];
         dy.load(static_cast<const T *>(b.dy.data) + q * VEC);
         x.load(static_cast<const T *>(b.x.data) + q * VEC);
+        load_channels<VEC>(terms.k, c0, k);
+        load_channels<VEC>(terms.mean_dy, c0, mean_dy);
+        load_channels<VEC>(terms.proj, c0, proj);
+        load_channels<VEC>(terms.mean, c0, mean);
 #pragma unroll
-        for (int i = 0; i < VEC; i++) {
-            const int64_t ch = c0 + i;
-            const float k = (w != nullptr ? w[ch] : 1.0f) * rstd[ch], mean_dy = sum_dy[ch] / (float)count;
-            const float proj = sum_dy_xc[ch] / (float)count * rstd[ch] * rstd[ch];
-            dx.set(i, k * (dy[i] - mean_dy - (x[i] - mean[ch]) * proj));
-        }
+        for (int i = 0; i < VEC; i++)
+            dx.set(i, k[i] * (dy[i] - mean_dy[i] - (x[i] - mean[i]) * proj[i]));
         dx.store(static_cast<T *>(b.dx.data) + q * VEC);
     }
 }
@@ -153,6 +179,11 @@ extern "C" int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_ba
         return AMPC_NOT_TAKEN;
     const int64_t rows = b->n * b->h * b->w;
     return ampc_on_device(device, [&] {
+        Scratch coefficients(device, stream);
+        const int got = coefficients.get(2 * (size_t)b->c * sizeof(float));
+        if (got != AMPC_OK)
+            return got;
+        float *scale = static_cast<float *>(coefficients.ptr), *shift = scale + b->c;
         return with_storage(b->x.dtype, [&](auto type) {
             using T = decltype(type);
             const T *x = static_cast<const T *>(b->x.data);
@@ -165,12 +196,12 @@ extern "C" int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_ba
                                               rows, b->c, b->save_rstd, b->save_rstd, 1.0f, "batch_norm variance");
             if (rc != AMPC_OK)
                 return rc;
-            finish_statistics<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(*b, rows);
+            finish_statistics<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(*b, rows, scale, shift);
             rc = ampc_cuda_launched("batch_norm statistics kernel");
             if (rc != AMPC_OK)
                 return rc;
             const int64_t packs = rows * b->c / Pack<T>::VEC;
-            normalize<T><<<grid_for(packs, 256), 256, 0, as_stream(stream)>>>(*b, packs);
+            normalize<T><<<grid_for(packs, 256), 256, 0, as_stream(stream)>>>(*b, packs, scale, shift);
             return ampc_cuda_launched("batch_norm kernel");
         });
     });
@@ -185,10 +216,11 @@ extern "C" int ampc_cuda_batch_norm_nhwc_backward(int device, void *stream, cons
     const int64_t rows = b->n * b->h * b->w;
     return ampc_on_device(device, [&] {
         Scratch sums(device, stream);
-        int rc = sums.get(2 * (size_t)b->c * sizeof(float));
+        int rc = sums.get(6 * (size_t)b->c * sizeof(float));  /* the two sums, then GradTerms */
         if (rc != AMPC_OK)
             return rc;
         float *sum_dy = static_cast<float *>(sums.ptr), *sum_dy_xc = sum_dy + b->c;
+        const GradTerms terms{sum_dy + 2 * b->c, sum_dy + 3 * b->c, sum_dy + 4 * b->c, sum_dy + 5 * b->c};
         return with_storage(b->x.dtype, [&](auto type) {
             using T = decltype(type);
             const DyAndDyXc<T> val{static_cast<const T *>(b->dy.data), static_cast<const T *>(b->x.data),
@@ -197,12 +229,12 @@ extern "C" int ampc_cuda_batch_norm_nhwc_backward(int device, void *stream, cons
                                                   ampc_buf{sum_dy_xc, AMPC_FLOAT32}, 1.0f, "batch_norm backward sums");
             if (status != AMPC_OK)
                 return status;
-            weight_gradients<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(*b, sum_dy, sum_dy_xc);
+            channel_gradients<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(*b, sum_dy, sum_dy_xc, rows, terms);
             status = ampc_cuda_launched("batch_norm weight gradient kernel");
             if (status != AMPC_OK || b->dx.data == nullptr)
                 return status;
             const int64_t packs = rows * b->c / Pack<T>::VEC;
-            input_gradient<T><<<grid_for(packs, 256), 256, 0, as_stream(stream)>>>(*b, sum_dy, sum_dy_xc, rows, packs);
+            input_gradient<T><<<grid_for(packs, 256), 256, 0, as_stream(stream)>>>(*b, terms, packs);
             return ampc_cuda_launched("batch_norm backward kernel");
         });
     });

@@ -405,12 +405,22 @@ int launch_fast_rows(const ampc_rows &rows, int dtype, const void *const *ptrs, 
 
 constexpr int PCOL_X = 32, PCOL_Y = 8;  /* block: packs across, rows down */
 
+/* Lanes of a warp that share a pack of columns, each taking every such
+ * row: a row narrower than a warp (64 half channels are 8 packs) would
+ * leave the other lanes idle. */
+static inline int packed_column_groups(int64_t cols, int vec)
+{
+    const int64_t packs = cols / vec;
+    return packs < PCOL_X && PCOL_X % packs == 0 ? (int)(PCOL_X / packs) : 1;
+}
+
 /* Chunks of rows: as many as keep about 1024 blocks busy, and a function of
  * the shape alone, so the bits are too. */
 static inline int64_t packed_column_chunks(int64_t rows, int64_t cols, int vec)
 {
     const int64_t tiles = (cols / vec + PCOL_X - 1) / PCOL_X;
-    int64_t chunks = (rows + 2 * PCOL_Y - 1) / (2 * PCOL_Y);
+    const int64_t rows_at_once = (int64_t)PCOL_Y * packed_column_groups(cols, vec);
+    int64_t chunks = (rows + 2 * rows_at_once - 1) / (2 * rows_at_once);
     const int64_t want = 1024 / tiles > 1 ? 1024 / tiles : 1;
     if (chunks > want)
         chunks = want;
@@ -438,14 +448,16 @@ struct PlainColumns {
  * partial[v][chunk][col] (column_finish's layout with outer 1), or with one
  * chunk, scaled, into out0 / out1. */
 template <class T, int NVAL, class Val>
-__global__ void packed_column_partials(Val val, int64_t rows, int64_t cols, int64_t chunks, float *partial,
-                                       ampc_buf out0, ampc_buf out1, float scale)
+__global__ void packed_column_partials(Val val, int64_t rows, int64_t cols, int64_t chunks, int groups,
+                                       float *partial, ampc_buf out0, ampc_buf out1, float scale)
 {
     constexpr int VEC = Pack<T>::VEC;
     __shared__ float acc[NVAL][PCOL_Y][PCOL_X * VEC + 1];
     const int64_t tiles = (cols / VEC + PCOL_X - 1) / PCOL_X;
     const int64_t tile = blockIdx.x % tiles, c = blockIdx.x / tiles;
-    const int64_t pack = tile * PCOL_X + threadIdx.x;
+    const int width = PCOL_X / groups;  /* packs a tile spans: a warp's lanes are groups x width */
+    const int group = threadIdx.x / width;
+    const int64_t pack = tile * PCOL_X + threadIdx.x % width;
     const int64_t chunk = (rows + chunks - 1) / chunks;
     const int64_t j0 = c * chunk, j1 = j0 + chunk < rows ? j0 + chunk : rows;
     float s[NVAL][VEC];
@@ -456,7 +468,7 @@ __global__ void packed_column_partials(Val val, int64_t rows, int64_t cols, int6
             s[v][i] = 0.0f;
     if (pack * VEC < cols)
 #pragma unroll 2
-        for (int64_t j = j0 + threadIdx.y; j < j1; j += PCOL_Y) {
+        for (int64_t j = j0 + threadIdx.y * groups + group; j < j1; j += PCOL_Y * groups) {
             float x[NVAL][VEC];
             val(j, pack, x);  /* val's operator() takes the array by reference: no stack */
 #pragma unroll
@@ -471,15 +483,16 @@ __global__ void packed_column_partials(Val val, int64_t rows, int64_t cols, int6
         for (int i = 0; i < VEC; i++)
             acc[v][threadIdx.y][threadIdx.x * VEC + i] = s[v][i];
     __syncthreads();
-    /* the block's PCOL_X * VEC columns, each added over the rows in order */
-    for (int t = threadIdx.y * PCOL_X + threadIdx.x; t < NVAL * PCOL_X * VEC; t += PCOL_X * PCOL_Y) {
-        const int v = t / (PCOL_X * VEC), k = t % (PCOL_X * VEC);
+    /* the block's width * VEC columns, each added over the rows in order
+     * (row y, then lane group) */
+    for (int t = threadIdx.y * PCOL_X + threadIdx.x; t < NVAL * width * VEC; t += PCOL_X * PCOL_Y) {
+        const int v = t / (width * VEC), k = t % (width * VEC);
         const int64_t col = tile * PCOL_X * VEC + k;
         if (col >= cols)
             continue;
         float sum = acc[v][0][k];
-        for (int r = 1; r < PCOL_Y; r++)
-            sum += acc[v][r][k];
+        for (int q = 1; q < PCOL_Y * groups; q++)
+            sum += acc[v][q / groups][q % groups * width * VEC + k];
         if (chunks > 1)
             partial[((int64_t)v * chunks + c) * cols + col] = sum;
         else if (v == 0)
@@ -505,13 +518,12 @@ int packed_column_sums(int device, void *stream, Val val, int64_t rows, int64_t 
             return got;
     }
     packed_column_partials<T, NVAL><<<(unsigned)(tiles * chunks), dim3(PCOL_X, PCOL_Y), 0, as_stream(stream)>>>(
-        val, rows, cols, chunks, static_cast<float *>(scratch.ptr), out0, out1, scale);
+        val, rows, cols, chunks, packed_column_groups(cols, VEC), static_cast<float *>(scratch.ptr), out0, out1,
+        scale);
     int status = ampc_cuda_launched(what);
-    if (status == AMPC_OK && chunks > 1) {
-        column_finish<float><<<grid_for(NVAL * cols, 256), 256, 0, as_stream(stream)>>>(
-            static_cast<const float *>(scratch.ptr), 1, cols, chunks, NVAL, out0, out1, scale);
-        status = ampc_cuda_launched(what);
-    }
+    if (status == AMPC_OK && chunks > 1)
+        status = finish_columns<float>(stream, static_cast<const float *>(scratch.ptr), 1, cols, chunks, NVAL, out0,
+                                       out1, scale, what);
     return status;
 }
 

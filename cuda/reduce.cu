@@ -69,11 +69,9 @@ int reduce(int device, void *stream, const ampc_reduce *r)
     row_partials<Acc><<<(unsigned)(outer * chunks), BLOCK, 0, as_stream(stream)>>>(
         r->x, n, chunks, static_cast<Acc *>(scratch.ptr), r->out, scale);
     int status = ampc_cuda_launched("sum kernel");
-    if (status == AMPC_OK && chunks > 1) {
-        column_finish<Acc><<<grid_for(outer, 256), 256, 0, as_stream(stream)>>>(
-            static_cast<const Acc *>(scratch.ptr), outer, 1, chunks, 1, r->out, r->out, scale);
-        status = ampc_cuda_launched("sum kernel");
-    }
+    if (status == AMPC_OK && chunks > 1)
+        status = finish_columns<Acc>(stream, static_cast<const Acc *>(scratch.ptr), outer, 1, chunks, 1, r->out, r->out,
+                                     scale, "sum kernel");
     return status;
 }
 

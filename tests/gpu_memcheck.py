@@ -145,12 +145,23 @@ for dt in DTYPES:
         t = torch.randint(0, n, (6,), device="cuda")
         loss, lse, denom = F._cross_entropy_forward(x[:, 1:], t - 1, label_smoothing=0.1)
         F.cross_entropy_backward(torch.ones_like(loss), x[:, 1:], t - 1, label_smoothing=0.1, lse=lse, denom=denom)
-    for c in (12, 64):  # channels-last batch norm: ampc's kernels (or cuDNN for 12 in 16 bits)
-        x = torch.randn(3, c, 5, 7, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
+    # channels-last batch norm: ampc's kernels (cuDNN for 12 channels in 16 bits), lanes sharing
+    # a pack of columns (16, 64), chunks added by column_finish (the 64 x 16 x 16 images)
+    for c, n, hw in ((12, 3, 5), (16, 3, 5), (64, 3, 5), (16, 64, 16), (64, 64, 16)):
+        x = torch.randn(n, c, hw, hw + 2, device="cuda", dtype=dt).to(memory_format=torch.channels_last)
         if dt != torch.float64:
             acc = torch.float32
             stats = [torch.randn(c, device="cuda", dtype=acc) for _ in range(2)]
             y, sm, sr = F._batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
             F.batch_norm_backward(y, x, stats[0], training=True, save_mean=sm, save_rstd=sr)
+torch.cuda.synchronize()
+print("layer ops done", flush=True)
+# Convolutions: the first call of each shape times cuDNN's legacy algorithms and graph API engines
+# on its buffers (conv_graph.c); grouped and strided, NCHW and channels-last.
+for dt, layout in ((torch.float32, torch.contiguous_format), (torch.float16, torch.channels_last)):
+    x = torch.randn(2, 6, 9, 11, device="cuda", dtype=dt).contiguous(memory_format=layout)
+    w = torch.randn(8, 3, 3, 3, device="cuda", dtype=dt).contiguous(memory_format=layout)
+    y = F.conv2d(x, w, torch.randn(8, device="cuda", dtype=dt), stride=2, padding=1, groups=2)
+    F.conv2d_backward(torch.randn_like(y), x, w, stride=2, padding=1, groups=2, input_grad=True, bias_grad=True)
 torch.cuda.synchronize()
 print("memcheck workload done")
