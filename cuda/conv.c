@@ -234,77 +234,51 @@ static const timing *pick(const conv_plan *p, const timing *t, int count)
     return chosen != NULL ? chosen : fastest;
 }
 
-int ampc_conv_time(void *stream, int runs, int (*launch)(const void *ctx), const void *ctx, float *best)
-{
-    cudaEvent_t start = NULL, stop = NULL;
-    cudaError_t err = cudaEventCreate(&start);
-    if (err == cudaSuccess)
-        err = cudaEventCreate(&stop);
-    int rc = err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "creating the events that time convolutions");
-    *best = INFINITY;
-    for (int r = 0; r < runs && rc == AMPC_OK; r++) {
-        float ms = 0.0f;
-        err = cudaEventRecord(start, (cudaStream_t)stream);
-        if (err == cudaSuccess && (rc = launch(ctx)) == AMPC_OK &&
-            (err = cudaEventRecord(stop, (cudaStream_t)stream)) == cudaSuccess &&
-            (err = cudaEventSynchronize(stop)) == cudaSuccess)
-            err = cudaEventElapsedTime(&ms, start, stop);
-        if (rc == AMPC_OK && err != cudaSuccess)
-            rc = ampc_cuda_fail(err, "timing a convolution");
-        if (rc == AMPC_OK && ms < *best)
-            *best = ms;
-    }
-    if (start != NULL)
-        cudaEventDestroy(start);
-    if (stop != NULL)
-        cudaEventDestroy(stop);
-    return rc;
-}
-
-typedef struct {
-    cudnnHandle_t handle;
-    const conv_plan *plan;
-    const ampc_conv *c;
-    void *ws;
-} legacy_launch;
-
-static int launch_legacy(const void *ctx)
-{
-    const legacy_launch *a = (const legacy_launch *)ctx;
-    return run(a->handle, a->plan, a->c, a->ws);
-}
-
 #define RETIMED 4   /* candidates timed again */
 #define RETIME_RUNS 3
 
+typedef struct {
+    cudnnHandle_t handle;
+    const conv_plan *p;
+    const ampc_conv *c;
+    void *ws;
+    timing *candidates[RETIMED];
+} legacy_trial;
+
+static int launch_legacy(const void *ctx, int i)
+{
+    const legacy_trial *a = (const legacy_trial *)ctx;
+    const timing *t = a->candidates[i];
+    conv_plan trial = *a->p;
+    trial.algo = t->algo;
+    trial.workspace = t->memory;
+    const cudnnMathType_t math = math_type(a->p->key.dtype) == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : t->math;
+    DNN_TRY(cudnnSetConvolutionMathType(a->p->conv, math), "cudnnSetConvolutionMathType");
+    return run(a->handle, &trial, a->c, a->ws);
+}
+
 /* FindEx times each algorithm once, cold: on the H200 the same shape picked
  * algorithms 2-4 times apart from run to run. Time its RETIMED fastest
- * usable candidates again, RETIME_RUNS runs each, best run kept, and drop
- * the rest. */
+ * usable candidates again, RETIME_RUNS rounds, best run kept, and drop the
+ * rest. */
 static int retime(cudnnHandle_t handle, void *stream, conv_plan *p, const ampc_conv *c, void *ws, size_t ws_size,
                   timing *t, int count)
 {
-    const cudnnMathType_t wanted = math_type(p->key.dtype);
-    int timed = 0;
+    legacy_trial a = {handle, p, c, ws, {NULL}};
+    int n = 0;
     for (int i = 0; i < count; i++) {
         if (!usable(p, &t[i]) || t[i].memory > ws_size)
             continue;
-        if (timed == RETIMED) {
+        if (n == RETIMED)
             t[i].status = CUDNN_STATUS_NOT_SUPPORTED;  /* not timed again: not compared */
-            continue;
-        }
-        conv_plan trial = *p;
-        trial.algo = t[i].algo;
-        trial.workspace = t[i].memory;
-        const cudnnMathType_t math = wanted == CUDNN_FMA_MATH ? CUDNN_FMA_MATH : t[i].math;
-        DNN_TRY(cudnnSetConvolutionMathType(p->conv, math), "cudnnSetConvolutionMathType");
-        const legacy_launch a = {handle, &trial, c, ws};
-        const int rc = ampc_conv_time(stream, RETIME_RUNS, launch_legacy, &a, &t[i].time);
-        if (rc != AMPC_OK)
-            return rc;
-        timed++;
+        else
+            a.candidates[n++] = &t[i];
     }
-    return AMPC_OK;
+    float times[RETIMED];
+    const int rc = ampc_cuda_time_candidates(stream, n, RETIME_RUNS, launch_legacy, &a, times);
+    for (int i = 0; i < n && rc == AMPC_OK; i++)
+        a.candidates[i]->time = times[i];
+    return rc;
 }
 
 static const char *pass_name(int pass)

@@ -1,8 +1,7 @@
 /*
  * conv.h: what conv.c (the legacy cudnnFind...Ex algorithms) and
  * conv_graph.c (cuDNN's graph API engines) share: the key a convolution's
- * plan is remembered by, the graph API's chosen engine, and a stopwatch for
- * timing candidates on the call's stream.
+ * plan is remembered by and the graph API's chosen engine.
  */
 #ifndef AMPC_CUDA_CONV_H
 #define AMPC_CUDA_CONV_H
@@ -38,9 +37,6 @@ int ampc_conv_graph_find(cudnnHandle_t handle, void *stream, const conv_key *key
                          size_t ws_size, float slack, conv_engine *best);
 int ampc_conv_graph_run(cudnnHandle_t handle, const conv_engine *e, const ampc_conv *c, void *ws);
 void ampc_conv_graph_destroy(conv_engine *e);
-
-/* The best of `runs` timings of launch(ctx) on stream, in ms. */
-int ampc_conv_time(void *stream, int runs, int (*launch)(const void *ctx), const void *ctx, float *best);
 
 #ifdef __cplusplus
 }

@@ -222,43 +222,36 @@ static int engine_notes(cudnnBackendDescriptor_t config, int dtype, int *allowed
     return AMPC_OK;
 }
 
-typedef struct {
-    cudnnHandle_t handle;
-    cudnnBackendDescriptor_t plan;
-    const ampc_conv *c;
-    void *ws;
-} launch_args;
-
-static int launch(const void *ctx)
+/* Queue plan on c's buffers. */
+static int execute(cudnnHandle_t handle, cudnnBackendDescriptor_t plan, const ampc_conv *c, void *ws)
 {
-    const launch_args *a = (const launch_args *)ctx;
     int64_t uids[3] = {UID_X, UID_W, UID_Y};
-    void *pointers[3] = {a->c->x.data, a->c->weight.data, a->c->y.data};
+    void *pointers[3] = {c->x.data, c->weight.data, c->y.data};
     cudnnBackendDescriptor_t pack = NULL;
     CREATE(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &pack);
     cudnnStatus_t st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
     if (st == CUDNN_STATUS_SUCCESS)
         st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, pointers);
     if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &a->ws);
+        st = cudnnBackendSetAttribute(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
     if (st == CUDNN_STATUS_SUCCESS)
         st = cudnnBackendFinalize(pack);
     if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendExecute(a->handle, a->plan, pack);
+        st = cudnnBackendExecute(handle, plan, pack);
     destroy(&pack);
     return st == CUDNN_STATUS_SUCCESS ? AMPC_OK : ampc_dnn_fail(st, "cudnnBackendExecute (convolution)");
 }
 
 int ampc_conv_graph_run(cudnnHandle_t handle, const conv_engine *e, const ampc_conv *c, void *ws)
 {
-    const launch_args a = {handle, e->plan, c, ws};
-    return launch(&a);
+    return execute(handle, e->plan, c, ws);
 }
 
-/* An execution plan of config, or NULL (and AMPC_OK) when cuDNN cannot
- * make one for this graph or it asks more workspace than there is. */
-static int make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t config, size_t ws_size,
-                     cudnnBackendDescriptor_t *plan, size_t *workspace)
+/* An execution plan of config that ran once on c's buffers, or NULL (and
+ * AMPC_OK) when cuDNN cannot make one for this graph, it asks more
+ * workspace than there is, or its first run fails. */
+static int try_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t config, const ampc_conv *c, void *ws,
+                    size_t ws_size, cudnnBackendDescriptor_t *plan, size_t *workspace)
 {
     int64_t need = 0, got = 0;
     CREATE(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, plan);
@@ -272,25 +265,27 @@ static int make_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t config, size
         destroy(plan);  /* this engine does not take this convolution here: not an error */
         return AMPC_OK;
     }
-    *workspace = (size_t)need;
-    return AMPC_OK;
-}
-
-/* Time config's plan; *ms stays INFINITY if it cannot run. */
-static int time_config(cudnnHandle_t handle, void *stream, cudnnBackendDescriptor_t config, const ampc_conv *c,
-                       void *ws, size_t ws_size, cudnnBackendDescriptor_t *plan, size_t *workspace, float *ms)
-{
-    *ms = INFINITY;
-    int rc = make_plan(handle, config, ws_size, plan, workspace);
-    if (rc != AMPC_OK || *plan == NULL)
-        return rc;
-    const launch_args a = {handle, *plan, c, ws};
-    if (launch(&a) != AMPC_OK) {  /* a first run that fails rules the engine out */
+    if (execute(handle, *plan, c, ws) != AMPC_OK) {
         (void)cudaGetLastError();  /* not sticky, or the timing that follows reports it */
         destroy(plan);
         return AMPC_OK;
     }
-    return ampc_conv_time(stream, TIMED_RUNS, launch, &a, ms);
+    *workspace = (size_t)need;
+    return AMPC_OK;
+}
+
+typedef struct {
+    cudnnHandle_t handle;
+    const cudnnBackendDescriptor_t *plans;
+    const int *live;  /* indices into plans */
+    const ampc_conv *c;
+    void *ws;
+} trial;
+
+static int launch_live(const void *ctx, int i)
+{
+    const trial *t = (const trial *)ctx;
+    return execute(t->handle, t->plans[t->live[i]], t->c, t->ws);
 }
 
 int ampc_conv_graph_find(cudnnHandle_t handle, void *stream, const conv_key *key, const ampc_conv *c, void *ws,
@@ -321,7 +316,7 @@ int ampc_conv_graph_find(cudnnHandle_t handle, void *stream, const conv_key *key
         times[i] = INFINITY;
         indices[i] = -1;
     }
-    int fastest = -1;
+    int live[MAX_CONFIGS], nlive = 0;
     for (int i = 0; i < count && rc == AMPC_OK; i++) {
         int allowed = 0;
         if (engine_notes(configs[i], key->dtype, &allowed, &indices[i], &deterministic[i]) != AMPC_OK)
@@ -330,9 +325,19 @@ int ampc_conv_graph_find(cudnnHandle_t handle, void *stream, const conv_key *key
             allowed &= indices[j] != indices[i];
         if (!allowed)
             continue;
-        rc = time_config(handle, stream, configs[i], c, ws, ws_size, &plans[i], &workspaces[i], &times[i]);
-        if (rc == AMPC_OK && plans[i] != NULL && (fastest < 0 || times[i] < times[fastest]))
-            fastest = i;
+        rc = try_plan(handle, configs[i], c, ws, ws_size, &plans[i], &workspaces[i]);
+        if (rc == AMPC_OK && plans[i] != NULL)
+            live[nlive++] = i;
+    }
+    float live_times[MAX_CONFIGS];
+    const trial t = {handle, plans, live, c, ws};
+    if (rc == AMPC_OK)
+        rc = ampc_cuda_time_candidates(stream, nlive, TIMED_RUNS, launch_live, &t, live_times);
+    int fastest = -1;
+    for (int k = 0; k < nlive && rc == AMPC_OK; k++) {
+        times[live[k]] = live_times[k];
+        if (fastest < 0 || live_times[k] < times[fastest])
+            fastest = live[k];
     }
     int chosen = fastest;
     const int verbose = getenv("AMPC_CONV_DEBUG") != NULL;

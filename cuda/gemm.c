@@ -252,11 +252,26 @@ static int matmul(int device, void *stream, const ampc_gemm *g, const plan *p, c
     return AMPC_OK;
 }
 
+typedef struct {
+    int device;
+    void *stream;
+    const ampc_gemm *g;
+    const plan *p;
+    void *ws;
+} trial;
+
+static int launch_candidate(const void *ctx, int i)
+{
+    const trial *t = (const trial *)ctx;
+    return matmul(t->device, t->stream, t->g, t->p, &t->p->candidates[i].algo, t->ws,
+                  t->p->candidates[i].workspaceSize);
+}
+
 /* On a kept plan's first call, time the heuristic's candidates on the
- * call's buffers (TIMED_RUNS each, the best kept) and keep the fastest, as
- * cuDNN's algorithms are (the heuristic's first choice measured up to 15 %
- * slower on the H200). Not when the product reads C: a run adds to D. This
- * call waits for the GPU; later ones only enqueue. */
+ * call's buffers (TIMED_RUNS rounds, the best of each kept) and keep the
+ * fastest, as cuDNN's algorithms are (the heuristic's first choice measured
+ * up to 15 % slower on the H200). Not when the product reads C: a run adds
+ * to D. This call waits for the GPU; later ones only enqueue. */
 static int tune(int device, void *stream, const ampc_gemm *g, plan *p)
 {
     p->tuned = 1;
@@ -268,37 +283,18 @@ static int tune(int device, void *stream, const ampc_gemm *g, plan *p)
             most = p->candidates[i].workspaceSize;
     void *ws = NULL;
     int rc = most > 0 ? ampc_cuda_alloc(device, most, stream, &ws) : AMPC_OK;
-    cudaEvent_t start = NULL, stop = NULL;
-    cudaError_t err = cudaSuccess;
-    if (rc == AMPC_OK && ((err = cudaEventCreate(&start)) != cudaSuccess || (err = cudaEventCreate(&stop)) != cudaSuccess))
-        rc = ampc_cuda_fail(err, "creating the events that time matrix products");
-    float fastest = INFINITY;
-    for (int i = 0; i < p->ncandidates && rc == AMPC_OK; i++) {
-        float best = INFINITY;
-        for (int r = 0; r < TIMED_RUNS && rc == AMPC_OK; r++) {
-            float ms = 0.0f;
-            if ((err = cudaEventRecord(start, (cudaStream_t)stream)) != cudaSuccess)
-                break;
-            rc = matmul(device, stream, g, p, &p->candidates[i].algo, ws, p->candidates[i].workspaceSize);
-            if (rc == AMPC_OK && ((err = cudaEventRecord(stop, (cudaStream_t)stream)) != cudaSuccess ||
-                                  (err = cudaEventSynchronize(stop)) != cudaSuccess ||
-                                  (err = cudaEventElapsedTime(&ms, start, stop)) != cudaSuccess))
-                break;
-            if (ms < best)
-                best = ms;
-        }
-        if (rc == AMPC_OK && err != cudaSuccess)
-            rc = ampc_cuda_fail(err, "timing a matrix product");
-        if (rc == AMPC_OK && best < fastest) {
-            fastest = best;
-            p->algo = p->candidates[i].algo;
-            p->workspace = p->candidates[i].workspaceSize;
-        }
+    float times[CANDIDATES];
+    const trial t = {device, stream, g, p, ws};
+    if (rc == AMPC_OK)
+        rc = ampc_cuda_time_candidates(stream, p->ncandidates, TIMED_RUNS, launch_candidate, &t, times);
+    if (rc == AMPC_OK) {
+        int fastest = 0;
+        for (int i = 1; i < p->ncandidates; i++)
+            if (times[i] < times[fastest])
+                fastest = i;
+        p->algo = p->candidates[fastest].algo;
+        p->workspace = p->candidates[fastest].workspaceSize;
     }
-    if (start != NULL)
-        cudaEventDestroy(start);
-    if (stop != NULL)
-        cudaEventDestroy(stop);
     if (ws != NULL) {
         const int freed = ampc_cuda_free(device, ws, most, stream);
         if (rc == AMPC_OK)
