@@ -9,7 +9,6 @@ from ampc._C import (
     ArgumentError,
     Array,
     CudaError,
-    GradScaler,
     OutOfMemoryError,
     Parameter,
     as_dtype,
@@ -22,10 +21,12 @@ from ampc._C import (
     get_num_threads,
     set_num_threads,
 )
-from ampc import amp, cpu, cuda, nn, optim, random
+from ampc import amp, autograd, cpu, cuda, nn, optim, random
+from ampc.autograd import Tensor, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ampc.random import manual_seed
 from ampc.amp import (
     AutocastOp,
+    GradScaler,
     autocast,
     autocast_decrement_nesting,
     autocast_increment_nesting,
@@ -60,14 +61,15 @@ __all__ = [
     "GradScaler",
     "OutOfMemoryError",
     "Parameter",
+    "Tensor",
     "amp",
     "as_dtype",
-    "manual_seed",
     "autocast",
     "autocast_decrement_nesting",
     "autocast_increment_nesting",
     "autocast_op",
     "autocast_policy",
+    "autograd",
     "bfloat16",
     "cast",
     "clear_autocast_cache",
@@ -75,6 +77,7 @@ __all__ = [
     "cuda",
     "custom_bwd",
     "custom_fwd",
+    "enable_grad",
     "float16",
     "float32",
     "float64",
@@ -84,12 +87,16 @@ __all__ = [
     "is_autocast_available",
     "is_autocast_cache_enabled",
     "is_autocast_enabled",
+    "is_grad_enabled",
+    "manual_seed",
     "nn",
+    "no_grad",
     "optim",
     "random",
     "register_autocast",
     "set_autocast_cache_enabled",
     "set_autocast_dtype",
     "set_autocast_enabled",
+    "set_grad_enabled",
     "set_num_threads",
 ]

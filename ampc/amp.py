@@ -11,7 +11,6 @@ import weakref
 from ampc import _C
 from ampc._C import (
     AutocastOp,
-    GradScaler,
     autocast_decrement_nesting,
     autocast_increment_nesting,
     autocast_policy,
@@ -79,6 +78,26 @@ def _step_takes_grad_scaler(optimizer):
         except TypeError:  # not weakly referable
             pass
     return takes
+
+
+class GradScaler(_C.GradScaler):
+    """torch.amp.GradScaler (ampc._C.GradScaler: dynamic loss scaling, and more, in C). ``scale``
+    also takes the ampc.autograd.Tensor a training step's loss is: the scaled loss is a Tensor
+    too, whose ``backward()`` starts from the scale, as torch's does."""
+
+    __slots__ = ()
+
+    def scale(self, outputs):
+        from ampc import autograd
+
+        if not isinstance(outputs, autograd.Tensor):
+            return super().scale(outputs)
+        scale = super().scale
+        if not autograd.is_grad_enabled():
+            return scale(outputs.data)
+        node = autograd.Node("scale", lambda args, saved, grad, needs: (scale(grad),), {}, None,
+                             (autograd._source(outputs),), (outputs.dtype,), 1)
+        return autograd.Tensor(scale(outputs.data), node)
 
 
 # -- autocast ---------------------------------------------------------------------------------

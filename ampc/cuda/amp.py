@@ -12,7 +12,7 @@ def _deprecated(old, new):
                   stacklevel=3)
 
 
-class GradScaler(_C.GradScaler):
+class GradScaler(amp.GradScaler):
     """``ampc.cuda.amp.GradScaler(args...)`` is ``ampc.amp.GradScaler("cuda", args...)``."""
 
     def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,

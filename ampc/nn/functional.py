@@ -580,3 +580,13 @@ def mul(input, other):
 
 def div(input, other):
     return _ew("div", input, other)
+
+
+# --------------------------------------------------------------------------------------------
+# Gradients: the public ops above, recorded on ampc.autograd's tape when an argument needs a
+# gradient (ampc/nn/_differentiable.py); with plain arrays they are the bare ops.
+# --------------------------------------------------------------------------------------------
+
+from ampc.nn._differentiable import OPS as _DIFFERENTIABLE  # noqa: E402
+
+globals().update(_DIFFERENTIABLE)

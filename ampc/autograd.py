@@ -1,0 +1,391 @@
+"""ampc.autograd: gradients through the ops of ampc.nn.functional. A tape, not a tensor library.
+
+An op called while grad mode is on, with an input that needs a gradient (an ``ampc.Parameter``
+with ``requires_grad``, or a ``Tensor`` an earlier op returned), returns a ``Tensor``: its array
+(``.data``) and the ``Node`` that made it. The node keeps what the op's backward needs: its
+inputs as the op saw them, after autocast's casts, and what the forward saved. ``backward()``
+runs the nodes from the loss back, each op's ``*_backward`` kernel in the dtype its forward ran
+in, casts each gradient back to the dtype of the input it belongs to (autocast's cast is an op
+too, as in torch), and adds it to that input's gradient: the next node's, or a Parameter's
+``.grad``. Without an input that needs a gradient, or under ``no_grad()``, the ops return plain
+arrays and record nothing.
+"""
+
+import functools
+import inspect
+import math
+import threading
+
+from ampc import _C
+
+__all__ = ["Arithmetic", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
+
+_local = threading.local()  # grad mode is per thread, as torch's
+
+
+def is_grad_enabled():
+    return getattr(_local, "enabled", True)
+
+
+class _GradMode:
+    """A context manager and decorator that sets grad mode in the thread, and puts back the mode
+    it found."""
+
+    mode = True
+
+    def __enter__(self):
+        saved = getattr(_local, "saved", None)
+        if saved is None:
+            saved = _local.saved = []
+        saved.append(is_grad_enabled())
+        _local.enabled = self.mode
+
+    def __exit__(self, *exc):
+        _local.enabled = _local.saved.pop()
+        return False
+
+    def __call__(self, func):
+        mode = type(self)
+
+        @functools.wraps(func)
+        def run(*args, **kwargs):
+            with mode():
+                return func(*args, **kwargs)
+        return run
+
+
+class no_grad(_GradMode):
+    """Record no gradients in this region (as torch.no_grad): ops return plain arrays."""
+
+    mode = False
+
+
+class enable_grad(_GradMode):
+    """Record gradients in this region, even inside no_grad."""
+
+    mode = True
+
+
+class set_grad_enabled:
+    """``set_grad_enabled(mode)`` sets grad mode at once, as torch's; as a context manager it puts
+    the previous mode back at the end of the region, as a decorator it runs the function in mode."""
+
+    def __init__(self, mode):
+        self.mode = bool(mode)
+        self._previous = is_grad_enabled()
+        _local.enabled = self.mode
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        _local.enabled = self._previous
+        return False
+
+    def __call__(self, func):
+        _local.enabled = self._previous
+        return (enable_grad if self.mode else no_grad)()(func)
+
+
+# -- the graph --------------------------------------------------------------------------------
+
+_FREED = ("Trying to backward through the graph a second time (or directly access saved tensors after they "
+          "have already been freed). Saved intermediate values of the graph are freed when you call .backward() "
+          "or autograd.grad(). Specify retain_graph=True if you need to backward through the graph a second time "
+          "or if you need to access saved tensors after calling backward.")
+
+
+class Node:
+    """One op on the tape: ``backward(args, saved, grads, needs)`` returns the gradients of the
+    op's differentiable inputs (None where ``needs`` says none is wanted) from the gradients of its
+    outputs; ``sources`` are those inputs' own nodes, Parameters, or None; ``dtypes`` their dtypes
+    before autocast cast them."""
+
+    __slots__ = ("name", "backward", "args", "saved", "sources", "dtypes", "outputs")
+
+    def __init__(self, name, backward, args, saved, sources, dtypes, outputs):
+        self.name, self.backward, self.args, self.saved = name, backward, args, saved
+        self.sources, self.dtypes, self.outputs = sources, dtypes, outputs
+
+    def __repr__(self):
+        return f"<{self.name}Backward>"
+
+
+class Arithmetic:
+    """Operators and shape methods through ampc's ops (recorded like any other op), for Tensor and
+    ampc.nn.Parameter, so that a model's forward reads as it would in torch."""
+
+    __slots__ = ()
+    __array_ufunc__ = None  # NumPy's operators defer to these: `array + tensor` stays on the tape
+
+    def _f(self):
+        from ampc.nn import functional
+
+        return functional
+
+    def __add__(self, other):
+        return self._f().add(self, other)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self._f().sub(self, other)
+
+    def __rsub__(self, other):
+        return self._f().add(self._f().mul(self, -1.0), other)
+
+    def __mul__(self, other):
+        return self._f().mul(self, other)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        return self._f().div(self, other)
+
+    def __neg__(self):
+        return self._f().mul(self, -1.0)
+
+    def __matmul__(self, other):
+        return self._f().matmul(self, other)
+
+    def __pow__(self, exponent):
+        return self._f().pow(self, exponent)
+
+    def reshape(self, *shape):
+        return self._f().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
+
+    view = reshape
+
+    def transpose(self, dim0, dim1):
+        return self._f().transpose(self, dim0, dim1)
+
+    def permute(self, *dims):
+        return self._f().permute(self, dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        return self._f().flatten(self, start_dim, end_dim)
+
+    def sum(self, dim=None, keepdim=False):
+        return self._f().sum(self, dim, keepdim)
+
+    def mean(self, dim=None, keepdim=False):
+        return self._f().mean(self, dim, keepdim)
+
+    def softmax(self, dim):
+        return self._f().softmax(self, dim)
+
+
+
+class Tensor(Arithmetic):
+    """An array an op made from inputs that need a gradient, with the node that made it. It passes
+    for its array where one is read (``__array__``, ``__dlpack__``, shape, dtype) and runs ampc's
+    ops for arithmetic, so that a model's forward reads as it would in torch."""
+
+    __slots__ = ("data", "grad_fn", "_index", "__weakref__")
+    requires_grad = True
+    is_leaf = False
+
+    def __init__(self, data, grad_fn, index=0):
+        self.data, self.grad_fn, self._index = data, grad_fn, index
+
+    # what an array is asked
+    shape = property(lambda self: tuple(self.data.shape))
+    dtype = property(lambda self: self.data.dtype)
+    ndim = property(lambda self: len(self.data.shape))
+    device = property(lambda self: getattr(self.data, "device", "cpu"))
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self):
+        return self.ndim
+
+    def __len__(self):
+        return len(self.data)
+
+    def __array__(self, dtype=None, copy=None):
+        import numpy as np
+
+        return np.asarray(self.data, dtype=dtype)
+
+    def __dlpack__(self, *args, **kwargs):
+        return self.data.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.data.__dlpack_device__()
+
+    def detach(self):
+        """The array alone, outside the graph."""
+        return self.data
+
+    def item(self):
+        return self.data.item()
+
+    def __float__(self):
+        return float(self.data)
+
+    def __repr__(self):
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, grad_fn={self.grad_fn!r})"
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False):
+        """The gradients of this value with respect to every Parameter it came from, added to their
+        ``.grad``; ``gradient`` is this value's own (1 for a single number)."""
+        if create_graph:
+            raise NotImplementedError("backward: create_graph (gradients of gradients) is not supported")
+        run_backward(self, gradient, bool(retain_graph))
+
+def _needs_grad(value):
+    """Whether value (an argument of an op) is, or holds, something that needs a gradient."""
+    if isinstance(value, Tensor):
+        return True
+    if isinstance(value, _C.Parameter):
+        return value.requires_grad
+    if isinstance(value, (list, tuple)):
+        return any(_needs_grad(v) for v in value)
+    return False
+
+
+def _plain(value):
+    """value with every Tensor in it replaced by its array."""
+    if isinstance(value, Tensor):
+        return value.data
+    if isinstance(value, (list, tuple)) and any(isinstance(v, Tensor) for v in value):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def _source(value):
+    """Where value's gradient goes: its node (and output index), a Parameter, or None."""
+    if isinstance(value, Tensor):
+        return (value.grad_fn, value._index)
+    if isinstance(value, _C.Parameter) and value.requires_grad:
+        return value
+    return None
+
+
+def _array(value):
+    return value.data if isinstance(value, (Tensor, _C.Parameter)) else value
+
+
+def _capture(op):
+    """An autocast op under op's name whose body hands back the arguments it got: it casts them
+    exactly as the op would (the policy, the weight cache), for the graph to keep."""
+    if not isinstance(op, _C.AutocastOp):
+        return None
+    return _C.AutocastOp(lambda *args, **kwargs: (args, kwargs), op.name)
+
+
+def differentiable(op, grad_args, forward, backward, name=None):
+    """op, recorded on the tape when grad mode is on and an argument needs a gradient.
+
+    ``grad_args`` names op's differentiable arguments; ``forward(args)`` (op's bound arguments,
+    cast and unwrapped) returns ``(output, saved)``; ``backward(args, saved, grad, needs)``
+    returns one gradient per name in grad_args. An output that is a tuple becomes a tuple of
+    Tensors, and backward then gets a list of their gradients (None for one nobody used)."""
+    signature = inspect.signature(op)
+    capture = _capture(op)
+    name = name or getattr(op, "__name__", "op")
+
+    @functools.wraps(op)
+    def call(*args, **kwargs):
+        if not is_grad_enabled() or not (_needs_grad(args) or _needs_grad(tuple(kwargs.values()))):
+            return op(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        sources = tuple(_source(arguments[n]) for n in grad_args)
+        dtypes = tuple(getattr(_array(arguments[n]), "dtype", None) for n in grad_args)
+        for key, value in arguments.items():
+            arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
+        if capture is not None:
+            cast_args, cast_kwargs = capture(*bound.args, **bound.kwargs)
+            bound = signature.bind(*cast_args, **cast_kwargs)
+            arguments = bound.arguments
+        for n in grad_args:
+            arguments[n] = _array(arguments[n])
+        output, saved = forward(arguments)
+        node = Node(name, backward, arguments, saved, sources, dtypes, len(output) if isinstance(output, tuple) else 1)
+        if isinstance(output, tuple):
+            return tuple(Tensor(o, node, i) for i, o in enumerate(output))
+        return Tensor(output, node)
+
+    call.raw = op
+    return call
+
+
+# -- running the tape backwards ---------------------------------------------------------------
+
+
+def _order(root):
+    """The nodes root depends on, each after every node that consumes it (root first): Kahn's
+    order on the count of each node's consumers."""
+    consumers, stack = {id(root): 0}, [root]
+    while stack:
+        for source in stack.pop().sources:
+            if isinstance(source, tuple):
+                node = source[0]
+                if id(node) not in consumers:
+                    consumers[id(node)] = 0
+                    stack.append(node)
+                consumers[id(node)] += 1
+    order, ready = [], [root]
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for source in node.sources:
+            if isinstance(source, tuple):
+                consumers[id(source[0])] -= 1
+                if consumers[id(source[0])] == 0:
+                    ready.append(source[0])
+    return order
+
+
+def _add(a, b):
+    from ampc.nn import functional
+
+    return functional.add.raw(a, b)
+
+
+def _to_dtype(grad, dtype):
+    """grad in dtype: the backward of autocast's cast."""
+    if dtype is None or grad.dtype == dtype:
+        return grad
+    return _C.cast(grad, _C.as_dtype(dtype))
+
+
+def _ones_like(x):
+    from ampc.nn._glue import _library
+
+    return _library(x).ones_like(x)
+
+
+def run_backward(root, gradient, retain_graph):
+    if not isinstance(root, Tensor):
+        raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+    if gradient is None:
+        if math.prod(int(s) for s in root.data.shape) != 1:
+            raise RuntimeError("grad can be implicitly created only for scalar outputs")
+        gradient = _ones_like(root.data)
+    gradient = _array(gradient)
+    grads = {id(root.grad_fn): [None] * root.grad_fn.outputs}
+    grads[id(root.grad_fn)][root._index] = gradient
+    for node in _order(root.grad_fn):
+        pending = grads.pop(id(node), None)
+        if pending is None:
+            continue
+        if node.args is None:
+            raise RuntimeError(_FREED)
+        needs = tuple(source is not None for source in node.sources)
+        result = node.backward(node.args, node.saved, pending if node.outputs > 1 else pending[0], needs)
+        for source, grad, dtype in zip(node.sources, result, node.dtypes):
+            if source is None or grad is None:
+                continue
+            grad = _to_dtype(grad, dtype)
+            if isinstance(source, tuple):
+                slots = grads.setdefault(id(source[0]), [None] * source[0].outputs)
+                slots[source[1]] = grad if slots[source[1]] is None else _add(slots[source[1]], grad)
+            else:  # a Parameter: its .grad, added to as torch's
+                source.grad = grad if source.grad is None else _add(source.grad, grad)
+        if not retain_graph:
+            node.args = node.saved = None
+

@@ -1,0 +1,321 @@
+"""Each op of ampc.nn.functional on ampc.autograd's tape: which arguments carry gradients, what its
+forward keeps, and which backward kernel turns the output's gradient into theirs.
+
+functional.py imports this module last and takes these versions of the public ops in place of
+the bare ones: with plain arrays (or under no_grad) they run the bare op unchanged; with an
+argument that needs a gradient they return an ampc.autograd.Tensor. A forward here runs on its
+arguments as autocast already cast them, so it calls the op's body (``raw``), not the op again.
+"""
+
+from ampc.autograd import differentiable
+from ampc.nn import functional as F
+from ampc.nn import _attention, _embedding, _glue, _spatial
+
+
+def raw(op):
+    """The body of an autocast op (its arguments already cast), or a plain function itself."""
+    return getattr(op, "__wrapped__", op)
+
+
+def _unbroadcast(grad, like):
+    return None if like is None or isinstance(like, (int, float)) else F._unbroadcast(grad, tuple(like.shape))
+
+
+def _plain_forward(op):
+    body = raw(op)
+    return lambda a: (body(**a), None)
+
+
+# -- matrix products and convolutions ---------------------------------------------------------
+
+def _linear_backward(a, saved, g, needs):
+    return F.linear_backward(g, a["input"], a["weight"], input_grad=needs[0], weight_grad=needs[1],
+                             bias_grad=needs[2])
+
+
+def _matmul_backward(a, saved, g, needs):
+    names = list(a)
+    return F.matmul_backward(g, a[names[0]], a[names[1]])
+
+
+def _conv_backward(backward):
+    def run(a, saved, g, needs):
+        return backward(g, a["input"], a["weight"], a["stride"], a["padding"], a["dilation"], a["groups"],
+                        input_grad=needs[0], weight_grad=needs[1], bias_grad=needs[2])
+    return run
+
+
+# -- softmax, norms, losses -------------------------------------------------------------------
+
+def _softmax(log):
+    body = raw(F.log_softmax if log else F.softmax)
+    backward = F.log_softmax_backward if log else F.softmax_backward
+
+    def forward(a):
+        out = body(**a)
+        return out, out
+
+    def grad(a, out, g, needs):
+        x = a["input"]
+        return (backward(g, out, F._softmax_dim("softmax", x, a["dim"]), x.dtype),)
+    return forward, grad
+
+
+def _layer_norm_forward(a):
+    y, mean, rstd = F._layer_norm_forward(a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"])
+    return y, (mean, rstd)
+
+
+def _layer_norm_backward(a, saved, g, needs):
+    return F.layer_norm_backward(g, a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"],
+                                 mean=saved[0], rstd=saved[1], weight_grads=needs[1] or needs[2])
+
+
+def _group_norm_forward(a):
+    y, mean, rstd = F._group_norm_forward(a["input"], a["num_groups"], a["weight"], a["bias"], a["eps"])
+    return y, (mean, rstd)
+
+
+def _group_norm_backward(a, saved, g, needs):
+    return F.group_norm_backward(g, a["input"], a["num_groups"], a["weight"], a["bias"], a["eps"], mean=saved[0],
+                                 rstd=saved[1], weight_grads=needs[1] or needs[2])
+
+
+def _batch_norm_forward(a):
+    y, mean, rstd = _spatial._batch_norm_forward(a["input"], a["running_mean"], a["running_var"], a["weight"],
+                                                 a["bias"], a["training"], a["momentum"], a["eps"])
+    return y, (mean, rstd)
+
+
+def _batch_norm_backward(a, saved, g, needs):
+    return _spatial.batch_norm_backward(g, a["input"], a["weight"], a["running_mean"], a["running_var"],
+                                        a["training"], a["eps"], save_mean=saved[0], save_rstd=saved[1],
+                                        input_grad=needs[0], weight_grads=needs[1] or needs[2])
+
+
+def _reduction(a):
+    return F._legacy_reduction(a["size_average"], a["reduce"], a["reduction"])
+
+
+def _cross_entropy_forward(a):
+    loss, lse, denom = F._cross_entropy_forward(a["input"], a["target"], a["weight"], a["ignore_index"],
+                                                _reduction(a), a["label_smoothing"])
+    return loss, (lse, denom)
+
+
+def _cross_entropy_backward(a, saved, g, needs):
+    return (F.cross_entropy_backward(g, a["input"], a["target"], a["weight"], a["ignore_index"], _reduction(a),
+                                     a["label_smoothing"], lse=saved[0], denom=saved[1]),)
+
+
+def _nll_loss_backward(a, saved, g, needs):
+    return (F.nll_loss_backward(g, a["input"], a["target"], a["weight"], a["ignore_index"], _reduction(a)),)
+
+
+def _pointwise_loss_backward(backward):
+    def run(a, saved, g, needs):
+        gi = backward(g, a["input"], a["target"], _reduction(a))
+        return gi, (F.mul(gi, -1.0) if needs[1] else None)
+    return run
+
+
+def _bce_logits_backward(a, saved, g, needs):
+    if a["pos_weight"] is not None:
+        raise NotImplementedError("binary_cross_entropy_with_logits: pos_weight is not supported yet")
+    return (F.binary_cross_entropy_with_logits_backward(g, a["input"], a["target"], a["weight"], _reduction(a)),)
+
+
+# -- reductions, pointwise maths --------------------------------------------------------------
+
+def _sum_backward(a, saved, g, needs):
+    return (F.sum_backward(g, tuple(a["input"].shape), a["dim"], a["keepdim"]),)
+
+
+def _mean_backward(a, saved, g, needs):
+    return (F.mean_backward(g, tuple(a["input"].shape), a["dim"], a["keepdim"]),)
+
+
+def _keeping_output(op):
+    body = raw(op)
+
+    def forward(a):
+        out = body(**a)
+        return out, out
+    return forward
+
+
+def _pow_backward(a, saved, g, needs):
+    if not isinstance(a["exponent"], (int, float)):
+        raise NotImplementedError("pow: the gradient of an array exponent is not supported")
+    return (F.pow_backward(g, a["input"], a["exponent"]),)
+
+
+def _unary_backward(backward, *extra):
+    def run(a, saved, g, needs):
+        return (backward(g, a["input"], *(a[name] for name in extra)),)
+    return run
+
+
+def _dropout_forward(a):
+    return _embedding._dropout_forward(a["input"], a["p"], a["training"])
+
+
+def _add_backward(sign):
+    def run(a, saved, g, needs):
+        x, other = a["input"], a["other"]
+        go = None
+        if needs[1]:
+            go = _unbroadcast(g if sign * a["alpha"] == 1 else F.mul(g, float(sign * a["alpha"])), other)
+        return (_unbroadcast(g, x) if needs[0] else None), go
+    return run
+
+
+def _mul_backward(a, saved, g, needs):
+    x, other = a["input"], a["other"]
+    return (_unbroadcast(F.mul(g, other), x) if needs[0] else None,
+            _unbroadcast(F.mul(g, x), other) if needs[1] else None)
+
+
+def _div_backward(a, saved, g, needs):
+    x, other = a["input"], a["other"]
+    gi = F.div(g, other)
+    go = None
+    if needs[1]:  # -g * x / other^2
+        go = _unbroadcast(F.mul(F.div(F.mul(gi, x), other), -1.0), other)
+    return (_unbroadcast(gi, x) if needs[0] else None), go
+
+
+# -- pools, embedding, attention, glue --------------------------------------------------------
+
+def _max_pool_forward(a):
+    y, indices = _spatial.max_pool2d_with_indices(a["input"], a["kernel_size"], a["stride"], a["padding"],
+                                                  a["dilation"], a["ceil_mode"])
+    return ((y, indices) if a["return_indices"] else y), indices
+
+
+def _max_pool_backward(a, indices, g, needs):
+    if isinstance(g, list):
+        g = g[0]
+    return (_spatial.max_pool2d_backward(g, a["input"], indices, a["kernel_size"], a["stride"], a["padding"],
+                                         a["dilation"], a["ceil_mode"]),)
+
+
+def _avg_pool_backward(a, saved, g, needs):
+    return (_spatial.avg_pool2d_backward(g, a["input"], a["kernel_size"], a["stride"], a["padding"], a["ceil_mode"],
+                                         a["count_include_pad"], a["divisor_override"]),)
+
+
+def _embedding_backward(a, saved, g, needs):
+    return (_embedding.embedding_backward(g, a["input"], a["weight"].shape[0], a["padding_idx"]),)
+
+
+def _attention_forward(a):
+    out, probs, state = _attention._forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
+                                            a["is_causal"], a["scale"], a["enable_gqa"])
+    return out, (probs, state)
+
+
+def _attention_backward(a, saved, g, needs):
+    return _attention.scaled_dot_product_attention_backward(g, a["query"], a["key"], a["value"], saved[0],
+                                                            a["dropout_p"], a["scale"], saved[1])
+
+
+def _to_shape_of_input(a, saved, g, needs):
+    return (_glue.reshape_backward(g, tuple(a["input"].shape)),)
+
+
+def _transpose_backward(a, saved, g, needs):
+    return (_glue.transpose_backward(g, a["dim0"], a["dim1"]),)
+
+
+def _permute_backward(a, saved, g, needs):
+    return (_glue.permute_backward(g, a["dims"]),)
+
+
+def _pieces_backward(dim_name):
+    def run(a, shapes, grads, needs):
+        x = a[dim_name[0]]
+        lib = _glue._library(x)
+        pieces = [g if g is not None else lib.zeros(shape, dtype=x.dtype) if lib.__name__ != "torch" else
+                  lib.zeros(shape, dtype=x.dtype, device=x.device) for g, shape in zip(grads, shapes)]
+        return (_glue.cat(pieces, a[dim_name[1]]),)
+    return run
+
+
+def _pieces_forward(op):
+    body = raw(op)
+
+    def forward(a):
+        out = tuple(body(**a))
+        return out, [tuple(o.shape) for o in out]
+    return forward
+
+
+def _ops():
+    sp = _spatial
+    return {
+        "linear": differentiable(F.linear, ("input", "weight", "bias"), _plain_forward(F.linear), _linear_backward),
+        "matmul": differentiable(F.matmul, ("input", "other"), _plain_forward(F.matmul), _matmul_backward),
+        "mm": differentiable(F.mm, ("input", "mat2"), _plain_forward(F.mm), _matmul_backward),
+        "bmm": differentiable(F.bmm, ("input", "mat2"), _plain_forward(F.bmm), _matmul_backward),
+        "conv2d": differentiable(sp.conv2d, ("input", "weight", "bias"), _plain_forward(sp.conv2d),
+                                 _conv_backward(sp.conv2d_backward)),
+        "conv1d": differentiable(sp.conv1d, ("input", "weight", "bias"), _plain_forward(sp.conv1d),
+                                 _conv_backward(sp.conv1d_backward)),
+        "softmax": differentiable(F.softmax, ("input",), *_softmax(False)),
+        "log_softmax": differentiable(F.log_softmax, ("input",), *_softmax(True)),
+        "layer_norm": differentiable(F.layer_norm, ("input", "weight", "bias"), _layer_norm_forward,
+                                     _layer_norm_backward),
+        "group_norm": differentiable(F.group_norm, ("input", "weight", "bias"), _group_norm_forward,
+                                     _group_norm_backward),
+        "batch_norm": differentiable(sp.batch_norm, ("input", "weight", "bias"), _batch_norm_forward,
+                                     _batch_norm_backward),
+        "cross_entropy": differentiable(F.cross_entropy, ("input",), _cross_entropy_forward, _cross_entropy_backward),
+        "nll_loss": differentiable(F.nll_loss, ("input",), _plain_forward(F.nll_loss), _nll_loss_backward),
+        "mse_loss": differentiable(F.mse_loss, ("input", "target"), _plain_forward(F.mse_loss),
+                                   _pointwise_loss_backward(F.mse_loss_backward)),
+        "l1_loss": differentiable(F.l1_loss, ("input", "target"), _plain_forward(F.l1_loss),
+                                  _pointwise_loss_backward(F.l1_loss_backward)),
+        "binary_cross_entropy_with_logits": differentiable(
+            F.binary_cross_entropy_with_logits, ("input",), _plain_forward(F.binary_cross_entropy_with_logits),
+            _bce_logits_backward),
+        "sum": differentiable(F.sum, ("input",), _plain_forward(F.sum), _sum_backward),
+        "mean": differentiable(F.mean, ("input",), _plain_forward(F.mean), _mean_backward),
+        "exp": differentiable(F.exp, ("input",), _keeping_output(F.exp), lambda a, out, g, n: (F.exp_backward(g, out),)),
+        "log": differentiable(F.log, ("input",), _plain_forward(F.log), _unary_backward(F.log_backward)),
+        "pow": differentiable(F.pow, ("input",), _plain_forward(F.pow), _pow_backward),
+        "relu": differentiable(F.relu, ("input",), _plain_forward(F.relu), _unary_backward(F.relu_backward)),
+        "gelu": differentiable(F.gelu, ("input",), _plain_forward(F.gelu),
+                               _unary_backward(F.gelu_backward, "approximate")),
+        "silu": differentiable(F.silu, ("input",), _plain_forward(F.silu), _unary_backward(F.silu_backward)),
+        "dropout": differentiable(_embedding.dropout, ("input",), _dropout_forward,
+                                  lambda a, state, g, n: (_embedding.dropout_backward(g, state, a["p"]),)),
+        "add": differentiable(F.add, ("input", "other"), _plain_forward(F.add), _add_backward(1)),
+        "sub": differentiable(F.sub, ("input", "other"), _plain_forward(F.sub), _add_backward(-1)),
+        "mul": differentiable(F.mul, ("input", "other"), _plain_forward(F.mul), _mul_backward),
+        "div": differentiable(F.div, ("input", "other"), _plain_forward(F.div), _div_backward),
+        "max_pool2d": differentiable(sp.max_pool2d, ("input",), _max_pool_forward, _max_pool_backward),
+        "avg_pool2d": differentiable(sp.avg_pool2d, ("input",), _plain_forward(sp.avg_pool2d), _avg_pool_backward),
+        "adaptive_avg_pool2d": differentiable(
+            sp.adaptive_avg_pool2d, ("input",), _plain_forward(sp.adaptive_avg_pool2d),
+            lambda a, s, g, n: (sp.adaptive_avg_pool2d_backward(g, a["input"], a["output_size"]),)),
+        "embedding": differentiable(_embedding.embedding, ("weight",), _plain_forward(_embedding.embedding),
+                                    _embedding_backward),
+        "scaled_dot_product_attention": differentiable(
+            _attention.scaled_dot_product_attention, ("query", "key", "value"), _attention_forward,
+            _attention_backward),
+        "reshape": differentiable(_glue.reshape, ("input",), _plain_forward(_glue.reshape), _to_shape_of_input),
+        "flatten": differentiable(_glue.flatten, ("input",), _plain_forward(_glue.flatten), _to_shape_of_input),
+        "unsqueeze": differentiable(_glue.unsqueeze, ("input",), _plain_forward(_glue.unsqueeze), _to_shape_of_input),
+        "squeeze": differentiable(_glue.squeeze, ("input",), _plain_forward(_glue.squeeze), _to_shape_of_input),
+        "transpose": differentiable(_glue.transpose, ("input",), _plain_forward(_glue.transpose),
+                                    _transpose_backward),
+        "permute": differentiable(_glue.permute, ("input",), _plain_forward(_glue.permute), _permute_backward),
+        "split": differentiable(_glue.split, ("tensor",), _pieces_forward(_glue.split),
+                                _pieces_backward(("tensor", "dim"))),
+        "chunk": differentiable(_glue.chunk, ("input",), _pieces_forward(_glue.chunk),
+                                _pieces_backward(("input", "dim"))),
+    }
+
+
+OPS = _ops()

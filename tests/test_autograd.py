@@ -1,0 +1,187 @@
+"""ampc.autograd: backward() through graphs of ampc ops, against float64 finite differences and the
+ops' own backward functions; grad mode, retain_graph, the scaler's scaled loss, autocast's dtypes."""
+
+import numpy as np
+import pytest
+
+import ampc
+from ampc.autograd import Tensor
+
+F = ampc.nn.functional
+F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+def numeric_grad(loss, param, eps=1e-6):
+    """d loss() / d param.data by central differences (float64)."""
+    grad = np.zeros_like(param.data)
+    for i in np.ndindex(param.data.shape):
+        old = param.data[i]
+        param.data[i] = old + eps
+        up = float(np.asarray(loss().data))
+        param.data[i] = old - eps
+        down = float(np.asarray(loss().data))
+        param.data[i] = old
+        grad[i] = (up - down) / (2 * eps)
+    return grad
+
+
+def check_grads(loss, params, rtol=1e-6):
+    for p in params:
+        p.grad = None
+    loss().backward()
+    for p in params:
+        expected = numeric_grad(loss, p)
+        assert p.grad is not None and p.grad.shape == p.data.shape and p.grad.dtype == p.data.dtype
+        # central differences of a loss near 1 carry about 1e-10 of rounding error
+        np.testing.assert_allclose(p.grad, expected, rtol=rtol, atol=max(rtol * np.abs(expected).max(), 1e-8))
+
+
+def param(rng, *shape):
+    return ampc.nn.Parameter(rng.standard_normal(shape))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_residual_mlp_with_shared_weights(seed):
+    """A random MLP with a residual connection, one weight used twice, two losses added."""
+    rng = np.random.default_rng(seed)
+    n, d, k = int(rng.integers(2, 6)), int(rng.integers(2, 6)), int(rng.integers(2, 5))
+    x, y = rng.standard_normal((n, d)), rng.integers(0, k, n)
+    w_in, b_in, w_shared, w_out = param(rng, d, d), param(rng, d), param(rng, d, d), param(rng, k, d)
+    gamma, beta = param(rng, d), param(rng, d)
+
+    def loss():
+        h = F.gelu(F.linear(x, w_in, b_in))
+        h = h + F.linear(F.relu(F.linear(h, w_shared)), w_shared) * 0.5  # residual, shared weight
+        h = F.layer_norm(h, (d,), gamma, beta)
+        logits = F.linear(F.silu(h), w_out)
+        return F.cross_entropy(logits, y, label_smoothing=0.1) + F.mean(F.log_softmax(logits, 1) ** 2) * 0.01
+
+    check_grads(loss, [w_in, b_in, w_shared, w_out, gamma, beta])
+
+
+def test_convolutional_graph():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 6, 6))
+    w1, b1, w2 = param(rng, 4, 3, 3, 3), param(rng, 4), param(rng, 4, 2, 1, 1)
+    bn_w, bn_b = param(rng, 4), param(rng, 4)
+    fc = param(rng, 5, 4)
+    y = np.array([1, 4])
+
+    def loss():
+        h = F.conv2d(x, w1, b1, padding=1)
+        h = F.batch_norm(h, np.zeros(4), np.ones(4), bn_w, bn_b, training=True)
+        h = F.relu(h)
+        h = h + F.conv2d(h, w2, groups=2)  # residual through a grouped 1x1 convolution
+        h = F.max_pool2d(h, 2)
+        h = F.flatten(F.adaptive_avg_pool2d(h, 1), 1)
+        return F.cross_entropy(F.linear(h, fc), y)
+
+    check_grads(loss, [w1, b1, w2, bn_w, bn_b, fc], rtol=1e-5)
+
+
+def test_attention_and_glue():
+    rng = np.random.default_rng(3)
+    b, t, c, heads = 2, 5, 8, 2
+    x = rng.standard_normal((b, t, c))
+    w_qkv, w_proj, emb = param(rng, 3 * c, c), param(rng, c, c), param(rng, 11, c)
+    idx = rng.integers(0, 11, (b, t))
+
+    def loss():
+        h = x + F.embedding(idx, emb)
+        q, k, v = F.split(F.linear(h, w_qkv), c, dim=2)
+        q, k, v = (F.transpose(F.reshape(z, (b, t, heads, c // heads)), 1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = F.reshape(F.transpose(att, 1, 2), (b, t, c))
+        return F.mse_loss(F.linear(att, w_proj), x)
+
+    check_grads(loss, [w_qkv, w_proj, emb])
+
+
+def test_arithmetic_and_broadcasting():
+    rng = np.random.default_rng(5)
+    a, b = param(rng, 3, 4), param(rng, 4)
+
+    def loss():
+        z = (a * b - b / (F.exp(a) + 2.0)) / 3.0 + (1.0 - a) * F.log(b * b + 1.0)
+        return F.sum(z ** 2, dim=1).mean()
+
+    check_grads(loss, [a, b])
+
+
+def test_matches_the_ops_own_backward_functions():
+    """backward() of one linear gives exactly what linear_backward gives."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 3)).astype(F32)
+    w, bias = ampc.Parameter(rng.standard_normal((5, 3)).astype(F32)), ampc.Parameter(np.zeros(5, F32))
+    g = rng.standard_normal((4, 5)).astype(F32)
+    F.linear(x, w, bias).backward(g)
+    gi, gw, gb = F.linear_backward(g, x, w.data)
+    np.testing.assert_array_equal(w.grad, gw)
+    np.testing.assert_array_equal(bias.grad, gb)
+
+
+def test_gradients_add_up_and_no_grad():
+    rng = np.random.default_rng(2)
+    w = param(rng, 3)
+    F.sum(w * 2.0).backward()
+    F.sum(w * 3.0).backward()
+    np.testing.assert_array_equal(w.grad, np.full(3, 5.0))
+    with ampc.no_grad():
+        out = F.mul(w, 2.0)
+        assert not ampc.is_grad_enabled()
+    assert not isinstance(out, Tensor) and ampc.is_grad_enabled()
+
+    @ampc.no_grad()
+    def forward():
+        return F.mul(w, 2.0)
+
+    assert not isinstance(forward(), Tensor) and ampc.is_grad_enabled()
+    frozen = ampc.Parameter(np.ones(3), requires_grad=False)
+    assert not isinstance(F.mul(frozen, 2.0), Tensor)
+    with ampc.set_grad_enabled(False):
+        assert not ampc.is_grad_enabled()
+    assert ampc.is_grad_enabled()
+
+
+def test_retain_graph_and_errors():
+    w = ampc.nn.Parameter(np.ones(3))
+    y = F.sum(F.exp(w))
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_allclose(w.grad, 2 * np.exp(np.ones(3)))
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        y.backward()
+    with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
+        F.exp(w).backward()
+
+
+def test_scaled_loss_backward():
+    """scaler.scale(loss).backward() leaves scale times the gradient, as torch's recipe."""
+    w = ampc.Parameter(np.array([1.0, 2.0], F32))
+    scaler = ampc.GradScaler("cpu", init_scale=1024.0)
+    loss = F.sum(F.mul(w, w))
+    scaled = scaler.scale(loss)
+    assert isinstance(scaled, Tensor) and float(scaled) == 1024.0 * 5.0
+    scaled.backward()
+    np.testing.assert_array_equal(w.grad, np.array([2048.0, 4096.0], F32))
+
+
+def test_autocast_dtypes_on_the_tape():
+    """Under CPU autocast (bfloat16) linear runs in bfloat16 and the loss in float32; the float32
+    weight's gradient comes back in float32, the bfloat16 product's gradient cast up, as torch's."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((8, 6)).astype(F32)
+    y = rng.integers(0, 3, 8)
+    w = ampc.Parameter(rng.standard_normal((3, 6)).astype(F32))
+    with ampc.autocast("cpu"):
+        logits = F.linear(x, w)
+        loss = F.cross_entropy(logits, y)
+    assert logits.dtype == ampc.bfloat16 and loss.dtype == F32
+    loss.backward()
+    assert w.grad.dtype == F32
+    # the same arithmetic by hand: cross_entropy's gradient (float32, from bfloat16 logits), cast to
+    # bfloat16 for linear's backward, its weight gradient cast back to float32
+    g_logits = F.cross_entropy_backward(np.float32(1.0), logits.data.astype(F32), y)
+    _, gw, _ = F.linear_backward(ampc.cast(g_logits, ampc.bfloat16), ampc.cast(x, ampc.bfloat16),
+                                 ampc.cast(w.data, ampc.bfloat16), bias_grad=False)
+    np.testing.assert_array_equal(w.grad, ampc.cast(gw, F32))
