@@ -876,6 +876,12 @@ static int ce_parse(ampc_op_args *a, PyObject *x_obj, PyObject *t_obj, PyObject 
     ampc_shape_str(x, sx, sizeof sx);
     ampc_shape_str(t, st_, sizeof st_);
     if (in->probs_target) {
+        if (t->ndim == x->ndim - 1) {  /* labels with a floating dtype, as torch refuses them */
+            PyErr_Format(PyExc_TypeError, "%s: target of shape %s has a floating dtype (%s): class indices must be "
+                         "an integer array, and class probabilities need input's shape %s", op, st_,
+                         ampc_dtype_names[t->dtype], sx);
+            return -1;
+        }
         if (ampc_op_check_same_shape(op, x, "input", t, "target") < 0)
             return -1;
     }

@@ -1,0 +1,485 @@
+"""ampc.nn's layers, as torch.nn's: Module (parameters, buffers, submodules, train/eval,
+state_dict), the layers a ResNet or a GPT is made of, containers and losses, with torch's default
+initialisations. Parameters are float32 NumPy arrays until moved; a forward runs ampc.nn.functional's
+ops, so inside ``ampc.autocast`` each runs in the precision torch would choose, and its output is an
+ampc.autograd.Tensor whose backward() fills the parameters' ``.grad``.
+"""
+
+import collections
+import math
+
+import numpy as np
+
+from ampc import _C, random
+from ampc.autograd import Arithmetic
+from ampc.nn import functional as F
+
+__all__ = [
+    "AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GELU",
+    "Identity", "LayerNorm", "Linear", "MSELoss", "MaxPool2d", "Module", "ModuleList", "Parameter", "ReLU",
+    "Sequential",
+]
+
+
+class Parameter(_C.Parameter, Arithmetic):
+    """ampc.Parameter (an array an optimizer updates in place, with its ``.grad``) with arithmetic
+    through ampc's ops, as torch.nn.Parameter."""
+
+    __slots__ = ()
+
+
+def _generator():
+    """A NumPy generator keyed by the next numbers of ampc.random's stream: manual_seed makes
+    initialisation repeat."""
+    seed, offset = random._draw(1 << 20)
+    return np.random.Generator(np.random.Philox(key=seed, counter=offset))
+
+
+def _uniform(shape, bound):
+    return _generator().uniform(-bound, bound, shape).astype(np.float32)
+
+
+def _kaiming_uniform(shape, fan_in):
+    """torch's default for Linear and Conv weights: kaiming_uniform_(a=sqrt(5)), which comes to
+    U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    return _uniform(shape, 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0)
+
+
+_IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+class Module:
+    """torch.nn.Module's bookkeeping: attributes that are Parameters, Modules or registered buffers
+    are found by parameters(), modules(), state_dict() and friends, in the order they were set."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_buffers", {})
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name, value):
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot assign before Module.__init__() call")
+        if name in self._buffers and not isinstance(value, (_C.Parameter, Module)):
+            self._buffers[name] = value  # `self.num_batches_tracked += 1`, a buffer set anew
+            return
+        for table in (self._parameters, self._buffers, self._modules):
+            table.pop(name, None)
+        if isinstance(value, _C.Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        for table in ("_parameters", "_buffers", "_modules"):
+            found = self.__dict__.get(table, {})
+            if name in found:
+                return found[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name):
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table:
+                del table[name]
+                return
+        object.__delattr__(self, name)
+
+    def register_buffer(self, name, value):
+        """An array saved in state_dict but not trained (batch norm's running statistics)."""
+        self.__dict__.pop(name, None)
+        self._buffers[name] = value
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # -- what the module holds
+    def named_modules(self, prefix=""):
+        seen, stack = set(), [(prefix, self)]
+        while stack:
+            name, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            yield name, module
+            stack.extend(reversed([(f"{name}.{n}" if name else n, m) for n, m in module._modules.items()]))
+
+    def modules(self):
+        return (m for _, m in self.named_modules())
+
+    def named_children(self):
+        return iter(self._modules.items())
+
+    def children(self):
+        return iter(self._modules.values())
+
+    def _named(self, table, prefix, recurse):
+        seen = set()
+        modules = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for name, module in modules:
+            for key, value in getattr(module, table).items():
+                if value is None or id(value) in seen:
+                    continue
+                seen.add(id(value))
+                yield (f"{name}.{key}" if name else key), value
+
+    def named_parameters(self, prefix="", recurse=True):
+        return self._named("_parameters", prefix, recurse)
+
+    def parameters(self, recurse=True):
+        return (p for _, p in self.named_parameters(recurse=recurse))
+
+    def named_buffers(self, prefix="", recurse=True):
+        return self._named("_buffers", prefix, recurse)
+
+    def buffers(self, recurse=True):
+        return (b for _, b in self.named_buffers(recurse=recurse))
+
+    # -- modes
+    def train(self, mode=True):
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        for module in self.modules():
+            object.__setattr__(module, "training", mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.parameters():
+            if set_to_none or p.grad is None:
+                p.grad = None
+            else:
+                p.grad = p.grad * 0
+
+    def apply(self, fn):
+        for module in list(self.modules())[::-1]:
+            fn(module)
+        return self
+
+    # -- state
+    def state_dict(self, prefix="", keep_vars=False):
+        """Every parameter's and buffer's array under its dotted name, in torch's order (a module's
+        parameters, then its buffers, then its submodules')."""
+        state = collections.OrderedDict()
+        for name, module in self.named_modules(prefix.rstrip(".")):
+            for key, value in list(module._parameters.items()) + list(module._buffers.items()):
+                if value is not None:
+                    full = f"{name}.{key}" if name else key
+                    state[full] = value if keep_vars or not isinstance(value, _C.Parameter) else value.data
+        return state
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Copy each array of state_dict into the parameter or buffer of its name (torch's checks
+        and texts: missing and unexpected keys, size mismatches). Nothing is changed when any
+        check fails."""
+        if not isinstance(state_dict, collections.abc.Mapping):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict)}.")
+        own = self.state_dict(keep_vars=True)
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        errors = []
+        if strict:
+            if unexpected:
+                errors.append("Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+            if missing:
+                errors.append("Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". ")
+        arrays = {}
+        for key, target in own.items():
+            if key not in state_dict:
+                continue
+            value = np.asarray(state_dict[key]) if not hasattr(state_dict[key], "__dlpack__") else state_dict[key]
+            current = target.data if isinstance(target, _C.Parameter) else target
+            if tuple(value.shape) != tuple(current.shape):
+                errors.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
+                              f"checkpoint, the shape in current model is {tuple(current.shape)}.")
+                continue
+            arrays[key] = value
+        if errors:
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(errors))
+        for key, value in arrays.items():
+            _copy_into(own[key], value)
+        return _IncompatibleKeys(missing, unexpected)
+
+    def __repr__(self):
+        lines = [f"({name}): " + repr(m).replace("\n", "\n  ") for name, m in self._modules.items()]
+        extra = self.extra_repr()
+        if not lines:
+            return f"{type(self).__name__}({extra})"
+        return f"{type(self).__name__}(\n  " + "\n  ".join(([extra] if extra else []) + lines) + "\n)"
+
+    def extra_repr(self):
+        return ""
+
+
+def _copy_into(target, value):
+    """Write value's numbers into a parameter's or buffer's array, in its dtype."""
+    data = target.data if isinstance(target, _C.Parameter) else target
+    if isinstance(data, np.ndarray):
+        np.copyto(data, np.asarray(value).astype(data.dtype, copy=False))
+    else:
+        _C.cast(value, out=data)
+    if isinstance(target, _C.Parameter):
+        target.bump_version()
+
+
+# -- layers -----------------------------------------------------------------------------------
+
+
+class Identity(Module):
+    def forward(self, input):
+        return input
+
+
+class Linear(Module):
+    def __init__(self, in_features, out_features, bias=True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = Parameter(_kaiming_uniform((out_features, in_features), in_features))
+        self.bias = Parameter(_uniform((out_features,), 1.0 / math.sqrt(in_features))) if bias else None
+
+    def forward(self, input):
+        return F.linear(input, self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+class Conv2d(Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
+        super().__init__()
+        if in_channels % groups or out_channels % groups:
+            raise ValueError("in_channels and out_channels must be divisible by groups")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
+        self.padding = padding if isinstance(padding, str) else _pair(padding)
+        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
+        self.weight = Parameter(_kaiming_uniform((out_channels, in_channels // groups) + self.kernel_size, fan_in))
+        self.bias = Parameter(_uniform((out_channels,), 1.0 / math.sqrt(fan_in))) if bias else None
+
+    def forward(self, input):
+        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+                + (f", padding={self.padding}" if self.padding not in ((0, 0), "valid") else "")
+                + (f", groups={self.groups}" if self.groups != 1 else "") + (", bias=False" if self.bias is None else ""))
+
+
+class BatchNorm2d(Module):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        self.weight = Parameter(np.ones(num_features, np.float32)) if affine else None
+        self.bias = Parameter(np.zeros(num_features, np.float32)) if affine else None
+        if track_running_stats:
+            self.register_buffer("running_mean", np.zeros(num_features, np.float32))
+            self.register_buffer("running_var", np.ones(num_features, np.float32))
+            self.register_buffer("num_batches_tracked", np.zeros((), np.int64))
+        else:
+            self.running_mean = self.running_var = None
+
+    def forward(self, input):
+        if len(input.shape) != 4:
+            raise ValueError(f"expected 4D input (got {len(input.shape)}D input)")
+        training = self.training or not self.track_running_stats
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked += 1  # a 0-d NumPy array, in place
+        return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, training,
+                            self.momentum, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}"
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        affine = elementwise_affine
+        self.weight = Parameter(np.ones(self.normalized_shape, np.float32)) if affine else None
+        self.bias = Parameter(np.zeros(self.normalized_shape, np.float32)) if affine and bias else None
+
+    def forward(self, input):
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        if padding_idx is not None and padding_idx < 0:
+            padding_idx += num_embeddings
+        self.padding_idx = padding_idx
+        weight = _generator().standard_normal((num_embeddings, embedding_dim)).astype(np.float32)
+        if padding_idx is not None:
+            weight[padding_idx] = 0
+        self.weight = Parameter(weight)
+
+    def forward(self, input):
+        return F.embedding(input, self.weight, self.padding_idx)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class Dropout(Module):
+    def __init__(self, p=0.5, inplace=False):
+        super().__init__()
+        if not 0 <= p <= 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        self.p = p
+
+    def forward(self, input):
+        return F.dropout(input, self.p, self.training)
+
+    def extra_repr(self):
+        return f"p={self.p}"
+
+
+class ReLU(Module):
+    def __init__(self, inplace=False):
+        super().__init__()
+
+    def forward(self, input):
+        return F.relu(input)
+
+
+class GELU(Module):
+    def __init__(self, approximate="none"):
+        super().__init__()
+        self.approximate = approximate
+
+    def forward(self, input):
+        return F.gelu(input, approximate=self.approximate)
+
+    def extra_repr(self):
+        return f"approximate='{self.approximate}'"
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.ceil_mode = dilation, ceil_mode
+
+    def forward(self, input):
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
+
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, input):
+        return F.adaptive_avg_pool2d(input, self.output_size)
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
+
+
+class Flatten(Module):
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, input):
+        return F.flatten(input, self.start_dim, self.end_dim)
+
+
+# -- containers -------------------------------------------------------------------------------
+
+
+class Sequential(Module):
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
+            for name, module in modules[0].items():
+                setattr(self, name, module)
+        else:
+            for i, module in enumerate(modules):
+                setattr(self, str(i), module)
+
+    def __getitem__(self, index):
+        items = list(self._modules.values())
+        if isinstance(index, slice):
+            return Sequential(*items[index])
+        return items[index]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, module):
+        setattr(self, str(len(self)), module)
+        return self
+
+    def forward(self, input):
+        for module in self._modules.values():
+            input = module(input)
+        return input
+
+
+class ModuleList(Module):
+    def __init__(self, modules=None):
+        super().__init__()
+        for module in modules or ():
+            self.append(module)
+
+    def __getitem__(self, index):
+        items = list(self._modules.values())
+        return ModuleList(items[index]) if isinstance(index, slice) else items[index]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, module):
+        setattr(self, str(len(self)), module)
+        return self
+
+
+# -- losses -----------------------------------------------------------------------------------
+
+
+class CrossEntropyLoss(Module):
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        super().__init__()
+        self.weight, self.ignore_index = weight, ignore_index
+        self.reduction, self.label_smoothing = reduction, label_smoothing
+
+    def forward(self, input, target):
+        return F.cross_entropy(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
+                               label_smoothing=self.label_smoothing)
+
+
+class MSELoss(Module):
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return F.mse_loss(input, target, reduction=self.reduction)

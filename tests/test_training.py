@@ -1,0 +1,154 @@
+"""Training end to end on the CPU: ampc.nn's modules, the demo's recipes on the digits data
+(AMP reaching float32's accuracy, the GradScaler skipping an overflowed step), state dicts with
+torch's keys and texts, and `python -m ampc demo` itself."""
+
+import numpy as np
+import pytest
+
+import ampc
+from ampc import _demo, nn
+from ampc.__main__ import main
+
+F = nn.functional
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return _demo.digits_split(0)
+
+
+@pytest.fixture(scope="module")
+def fp32_run(digits):
+    return _demo.train(_demo.RECIPES[0], digits, epochs=8, progress=False)
+
+
+def test_bf16_reaches_the_fp32_accuracy(digits, fp32_run):
+    bf16 = _demo.train(_demo.RECIPES[1], digits, epochs=8, progress=False)
+    assert fp32_run["accuracy"] > 0.95
+    assert abs(bf16["accuracy"] - fp32_run["accuracy"]) <= 0.01
+    assert bf16["skipped"] == 0 and bf16["losses"] != fp32_run["losses"]  # it did run in bfloat16
+
+
+def test_fp16_with_the_scaler_skips_an_overflowed_step(digits, fp32_run):
+    fp16 = _demo.train(_demo.RECIPES[2], digits, epochs=8, inject_inf_at=3, progress=False)
+    assert fp16["skipped"] == 1
+    assert fp16["scales"][2] == 65536.0 and fp16["scales"][3] == 32768.0  # backed off at the injected step
+    assert fp16["scale"] == 32768.0  # 184 steps: no growth interval (2000) completed since
+    assert abs(fp16["accuracy"] - fp32_run["accuracy"]) <= 0.01
+
+
+def test_the_demo_command(tmp_path, capsys):
+    plot = tmp_path / "runs.png"
+    assert main(["demo", "--epochs", "1", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["run", "fp32", "AMP bf16", "AMP fp16"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def model():
+    ampc.manual_seed(1)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+
+
+def test_state_dict_names_and_order_are_torch_s():
+    m = model()
+    assert list(m.state_dict()) == ["0.weight", "1.weight", "1.bias", "1.running_mean", "1.running_var",
+                                    "1.num_batches_tracked", "5.weight", "5.bias"]
+    assert [n for n, _ in m.named_parameters()] == ["0.weight", "1.weight", "1.bias", "5.weight", "5.bias"]
+    assert sum(p.data.size for p in m.parameters()) == 4 * 3 * 9 + 4 + 4 + 2 * 4 + 2
+
+
+def test_load_state_dict_round_trip_and_errors():
+    a, b = model(), model()
+    for p in a.parameters():
+        p.data[...] = np.random.default_rng(0).standard_normal(p.data.shape)
+    b.load_state_dict(a.state_dict())
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        np.testing.assert_array_equal(x, y, err_msg=name)
+    before = {k: np.array(v, copy=True) for k, v in b.state_dict().items()}
+    bad = dict(a.state_dict())
+    del bad["5.bias"]
+    bad["extra"] = np.zeros(1)
+    bad["0.weight"] = np.zeros((4, 3, 1, 1), np.float32)
+    with pytest.raises(RuntimeError) as error:
+        b.load_state_dict(bad)
+    text = str(error.value)
+    assert text.startswith("Error(s) in loading state_dict for Sequential:")
+    assert 'Unexpected key(s) in state_dict: "extra".' in text and 'Missing key(s) in state_dict: "5.bias".' in text
+    assert ("size mismatch for 0.weight: copying a param with shape (4, 3, 1, 1) from checkpoint, the shape in "
+            "current model is (4, 3, 3, 3).") in text
+    for k, v in b.state_dict().items():  # nothing changed
+        np.testing.assert_array_equal(v, before[k], err_msg=k)
+    result = b.load_state_dict({k: v for k, v in a.state_dict().items() if k != "5.bias"}, strict=False)
+    assert result.missing_keys == ["5.bias"] and result.unexpected_keys == []
+
+
+def test_train_eval_and_batch_norm_statistics():
+    m = model()
+    x = np.random.default_rng(2).standard_normal((5, 3, 4, 4)).astype(np.float32)
+    m(x)
+    bn = m[1]
+    assert int(bn.num_batches_tracked) == 1 and "num_batches_tracked" in bn._buffers
+    assert not np.array_equal(bn.running_mean, np.zeros(4, np.float32))
+    m.eval()
+    assert not any(module.training for module in m.modules())
+    stats = bn.running_mean.copy()
+    with ampc.no_grad():
+        y = m(x)
+    np.testing.assert_array_equal(bn.running_mean, stats)
+    assert isinstance(y, np.ndarray) and y.shape == (5, 2)
+    m.train()
+    assert all(module.training for module in m.modules())
+
+
+def test_default_initialisations():
+    ampc.manual_seed(3)
+    layer = nn.Linear(400, 300)
+    bound = 1 / np.sqrt(400)
+    assert layer.weight.data.dtype == np.float32 and np.abs(layer.weight.data).max() <= bound
+    assert np.abs(layer.weight.data).max() > 0.95 * bound  # uniform over the whole range
+    assert abs(layer.weight.data.std() - bound / np.sqrt(3)) < 0.01 * bound
+    conv = nn.Conv2d(8, 16, 3, groups=2)
+    assert conv.weight.data.shape == (16, 4, 3, 3) and np.abs(conv.weight.data).max() <= 1 / np.sqrt(36)
+    emb = nn.Embedding(1000, 64, padding_idx=0)
+    assert abs(emb.weight.data[1:].std() - 1) < 0.02 and not emb.weight.data[0].any()
+    ampc.manual_seed(3)
+    np.testing.assert_array_equal(nn.Linear(400, 300).weight.data, layer.weight.data)  # seeded: repeats
+
+
+def test_model_gradients_match_finite_differences():
+    """A small CNN with batch norm: backward() against float64 central differences."""
+    ampc.manual_seed(4)
+    m = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.GELU(), nn.MaxPool2d(2), nn.Flatten(),
+                      nn.Linear(12, 3))
+    for p in m.parameters():
+        p.data = p.data.astype(np.float64)
+    for name in ("running_mean", "running_var"):
+        m[1]._buffers[name] = m[1]._buffers[name].astype(np.float64)
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((3, 2, 4, 4)), np.array([0, 2, 1])
+    loss_fn = nn.CrossEntropyLoss()
+
+    def loss():
+        return loss_fn(m(x), y)
+
+    loss().backward()
+    for name, p in m.named_parameters():
+        expected = np.zeros_like(p.data)
+        for i in np.ndindex(p.data.shape):
+            old = p.data[i]
+            p.data[i] = old + 1e-6
+            up = float(loss())
+            p.data[i] = old - 1e-6
+            down = float(loss())
+            p.data[i] = old
+            expected[i] = (up - down) / 2e-6
+        np.testing.assert_allclose(p.grad, expected, rtol=1e-5, atol=1e-8, err_msg=name)
+
+
+def test_wrong_label_dtype_is_a_clear_error(digits):
+    m = _demo.mlp()
+    with pytest.raises(TypeError, match="target of shape .4,. has a floating dtype .float64.: class indices must"):
+        F.cross_entropy(m(digits[0][:4]), digits[1][:4].astype(np.float64))
