@@ -219,10 +219,10 @@ class Tensor(Arithmetic):
         return self.data
 
     def item(self):
-        return self.data.item()
+        return _host_scalar(self.data)
 
     def __float__(self):
-        return float(self.data)
+        return float(_host_scalar(self.data))
 
     def __repr__(self):
         return f"Tensor(shape={self.shape}, dtype={self.dtype}, grad_fn={self.grad_fn!r})"
@@ -233,6 +233,15 @@ class Tensor(Arithmetic):
         if create_graph:
             raise NotImplementedError("backward: create_graph (gradients of gradients) is not supported")
         run_backward(self, gradient, bool(retain_graph))
+
+def _host_scalar(x):
+    """The one number of x, read on the host (an ampc array on a GPU copied back first)."""
+    if isinstance(x, _C.Array):
+        import numpy as np
+
+        return np.asarray(x if x.device == "cpu" else _C._to_device(x, -1)).item()
+    return x.item()
+
 
 def _needs_grad(value):
     """Whether value (an argument of an op) is, or holds, something that needs a gradient."""

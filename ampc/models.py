@@ -162,7 +162,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits
-        loss = F.cross_entropy(F.reshape(logits, (b * t, -1)), targets.reshape(b * t))
+        loss = F.cross_entropy(F.reshape(logits, (b * t, -1)), F.reshape(targets, (b * t,)))
         return logits, loss
 
 
@@ -175,6 +175,8 @@ def _positions(idx, t):
         return np.arange(t)
     if lib.__name__ == "torch":
         return lib.arange(t, device=idx.device)
+    if lib.__name__ == "ampc.nn._ampc_arrays":
+        return lib.arange(t, like=idx)
     return lib.arange(t)
 
 

@@ -62,6 +62,7 @@ typedef struct {
     PyObject *float32_for;                     /* dict: array type -> its library's float32 dtype */
     PyObject *interop;                         /* ampc._interop, once imported */
     PyObject *np_matmul;                       /* numpy.matmul, once asked for (ops_gemm.c) */
+    PyObject *np_errstate;                     /* numpy.errstate, with it */
 } ampc_state;
 
 extern PyModuleDef ampc_module_def;

@@ -474,6 +474,74 @@ static PyObject *Array_data_ptr(PyObject *op, PyObject *Py_UNUSED(ignored))
     return PyLong_FromVoidPtr(ARRAY(op)->view.data);
 }
 
+/* len ints of a tuple or list into out; -1 with TypeError otherwise. */
+static int int64_sequence(PyObject *seq, const char *what, int64_t *out, int *len)
+{
+    PyObject *fast = PySequence_Fast(seq, what);
+    if (fast == NULL)
+        return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    if (n > AMPC_MAX_NDIM) {
+        Py_DECREF(fast);
+        PyErr_Format(PyExc_ValueError, "%s: at most %d dimensions", what, AMPC_MAX_NDIM);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (out[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+    }
+    *len = (int)n;
+    Py_DECREF(fast);
+    return 0;
+}
+
+/* Another view of the same memory: shape, strides (bytes) and a byte offset
+ * from this array's first element, all inside the bytes this array spans.
+ * What reshape, transpose and slicing of ampc arrays are made of
+ * (ampc/nn/_ampc_arrays.py). */
+static PyObject *Array_view(PyObject *op, PyObject *args)
+{
+    ArrayObject *self = ARRAY(op);
+    PyObject *shape_obj, *strides_obj;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "OOL:_view", &shape_obj, &strides_obj, &offset))
+        return NULL;
+    ampc_view v = self->view;
+    int ndim = 0, nstrides = 0;
+    if (int64_sequence(shape_obj, "_view: shape", v.shape, &ndim) < 0 ||
+        int64_sequence(strides_obj, "_view: strides", v.strides, &nstrides) < 0)
+        return NULL;
+    const int64_t itemsize = ampc_dtype_size(v.dtype);
+    if (nstrides != ndim) {
+        PyErr_SetString(PyExc_ValueError, "_view: shape and strides differ in length");
+        return NULL;
+    }
+    v.ndim = ndim;
+    v.numel = ampc_layout_numel(ndim, v.shape, 1);
+    int aligned = offset % itemsize == 0;
+    for (int d = 0; d < ndim; d++)
+        aligned &= v.strides[d] % itemsize == 0;
+    if (v.numel < 0 || !aligned) {
+        PyErr_SetString(PyExc_ValueError, "_view: negative sizes, or strides and offset not whole elements");
+        return NULL;
+    }
+    if (v.numel > 0) {
+        int64_t lo, hi, own_lo = 0, own_hi = 0;
+        ampc_layout_extent(ndim, v.shape, v.strides, itemsize, &lo, &hi);
+        if (self->view.numel > 0)
+            ampc_layout_extent(self->view.ndim, self->view.shape, self->view.strides, itemsize, &own_lo, &own_hi);
+        if (self->view.numel == 0 || offset + lo < own_lo || offset + hi > own_hi) {
+            PyErr_SetString(PyExc_ValueError, "_view: the view reaches outside the array's memory");
+            return NULL;
+        }
+    }
+    v.data = (char *)self->view.data + offset;
+    return ampc_array_view_into(ampc_state_from_type(Py_TYPE(op)), op, &v);
+}
+
 static PyObject *Array_repr(PyObject *op)
 {
     ArrayObject *self = ARRAY(op);
@@ -507,6 +575,7 @@ static PyMethodDef Array_methods[] = {
     {"__dlpack_device__", Array_dlpack_device, METH_NOARGS, Array_dlpack_device_doc},
     {"__array__", (PyCFunction)(void (*)(void))Array_array, METH_VARARGS | METH_KEYWORDS, Array_array_doc},
     {"data_ptr", Array_data_ptr, METH_NOARGS, Array_data_ptr_doc},
+    {"_view", Array_view, METH_VARARGS, "_view(shape, strides, offset): a view of the same memory, inside it."},
     {NULL, NULL, 0, NULL},
 };
 

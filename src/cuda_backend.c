@@ -344,7 +344,57 @@ static PyObject *mod_cuda_stream_device(PyObject *module, PyObject *args)
     return PyLong_FromLong(device);
 }
 
+/* A copy of x (C-contiguous) on device: -1 the host (a NumPy array), else
+ * that GPU (an ampc.Array from ampc's pool). The copy is queued on the
+ * stream in use on the GPU end, after the work that made x; one that lands
+ * on the host waits for it. Module.to() moves parameters with it. */
+static PyObject *mod_to_device(PyObject *module, PyObject *args)
+{
+    ampc_state *st = ampc_state_of(module);
+    PyObject *x, *fresh = NULL;
+    int device;
+    if (!PyArg_ParseTuple(args, "Oi:_to_device", &x, &device))
+        return NULL;
+    if (device >= 0 && ampc_cuda_check_device(st, device) < 0)
+        return NULL;
+    ampc_view v, out;
+    if (ampc_view_from_object(st, x, "to: x", AMPC_FOR_READING, &v) < 0)
+        return NULL;
+    const int64_t itemsize = ampc_dtype_size(v.dtype);
+    if (!ampc_layout_is_c_contiguous(v.ndim, v.shape, v.strides, itemsize)) {
+        PyErr_SetString(PyExc_ValueError, "to: x must be C-contiguous");
+        goto done;
+    }
+    const ampc_device target = {device < 0 ? AMPC_DEVICE_CPU : AMPC_DEVICE_CUDA, device < 0 ? 0 : device};
+    fresh = ampc_array_empty(st, target, v.dtype, v.ndim, v.shape, NULL, &out);
+    if (fresh == NULL)
+        goto done;
+    const size_t nbytes = (size_t)(v.numel * itemsize);
+    const int src = v.device.type == AMPC_DEVICE_CPU ? -1 : v.device.index;
+    if (src < 0 && device < 0) {
+        if (nbytes > 0)
+            memcpy(out.data, v.data, nbytes);
+        goto done;
+    }
+    const int gpu = device >= 0 ? device : src;
+    void *stream = ampc_current_stream(gpu, NULL);
+    ampc_streams_seen seen = {0};
+    if (src >= 0 && ampc_order_stream(st, src, stream, v.stream, 1, &seen) < 0) {
+        Py_CLEAR(fresh);
+        goto done;
+    }
+    const int status = st->cuda->copy(device, out.data, src, v.data, nbytes, stream);
+    if (status != AMPC_OK) {
+        ampc_cuda_raise(st, status, "copying an array between devices");
+        Py_CLEAR(fresh);
+    }
+done:
+    ampc_view_release(&v);
+    return fresh;
+}
+
 PyMethodDef ampc_cuda_methods[] = {
+    {"_to_device", mod_to_device, METH_VARARGS, "A C-contiguous copy of x on a device (-1: the host)."},
     {"_cuda_build_info", mod_cuda_build_info, METH_NOARGS,
      "(built, why_not): whether ampc._cuda loads, and the import error if it does not."},
     {"_cuda_device_count", mod_cuda_device_count, METH_NOARGS, "Visible CUDA devices (0 without a GPU)."},

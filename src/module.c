@@ -175,6 +175,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->float32_for);
     Py_VISIT(st->interop);
     Py_VISIT(st->np_matmul);
+    Py_VISIT(st->np_errstate);
     return 0;
 }
 
@@ -203,6 +204,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->float32_for);
     Py_CLEAR(st->interop);
     Py_CLEAR(st->np_matmul);
+    Py_CLEAR(st->np_errstate);
     /* The table lives in ampc._cuda's shared object, which stays loaded. */
     st->cuda = NULL;
     return 0;

@@ -54,6 +54,8 @@ PyObject *ampc_op_acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype ac
     return arr;
 }
 
+/* NumPy's matmul inside np.errstate(all="ignore"): inf and NaN are values
+ * here (a GradScaler finds them), as in ampc's own kernels, not warnings. */
 PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y)
 {
     if (st->np_matmul == NULL) {
@@ -61,11 +63,37 @@ PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y)
         if (np == NULL)
             return NULL;
         st->np_matmul = PyObject_GetAttrString(np, "matmul");
+        st->np_errstate = st->np_matmul ? PyObject_GetAttrString(np, "errstate") : NULL;
         Py_DECREF(np);
-        if (st->np_matmul == NULL)
+        if (st->np_errstate == NULL) {
+            Py_CLEAR(st->np_matmul);
             return NULL;
+        }
     }
-    PyObject *product = PyObject_CallFunctionObjArgs(st->np_matmul, x, y, NULL);
+    PyObject *kwargs = Py_BuildValue("{s:s}", "all", "ignore");
+    PyObject *empty = PyTuple_New(0);
+    PyObject *quiet = kwargs && empty ? PyObject_Call(st->np_errstate, empty, kwargs) : NULL;
+    Py_XDECREF(kwargs);
+    Py_XDECREF(empty);
+    if (quiet == NULL)
+        return NULL;
+    PyObject *entered = PyObject_CallMethod(quiet, "__enter__", NULL);
+    PyObject *product = entered ? PyObject_CallFunctionObjArgs(st->np_matmul, x, y, NULL) : NULL;
+    Py_XDECREF(entered);
+    PyObject *exc = ampc_take_exception();
+    PyObject *exited = PyObject_CallMethod(quiet, "__exit__", "OOO", Py_None, Py_None, Py_None);
+    Py_DECREF(quiet);
+    if (exc != NULL) {
+        Py_XDECREF(exited);
+        ampc_restore_exception(exc);
+        Py_XDECREF(product);
+        return NULL;
+    }
+    if (exited == NULL) {
+        Py_XDECREF(product);
+        return NULL;
+    }
+    Py_DECREF(exited);
     if (product == NULL)
         return NULL;
     /* two vectors give a NumPy scalar: make it a 0-d array */

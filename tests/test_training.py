@@ -152,3 +152,60 @@ def test_wrong_label_dtype_is_a_clear_error(digits):
     m = _demo.mlp()
     with pytest.raises(TypeError, match="target of shape .4,. has a floating dtype .float64.: class indices must"):
         F.cross_entropy(m(digits[0][:4]), digits[1][:4].astype(np.float64))
+
+
+def _gpt_losses(to_ampc_arrays, steps=3):
+    ampc.manual_seed(0)
+    m = ampc.models.gpt(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    if to_ampc_arrays:  # what Module.to("cuda") makes on a GPU: ampc arrays, here on the CPU
+        for p in m.parameters():
+            p.data = ampc.from_dlpack(p.data.copy())
+    opt = ampc.optim.AdamW(list(m.parameters()), lr=1e-2)
+    rng = np.random.default_rng(0)
+    losses = []
+    for _ in range(steps):
+        idx, targets = rng.integers(0, 50, (2, 8)), rng.integers(0, 50, (2, 8))
+        if to_ampc_arrays:
+            idx, targets = ampc.from_dlpack(idx), ampc.from_dlpack(targets)
+        opt.zero_grad()
+        with ampc.autocast("cpu"):
+            logits, loss = m(idx, targets)
+        loss.backward()
+        opt.step()
+        losses.append(float(np.asarray(loss.data)))
+    return losses, logits.data
+
+
+def test_ampc_arrays_train_as_numpy_arrays_do():
+    """Parameters held as ampc arrays (reshape, transpose and split as views, cat as copies, in
+    ampc/nn/_ampc_arrays.py) train to the same bits as NumPy parameters."""
+    theirs, _ = _gpt_losses(False)
+    ours, logits = _gpt_losses(True)
+    assert ours == theirs and isinstance(logits, ampc.Array)
+
+
+def test_ampc_array_glue():
+    from ampc.nn import _ampc_arrays as lib
+
+    base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    a = ampc.from_dlpack(base.copy())
+    t = lib.swapaxes(a, 0, 2)
+    np.testing.assert_array_equal(np.asarray(t), base.swapaxes(0, 2))
+    np.testing.assert_array_equal(np.asarray(lib.reshape(t, (-1, 6))), base.swapaxes(0, 2).reshape(-1, 6))  # a copy
+    np.testing.assert_array_equal(np.asarray(lib.take_slice(a, 1, 1, 3)), base[:, 1:3])
+    np.testing.assert_array_equal(np.asarray(lib.concatenate([a, a], 2)), np.concatenate([base, base], 2))
+    np.testing.assert_array_equal(np.asarray(F.split(a, 1, dim=1)[2]), base[:, 2:3])
+    with pytest.raises(ValueError, match="cannot reshape an array of size 24 into shape"):
+        lib.reshape(a, (5, -1))
+    with pytest.raises(ValueError, match="outside the array's memory"):
+        a._view((25,), (4,), 0)
+
+
+def test_module_to():
+    m = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm2d(2))
+    m.to(dtype=ampc.float64)
+    assert {p.data.dtype for p in m.parameters()} == {np.dtype(np.float64)}
+    assert m[1].running_mean.dtype == np.float64 and m[1].num_batches_tracked.dtype == np.int64
+    assert m.to("cpu") is m
+    with pytest.raises(ValueError, match="Expected one of cpu, cuda device type at start of device string: tpu"):
+        m.to("tpu")

@@ -7,6 +7,7 @@ argument that needs a gradient they return an ampc.autograd.Tensor. A forward he
 arguments as autocast already cast them, so it calls the op's body (``raw``), not the op again.
 """
 
+from ampc import _C
 from ampc.autograd import differentiable
 from ampc.nn import functional as F
 from ampc.nn import _attention, _embedding, _glue, _spatial
@@ -235,9 +236,7 @@ def _permute_backward(a, saved, g, needs):
 def _pieces_backward(dim_name):
     def run(a, shapes, grads, needs):
         x = a[dim_name[0]]
-        lib = _glue._library(x)
-        pieces = [g if g is not None else lib.zeros(shape, dtype=x.dtype) if lib.__name__ != "torch" else
-                  lib.zeros(shape, dtype=x.dtype, device=x.device) for g, shape in zip(grads, shapes)]
+        pieces = [g if g is not None else _C.zeros_like(x, shape=shape) for g, shape in zip(grads, shapes)]
         return (_glue.cat(pieces, a[dim_name[1]]),)
     return run
 

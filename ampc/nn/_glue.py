@@ -11,13 +11,21 @@ import importlib
 from ampc.amp import autocast_op
 
 
+_LIBRARIES = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy",
+              "ampc": "ampc.nn._ampc_arrays"}
+_by_type = {}
+
+
 def _library(x):
-    """The module whose functions take x: numpy, torch, cupy or jax.numpy."""
-    root = type(x).__module__.split(".")[0]
-    name = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy"}.get(root)
-    if name is None:
-        raise TypeError(f"expected a NumPy, torch, CuPy or JAX array, got {type(x).__name__}")
-    return importlib.import_module(name)
+    """The module whose functions take x: numpy, torch, cupy, jax.numpy, or ampc.nn._ampc_arrays
+    for ampc's own arrays."""
+    found = _by_type.get(type(x))
+    if found is None:
+        name = _LIBRARIES.get(type(x).__module__.split(".")[0])
+        if name is None:
+            raise TypeError(f"expected a NumPy, torch, CuPy, JAX or ampc array, got {type(x).__name__}")
+        found = _by_type[type(x)] = importlib.import_module(name)
+    return found
 
 
 def _dim(op, dim, ndim):
@@ -28,11 +36,11 @@ def _dim(op, dim, ndim):
 
 
 def reshape(input, shape):
-    return input.reshape(tuple(shape))
+    return _library(input).reshape(input, tuple(shape))
 
 
 def reshape_backward(grad_output, input_shape):
-    return grad_output.reshape(tuple(input_shape))
+    return reshape(grad_output, input_shape)
 
 
 def transpose(input, dim0, dim1):
@@ -65,31 +73,34 @@ def permute_backward(grad_output, dims):
 def flatten(input, start_dim=0, end_dim=-1):
     shape = tuple(input.shape)
     if not shape:
-        return input.reshape((1,))
+        return reshape(input, (1,))
     s, e = _dim("flatten", start_dim, len(shape)), _dim("flatten", end_dim, len(shape))
     if s > e:
         raise ValueError("flatten: start_dim cannot come after end_dim")
     n = 1
     for d in shape[s:e + 1]:
         n *= d
-    return input.reshape(shape[:s] + (n,) + shape[e + 1:])
+    return reshape(input, shape[:s] + (n,) + shape[e + 1:])
 
 
 def unsqueeze(input, dim):
     shape = tuple(input.shape)
     d = _dim("unsqueeze", dim, len(shape) + 1)
-    return input.reshape(shape[:d] + (1,) + shape[d:])
+    return reshape(input, shape[:d] + (1,) + shape[d:])
 
 
 def squeeze(input, dim=None):
     shape = tuple(input.shape)
     if dim is None:
-        return input.reshape(tuple(s for s in shape if s != 1))
+        return reshape(input, tuple(s for s in shape if s != 1))
     d = _dim("squeeze", dim, len(shape))
-    return input.reshape(shape[:d] + shape[d + 1:]) if shape and shape[d] == 1 else input
+    return reshape(input, shape[:d] + shape[d + 1:]) if shape and shape[d] == 1 else input
 
 
 def _slice(x, dim, start, stop):
+    lib = _library(x)
+    if hasattr(lib, "take_slice"):
+        return lib.take_slice(x, dim, start, stop)
     return x[(slice(None),) * dim + (slice(start, stop),)]
 
 

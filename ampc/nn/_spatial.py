@@ -10,6 +10,7 @@ keeps them. On the GPU the convolutions and batch norm are cuDNN's, and a channe
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
+from ampc.nn._glue import reshape
 
 _OPS = _C._ew_ops()
 _MAX, _AVG, _ADAPTIVE_AVG = 0, 1, 2
@@ -36,7 +37,7 @@ def _single(op, name, value):
 
 
 def _reshape(x, shape):
-    return x.reshape(tuple(shape))
+    return reshape(x, shape)
 
 
 # --------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     scaled_dot_product_attention_backward)
 from ampc.nn._embedding import (  # noqa: F401
     _dropout_forward, dropout, dropout_backward, embedding, embedding_backward)
+from ampc.nn._glue import reshape as _glue_reshape
 from ampc.nn._glue import (  # noqa: F401
     cat, cat_backward, chunk, flatten, permute, permute_backward, reshape, reshape_backward, split, squeeze, stack,
     stack_backward, transpose, transpose_backward, unsqueeze)
@@ -61,7 +62,7 @@ def _check_reduction(op, reduction):
 
 
 def _reshape(x, shape):
-    return x.reshape(tuple(shape))
+    return _glue_reshape(x, shape)
 
 
 def _reduce(op, loss, reduction, dtype):

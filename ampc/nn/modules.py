@@ -13,6 +13,7 @@ import numpy as np
 from ampc import _C, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
+from ampc.nn._ampc_arrays import _c_strides
 
 __all__ = [
     "AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GELU",
@@ -151,6 +152,29 @@ class Module:
     def eval(self):
         return self.train(False)
 
+    def to(self, device=None, dtype=None):
+        """Move every parameter and buffer to device ("cpu", "cuda", "cuda:N", an int or a
+        torch.device: NumPy arrays on the host, ampc arrays from ampc's pool on a GPU) and cast the
+        floating ones to dtype, as torch's Module.to; gradients follow their parameters. Batch
+        norm's step count stays a host integer."""
+        index = None if device is None else _device_index(device)
+        for module in self.modules():
+            for p in module._parameters.values():
+                if p is not None:
+                    p.data = _moved(p.data, index, dtype)
+                    if p.grad is not None:
+                        p.grad = _moved(p.grad, index, dtype)
+            for name, b in module._buffers.items():
+                if b is not None and name != "num_batches_tracked":
+                    module._buffers[name] = _moved(b, index, dtype)
+        return self
+
+    def cuda(self, device=0):
+        return self.to(device)
+
+    def cpu(self):
+        return self.to("cpu")
+
     def zero_grad(self, set_to_none=True):
         for p in self.parameters():
             if set_to_none or p.grad is None:
@@ -216,6 +240,42 @@ class Module:
 
     def extra_repr(self):
         return ""
+
+
+def _device_index(device):
+    """-1 for the host, else the CUDA ordinal."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device
+    text = str(device)
+    if text == "cpu":
+        return -1
+    if text == "cuda":
+        return 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    raise ValueError(f"Expected one of cpu, cuda device type at start of device string: {text}")
+
+
+def _array_device(x):
+    if isinstance(x, np.ndarray):
+        return -1
+    kind, index = x.__dlpack_device__()
+    return int(index) if int(kind) == 2 else -1  # DLPack: 1 the CPU, 2 CUDA
+
+
+def _moved(x, index, dtype):
+    if dtype is not None and np.issubdtype(np.dtype(x.dtype) if isinstance(x, np.ndarray) else _C.as_dtype(x.dtype),
+                                           np.floating) and _C.as_dtype(x.dtype) != _C.as_dtype(dtype):
+        x = _C.cast(x, dtype)
+    if index is None or _array_device(x) == index:
+        return x
+    if isinstance(x, np.ndarray):
+        x = np.ascontiguousarray(x)
+    elif tuple(x.strides) != _c_strides(tuple(x.shape), np.dtype(_C.as_dtype(x.dtype)).itemsize):
+        copy = _C.zeros_like(x, shape=tuple(x.shape))
+        _C.cast(x, out=copy)
+        x = copy
+    return _C._to_device(x, index)
 
 
 def _copy_into(target, value):
