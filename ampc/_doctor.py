@@ -2,6 +2,7 @@
 
 import platform
 import sys
+import time
 
 import ml_dtypes
 import numpy as np
@@ -32,7 +33,52 @@ def _cpu_name():
     return platform.processor() or platform.machine()
 
 
-def doctor(out=sys.stdout):
+def _best_ms(fn, device, repeat=5):
+    """The fastest of `repeat` timed calls of fn (after one warm-up), in ms; a GPU waited for."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        if device >= 0:
+            ampc.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device >= 0:
+            ampc.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return 1e3 * min(times)
+
+
+def _speedups(device, dtype):
+    """Measured (matmul, conv2d) speed-ups of dtype over float32 on device (-1: the CPU): a square
+    matrix product and a ResNet-like 3x3 convolution, each op given arrays already in the dtype,
+    as autocast would hand them over."""
+    F = ampc.nn.functional
+    rng = np.random.default_rng(0)
+    n, (b, c, hw) = (4096, (64, 256, 14)) if device >= 0 else (384, (8, 64, 14))
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    x = rng.standard_normal((b, c, hw, hw), dtype=np.float32)
+    w = (rng.standard_normal((c, c, 3, 3), dtype=np.float32) / np.sqrt(9 * c)).astype(np.float32)
+    result = []
+    for op, args in ((lambda p, q: F.matmul(p, q), (a, a)), (lambda p, q: F.conv2d(p, q, padding=1), (x, w))):
+        times = []
+        for dt in (ampc.float32, dtype):
+            moved = [_C._to_device(np.ascontiguousarray(ampc.cast(v, dt)), device) for v in args]
+            times.append(_best_ms(lambda: op(*moved), device))
+        result.append(times[0] / times[1])
+    return tuple(result)
+
+
+def _gpu_verdict(cc):
+    if cc >= (8, 0):
+        return "AMP recommended: Tensor Cores for float16 and bfloat16"
+    if cc >= (7, 0):
+        return "AMP recommended (float16 with GradScaler): Tensor Cores; no bfloat16 before Ampere"
+    if cc >= (6, 0):
+        return "memory saving only: no Tensor Cores on Pascal; no bfloat16 before Ampere"
+    return "not recommended: too old for float16 arithmetic"
+
+
+def doctor(out=sys.stdout, measure=True):
     def row(key, value):
         print(f"  {key:<22} {value}", file=out)
 
@@ -73,7 +119,19 @@ def doctor(out=sys.stdout):
         row("memory", f"{p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
         row("Tensor Cores", "yes (fp16)" if cc >= (7, 0) else "no")
         row("bfloat16", "native" if cc >= (8, 0) else "emulated (casts only)")
+        if measure:
+            mm, conv = _speedups(i, ampc.float16)
+            row("fp16 vs fp32", f"matmul 4096^3 {mm:.1f}x, conv2d 3x3 64x256x14^2 {conv:.1f}x (measured)")
+        row("verdict", _gpu_verdict(cc))
     print("verdict", file=out)
-    row("CPU mixed precision", "ready")
-    row("GPU mixed precision", "ready" if count else ("no GPU" if built else "ampc._cuda missing"))
+    if measure:
+        mm, conv = _speedups(-1, ampc.bfloat16)
+        row("CPU bf16 vs fp32", f"matmul 384^3 {mm:.2f}x, conv2d 3x3 8x64x14^2 {conv:.2f}x (measured)")
+        cpu = ("AMP bf16 recommended: faster here" if min(mm, conv) > 1.1 else
+               "AMP bf16 for memory only: bfloat16 products run in float32 here (no speed-up)")
+    else:
+        cpu = "ready"
+    row("CPU mixed precision", cpu)
+    row("GPU mixed precision", "ready, see each GPU's verdict" if count else
+        ("no GPU" if built else "ampc._cuda missing"))
     return 0

@@ -29,6 +29,10 @@ def test_doctor_runs():
     assert r.returncode == 0, r.stderr
     for needle in ("Python", "NumPy", "ml_dtypes", "ampc._cuda", "SIMD", "cast kernels", "GPUs"):
         assert needle in r.stdout
+    line = next(line for line in r.stdout.splitlines() if "CPU bf16 vs fp32" in line)
+    speedups = [float(word[:-1]) for word in line.split() if word.endswith("x") and word[:-1].replace(".", "").isdigit()]
+    assert len(speedups) == 2 and all(s > 0 for s in speedups)  # measured, not made up
+    assert "CPU mixed precision" in r.stdout and ("recommended" in r.stdout or "memory only" in r.stdout)
     if ampc.cuda.is_built():
         for needle in ("CUDA runtime", "driver", "cuBLASLt", "cuDNN"):
             assert needle in r.stdout
