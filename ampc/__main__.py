@@ -13,10 +13,18 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="report what this environment can run")
     demo = commands.add_parser("demo", help="train a model three ways (fp32, AMP bf16, AMP fp16) and compare")
-    demo.add_argument("--epochs", type=int, default=20)
-    demo.add_argument("--batch-size", type=int, default=64)
+    demo.add_argument("--model", choices=("mlp", "resnet50", "gpt2"), default="mlp",
+                      help="mlp: digits, trained to an accuracy; resnet50, gpt2: timed steps on random data")
+    demo.add_argument("--device", default="auto", help="auto (a GPU if there is one), cpu, cuda or cuda:N")
+    demo.add_argument("--epochs", type=int, default=20, help="mlp: passes over the digits")
+    demo.add_argument("--batch-size", type=int, default=None, help="default: mlp 64, resnet50 256, gpt2 8")
+    demo.add_argument("--steps", type=int, default=9, help="resnet50, gpt2: timed steps (the median is reported)")
+    demo.add_argument("--warmup", type=int, default=3, help="resnet50, gpt2: untimed steps first")
+    demo.add_argument("--image-size", type=int, default=224, help="resnet50: image side")
+    demo.add_argument("--seq-len", type=int, default=1024, help="gpt2: tokens per sequence")
+    demo.add_argument("--compare-torch", action="store_true", help="add torch's AMP rows, measured in this run")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--plot", metavar="FILE", help="save a PNG of loss and loss scale against the step")
+    demo.add_argument("--plot", metavar="FILE", help="mlp: save a PNG of loss and loss scale against the step")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from ampc._doctor import doctor

@@ -1,11 +1,18 @@
 """python -m ampc demo: what mixed precision buys, measured.
 
-One model is trained three times with the same data, seed and recipe (AdamW, batch 64): in
-float32, under ``ampc.autocast`` in bfloat16, and under autocast in float16 with a GradScaler.
-The table gives each run's step time, peak memory, final test accuracy, skipped steps and final
-loss scale. On the CPU the model is an MLP on the handwritten digits ampc ships (ampc.data).
+One model is trained three times with the same data, seed and recipe: in float32, under
+``ampc.autocast`` in bfloat16, and under autocast in float16 with a GradScaler. The table gives
+each run's step time, peak memory, final accuracy, skipped steps and final loss scale.
+
+- ``--model mlp`` (the default): an MLP on the handwritten digits ampc ships (ampc.data), AdamW,
+  on the CPU or, where there is one, the GPU.
+- ``--model resnet50`` / ``--model gpt2``: the seed's ResNet-50 table (random 224x224 images, SGD
+  with momentum) or a GPT-2 small step (random tokens, AdamW): step time and memory, the median of
+  ``--steps`` steps after ``--warmup``. ``--compare-torch`` runs the same model and recipe in
+  torch's AMP in the same process and adds its rows (torchvision's ResNet-50, a nanoGPT GPT-2).
 """
 
+import gc
 import math
 import sys
 import time
@@ -55,15 +62,19 @@ class Progress:
         self.stream.flush()
 
 
-def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at=None, progress=True):
-    """Train a fresh MLP under recipe; a dict of what the demo reports, with the loss and scale at
-    every step. inject_inf_at: a step whose gradients are made inf (as an overflow would)."""
+def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at=None, progress=True, index=-1):
+    """Train a fresh MLP under recipe on device index (-1: the CPU); a dict of what the demo reports,
+    with the loss and scale at every step. inject_inf_at: a step whose gradients are made inf (as an
+    overflow would)."""
     name, dtype, scaled = recipe
     x_train, y_train, x_test, y_test = data
     ampc.manual_seed(seed)
-    model = mlp()
+    device_type = "cpu" if index < 0 else "cuda"
+    model = mlp().to("cpu" if index < 0 else f"cuda:{index}")
     optimizer = ampc.optim.AdamW(list(model.parameters()), lr=lr)
-    scaler = ampc.GradScaler("cpu", enabled=scaled)
+    scaler = ampc.GradScaler(device_type, enabled=scaled)
+    if index >= 0:
+        ampc.cuda.reset_peak_memory_stats(index)
     steps_per_epoch = math.ceil(len(x_train) / batch_size)
     bar = Progress(name, epochs * steps_per_epoch) if progress else None
     losses, scales, step_times = [], [], []
@@ -71,16 +82,18 @@ def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at
         order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
         for start in range(0, len(x_train), batch_size):
             batch = order[start:start + batch_size]
+            x, y = (ampc._C._to_device(v[batch], index) for v in (x_train, y_train))
             began = time.perf_counter()
             optimizer.zero_grad()
-            with ampc.autocast("cpu", dtype=dtype or ampc.bfloat16, enabled=dtype is not None):
-                loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
+            with ampc.autocast(device_type, dtype=dtype or ampc.bfloat16, enabled=dtype is not None):
+                loss = F.cross_entropy(model(x), y)
             scaler.scale(loss).backward()
             if inject_inf_at == len(losses):
                 first = next(iter(model.parameters()))
-                first.grad[...] = np.inf
+                first.grad = ampc._C._to_device(np.full(first.grad.shape, np.inf, np.float32), index)
             scaler.step(optimizer)
             scaler.update()
+            _synchronize(index)
             step_times.append(time.perf_counter() - began)
             losses.append(float(loss))
             scales.append(scaler.get_scale() if scaled else 1.0)
@@ -88,10 +101,13 @@ def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at
                 bar.show(len(losses), losses[-1])
     model.eval()
     with ampc.no_grad():
-        predictions = np.asarray(model(x_test)).argmax(axis=1)
+        logits = model(ampc._C._to_device(x_test, index))
+        predictions = np.asarray(ampc._C._to_device(logits, -1)).argmax(axis=1)
     stats = scaler.stats()
     return {
         "name": name,
+        "library": "ampc",
+        "peak_bytes": ampc.cuda.max_memory_allocated(index) if index >= 0 else None,
         "step_ms": 1e3 * float(np.median(step_times)),
         "accuracy": float((predictions == y_test).mean()),
         "skipped": stats["skipped_steps"] if scaled else 0,
@@ -125,26 +141,98 @@ def peak_memory(recipe, data, steps=3, batch_size=64):
 
 
 def table(results):
-    """The seed's table: one row per run, speed-up and memory against the float32 run."""
-    base = results[0]
-    lines = ["| run | step time ms | vs fp32 | peak memory MB | vs fp32 | test accuracy | skipped steps | final scale |",
+    """The seed's table: one row per run; speed-up and memory against the float32 run of the same
+    library."""
+    def cell(value, fmt, empty="—"):
+        return empty if value is None else fmt.format(value)
+
+    lines = ["| run | step time ms | vs fp32 | peak memory MB | vs fp32 | accuracy | skipped steps | final scale |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        scale = "—" if r["scale"] is None else f"{r['scale']:g}"
+        base = next(b for b in results if b.get("library") == r.get("library"))
+        memory = r["peak_bytes"] / base["peak_bytes"] if r["peak_bytes"] and base["peak_bytes"] else None
         lines.append(f"| {r['name']} | {r['step_ms']:.3f} | {base['step_ms'] / r['step_ms']:.2f}x | "
-                     f"{r['peak_bytes'] / 2**20:.2f} | {r['peak_bytes'] / base['peak_bytes']:.2f}x | "
-                     f"{100 * r['accuracy']:.2f} % | {r['skipped']} | {scale} |")
+                     f"{cell(r['peak_bytes'] and r['peak_bytes'] / 2**20, '{:.2f}')} | {cell(memory, '{:.2f}x')} | "
+                     f"{cell(r['accuracy'] and 100 * r['accuracy'], '{:.2f} %')} | {cell(r['skipped'], '{}')} | "
+                     f"{cell(r['scale'], '{:g}')} |")
     return "\n".join(lines)
 
 
+def device_index(device):
+    """-1 for the CPU, else the CUDA ordinal; "auto" is the first GPU if there is one."""
+    if device == "auto":
+        return 0 if ampc.cuda.is_available() else -1
+    return -1 if device == "cpu" else int(device.partition(":")[2] or 0)
+
+
+def _synchronize(index):
+    if index >= 0:
+        ampc.cuda.synchronize(index)
+
+
+def synthetic_batch(kind, batch_size, index, image_size=224, seq_len=1024, seed=0):
+    """Random inputs and labels for kind on device index: images and classes, or tokens."""
+    rng = np.random.default_rng(seed)
+    if kind == "resnet50":
+        inputs = rng.standard_normal((batch_size, 3, image_size, image_size), dtype=np.float32)
+        labels = rng.integers(0, 1000, batch_size)
+    else:
+        inputs, labels = (rng.integers(0, 50257, (batch_size, seq_len)) for _ in range(2))
+    return ampc._C._to_device(inputs, index), ampc._C._to_device(labels, index)
+
+
+def train_synthetic(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024):
+    """Time ampc's training step of kind (resnet50: SGD momentum 0.9; gpt2: AdamW) under recipe on
+    device index: a dict of the median step time and peak GPU memory, skipped steps, scale."""
+    name, dtype, scaled = recipe
+    ampc.manual_seed(0)
+    model = ampc.models.resnet50() if kind == "resnet50" else ampc.models.gpt(block_size=max(seq_len, 1))
+    model.to("cpu" if index < 0 else f"cuda:{index}")
+    params = list(model.parameters())
+    optimizer = (ampc.optim.SGD(params, lr=0.1, momentum=0.9) if kind == "resnet50"
+                 else ampc.optim.AdamW(params, lr=3e-4))
+    device_type = "cpu" if index < 0 else "cuda"
+    scaler = ampc.GradScaler(device_type, enabled=scaled)
+    x, y = synthetic_batch(kind, batch_size, index, image_size, seq_len)
+    if index >= 0:
+        ampc.cuda.reset_peak_memory_stats(index)
+    times, losses = [], []
+    bar = Progress(name, warmup + steps)
+    for step in range(warmup + steps):
+        _synchronize(index)
+        began = time.perf_counter()
+        optimizer.zero_grad()
+        with ampc.autocast(device_type, dtype=dtype or ampc.float16, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)[1]
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        _synchronize(index)
+        if step >= warmup:
+            times.append(time.perf_counter() - began)
+        losses.append(float(loss))
+        bar.show(step + 1, losses[-1])
+    stats = scaler.stats()
+    return {"name": name, "library": "ampc", "step_ms": 1e3 * float(np.median(times)),
+            "peak_bytes": ampc.cuda.max_memory_allocated(index) if index >= 0 else None,
+            "accuracy": None, "skipped": stats["skipped_steps"] if scaled else 0,
+            "scale": stats["scale"] if scaled else None, "final_loss": losses[-1], "losses": losses,
+            "scales": [stats["scale"] if scaled else 1.0] * len(losses)}
+
+
 def run(args):
+    index = device_index(args.device)
+    if args.model != "mlp":
+        return run_synthetic(args, index)
     data = digits_split(args.seed)
+    where = "the CPU" if index < 0 else ampc.cuda.get_device_name(index)
     print(f"ampc {ampc.__version__} demo: an MLP (64-256-256-10) on {len(data[0])} handwritten digits, tested on "
-          f"{len(data[2])}; AdamW, batch {args.batch_size}, {args.epochs} epochs, on the CPU")
+          f"{len(data[2])}; AdamW, batch {args.batch_size or 64}, {args.epochs} epochs, on {where}")
     results = []
     for recipe in RECIPES:
-        result = train(recipe, data, args.epochs, args.batch_size, seed=args.seed)
-        result["peak_bytes"] = peak_memory(recipe, data, batch_size=args.batch_size)
+        result = train(recipe, data, args.epochs, args.batch_size or 64, seed=args.seed, index=index)
+        if index < 0:
+            result["peak_bytes"] = peak_memory(recipe, data, batch_size=args.batch_size or 64)
         results.append(result)
     print(table(results))
     for r in results:
@@ -157,4 +245,30 @@ def run(args):
 
         save_training_plot(args.plot, results)
         print(f"loss and loss scale against the step: {args.plot}")
+    return 0
+
+
+def run_synthetic(args, index):
+    kind = args.model
+    batch = args.batch_size or (256 if kind == "resnet50" else 8)
+    where = "the CPU" if index < 0 else ampc.cuda.get_device_name(index)
+    what = (f"ResNet-50, batch {batch}, random {args.image_size}x{args.image_size} images, SGD momentum 0.9"
+            if kind == "resnet50" else f"GPT-2 small (124M), batch {batch} x {args.seq_len} random tokens, AdamW")
+    print(f"ampc {ampc.__version__} demo: {what}, on {where}; one training step, median of {args.steps} after "
+          f"{args.warmup} warm-up steps")
+    results = []
+    for recipe in RECIPES:
+        results.append(train_synthetic(kind, recipe, index, batch, args.steps, args.warmup, args.image_size,
+                                       args.seq_len))
+        gc.collect()
+    if args.compare_torch:
+        from ampc._demo_torch import train_torch
+
+        for recipe in RECIPES:
+            row = train_torch(kind, recipe, index, batch, args.steps, args.warmup, args.image_size, args.seq_len)
+            if row is None:
+                break
+            results.append(row)
+            gc.collect()
+    print(table(results))
     return 0

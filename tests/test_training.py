@@ -209,3 +209,13 @@ def test_module_to():
     assert m.to("cpu") is m
     with pytest.raises(ValueError, match="Expected one of cpu, cuda device type at start of device string: tpu"):
         m.to("tpu")
+
+
+def test_the_resnet50_demo_runs_on_the_cpu(capsys):
+    """The seed's ResNet-50 table's code path (timed steps on random images), shrunk for the CPU."""
+    assert main(["demo", "--model", "resnet50", "--device", "cpu", "--batch-size", "2", "--image-size", "32",
+                 "--steps", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "ResNet-50, batch 2, random 32x32 images" in out
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["run", "fp32", "AMP bf16", "AMP fp16"]

@@ -1,0 +1,105 @@
+"""The demo's torch rows (``--compare-torch``): the same model, data and recipe in torch's AMP, timed
+the same way in the same process. torch's float32 runs without TF32, as ampc's always do (torch's
+convolutions default to TF32: the anchors' 117.7 ms float32 step is TF32)."""
+
+import time
+
+import numpy as np
+
+from ampc import _demo
+
+
+def _torch_gpt(torch, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768):
+    """nanoGPT's GPT-2 in torch: the layout ampc.models.gpt has."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+            self.c_attn, self.c_proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+            self.c_fc, self.mlp_proj = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = self.c_attn(self.ln_1(x)).split(n_embd, dim=2)
+            q, k, v = (z.view(b, t, n_head, c // n_head).transpose(1, 2) for z in (q, k, v))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+            x = x + self.c_proj(y)
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, n_embd), nn.Embedding(block, n_embd)
+            self.h = nn.ModuleList([Block() for _ in range(n_layer)])
+            self.ln_f = nn.LayerNorm(n_embd)
+            self.lm_head = nn.Linear(n_embd, vocab, bias=False)
+            self.lm_head.weight = self.wte.weight
+
+        def forward(self, idx, targets):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for block in self.h:
+                x = block(x)
+            logits = self.lm_head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    return GPT()
+
+
+def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024):
+    """torch's row for recipe, or None (with a note printed) when torch or torchvision is missing or
+    there is no GPU."""
+    try:
+        import torch
+    except ImportError:
+        print("--compare-torch: torch is not installed")
+        return None
+    if index < 0:
+        print("--compare-torch: torch's rows are measured on a GPU only")
+        return None
+    name, dtype, scaled = recipe
+    device = torch.device("cuda", index)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    if kind == "resnet50":
+        try:
+            import torchvision
+        except ImportError:
+            print("--compare-torch: torchvision is not installed: no torch rows for ResNet-50")
+            return None
+        model = torchvision.models.resnet50().to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        model = _torch_gpt(torch, block=max(seq_len, 1)).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(kind, batch_size, index, image_size, seq_len))
+    torch_dtype = {None: torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+        None if dtype is None else np.dtype(dtype).name]
+    scaler = torch.amp.GradScaler("cuda", enabled=scaled)
+    torch.cuda.reset_peak_memory_stats(device)
+    times, losses = [], []
+    bar = _demo.Progress("torch " + name, warmup + steps)
+    for step in range(warmup + steps):
+        torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch_dtype, enabled=dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        torch.cuda.synchronize(device)
+        if step >= warmup:
+            times.append(time.perf_counter() - began)
+        losses.append(loss.item())
+        bar.show(step + 1, losses[-1])
+    scale = scaler.get_scale() if scaled else None
+    row = {"name": "torch " + name, "library": "torch", "step_ms": 1e3 * float(np.median(times)),
+           "peak_bytes": torch.cuda.max_memory_allocated(device), "accuracy": None, "skipped": None,
+           "scale": scale, "final_loss": losses[-1], "losses": losses, "scales": [scale or 1.0] * len(losses)}
+    del model, optimizer, x, y
+    torch.cuda.empty_cache()
+    return row
