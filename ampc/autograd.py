@@ -284,32 +284,63 @@ def _capture(op):
     return _C.AutocastOp(lambda *args, **kwargs: (args, kwargs), op.name)
 
 
+class _Binder:
+    """Python's argument binding for one op, precomputed: inspect.Signature.bind took most of the
+    tape's time per op."""
+
+    def __init__(self, func, name):
+        params = list(inspect.signature(func).parameters.values())
+        self.name = name
+        self.names = [p.name for p in params]
+        self.known = set(self.names)
+        self.positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self.defaults = [(p.name, p.default) for p in params if p.default is not p.empty]
+
+    def bind(self, args, kwargs):
+        if len(args) > len(self.positional):
+            raise TypeError(f"{self.name}() takes {len(self.positional)} positional arguments but {len(args)} "
+                            f"were given")
+        bound = dict(zip(self.positional, args))
+        for key, value in kwargs.items():
+            if key not in self.known or key in bound:
+                raise TypeError(f"{self.name}() got an unexpected keyword argument '{key}'" if key not in self.known
+                                else f"{self.name}() got multiple values for argument '{key}'")
+            bound[key] = value
+        for key, value in self.defaults:
+            bound.setdefault(key, value)
+        if len(bound) != len(self.names):
+            missing = [n for n in self.names if n not in bound]
+            raise TypeError(f"{self.name}() missing required argument: '{missing[0]}'")
+        return {n: bound[n] for n in self.names}
+
+
 def differentiable(op, grad_args, forward, backward, name=None):
     """op, recorded on the tape when grad mode is on and an argument needs a gradient.
 
-    ``grad_args`` names op's differentiable arguments; ``forward(args)`` (op's bound arguments,
-    cast and unwrapped) returns ``(output, saved)``; ``backward(args, saved, grad, needs)``
-    returns one gradient per name in grad_args. An output that is a tuple becomes a tuple of
-    Tensors, and backward then gets a list of their gradients (None for one nobody used)."""
-    signature = inspect.signature(op)
-    capture = _capture(op)
+    ``grad_args`` names op's differentiable arguments; ``forward(args)`` (op's arguments by name,
+    in its order, cast and unwrapped) returns ``(output, saved)``; ``backward(args, saved, grad,
+    needs)`` returns one gradient per name in grad_args. An output that is a tuple becomes a tuple
+    of Tensors, and backward then gets a list of their gradients (None for one nobody used)."""
     name = name or getattr(op, "__name__", "op")
+    binder = _Binder(op, name)
+    capture = _capture(op)
+    first = binder.names[0]
 
     @functools.wraps(op)
     def call(*args, **kwargs):
         if not is_grad_enabled() or not (_needs_grad(args) or _needs_grad(tuple(kwargs.values()))):
             return op(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = bound.arguments
+        arguments = binder.bind(args, kwargs)
         sources = tuple(_source(arguments[n]) for n in grad_args)
         dtypes = tuple(getattr(_array(arguments[n]), "dtype", None) for n in grad_args)
         for key, value in arguments.items():
             arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
         if capture is not None:
-            cast_args, cast_kwargs = capture(*bound.args, **bound.kwargs)
-            bound = signature.bind(*cast_args, **cast_kwargs)
-            arguments = bound.arguments
+            # the first argument positionally: fp32_set_opt_dtype looks at it
+            rest = {k: v for k, v in arguments.items() if k != first}
+            cast_args, cast_kwargs = capture(arguments[first], **rest)
+            cast_kwargs[first] = cast_args[0]
+            arguments = {n: cast_kwargs[n] for n in binder.names}
         for n in grad_args:
             arguments[n] = _array(arguments[n])
         output, saved = forward(arguments)

@@ -35,8 +35,8 @@ def _linear_backward(a, saved, g, needs):
 
 
 def _matmul_backward(a, saved, g, needs):
-    names = list(a)
-    return F.matmul_backward(g, a[names[0]], a[names[1]])
+    first, second = list(a)[:2]  # input and other (matmul) or mat2 (mm, bmm), in the op's order
+    return F.matmul_backward(g, a[first], a[second])
 
 
 def _conv_backward(backward):
