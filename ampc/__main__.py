@@ -22,6 +22,7 @@ def main(argv=None):
     demo.add_argument("--warmup", type=int, default=3, help="resnet50, gpt2: untimed steps first")
     demo.add_argument("--image-size", type=int, default=224, help="resnet50: image side")
     demo.add_argument("--seq-len", type=int, default=1024, help="gpt2: tokens per sequence")
+    demo.add_argument("--channels-last", action="store_true", help="resnet50: NHWC images and weights (both libraries)")
     demo.add_argument("--compare-torch", action="store_true", help="add torch's AMP rows, measured in this run")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--plot", metavar="FILE", help="mlp: save a PNG of loss and loss scale against the step")

@@ -170,30 +170,33 @@ def _synchronize(index):
         ampc.cuda.synchronize(index)
 
 
-def synthetic_batch(kind, batch_size, index, image_size=224, seq_len=1024, seed=0):
-    """Random inputs and labels for kind on device index: images and classes, or tokens."""
+def synthetic_batch(kind, batch_size, index, image_size=224, seq_len=1024, seed=0, channels_last=False):
+    """Random inputs and labels for kind on device index: images (NCHW, or NHWC in memory) and
+    classes, or tokens."""
     rng = np.random.default_rng(seed)
     if kind == "resnet50":
-        inputs = rng.standard_normal((batch_size, 3, image_size, image_size), dtype=np.float32)
+        inputs = rng.standard_normal((batch_size, image_size, image_size, 3), dtype=np.float32).transpose(0, 3, 1, 2)
+        inputs = inputs if channels_last else np.ascontiguousarray(inputs)
         labels = rng.integers(0, 1000, batch_size)
     else:
         inputs, labels = (rng.integers(0, 50257, (batch_size, seq_len)) for _ in range(2))
     return ampc._C._to_device(inputs, index), ampc._C._to_device(labels, index)
 
 
-def train_synthetic(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024):
+def train_synthetic(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024,
+                    channels_last=False):
     """Time ampc's training step of kind (resnet50: SGD momentum 0.9; gpt2: AdamW) under recipe on
     device index: a dict of the median step time and peak GPU memory, skipped steps, scale."""
     name, dtype, scaled = recipe
     ampc.manual_seed(0)
     model = ampc.models.resnet50() if kind == "resnet50" else ampc.models.gpt(block_size=max(seq_len, 1))
-    model.to("cpu" if index < 0 else f"cuda:{index}")
+    model.to("cpu" if index < 0 else f"cuda:{index}", memory_format="channels_last" if channels_last else None)
     params = list(model.parameters())
     optimizer = (ampc.optim.SGD(params, lr=0.1, momentum=0.9) if kind == "resnet50"
                  else ampc.optim.AdamW(params, lr=3e-4))
     device_type = "cpu" if index < 0 else "cuda"
     scaler = ampc.GradScaler(device_type, enabled=scaled)
-    x, y = synthetic_batch(kind, batch_size, index, image_size, seq_len)
+    x, y = synthetic_batch(kind, batch_size, index, image_size, seq_len, channels_last=channels_last)
     if index >= 0:
         ampc.cuda.reset_peak_memory_stats(index)
     times, losses = [], []
@@ -252,20 +255,22 @@ def run_synthetic(args, index):
     kind = args.model
     batch = args.batch_size or (256 if kind == "resnet50" else 8)
     where = "the CPU" if index < 0 else ampc.cuda.get_device_name(index)
-    what = (f"ResNet-50, batch {batch}, random {args.image_size}x{args.image_size} images, SGD momentum 0.9"
-            if kind == "resnet50" else f"GPT-2 small (124M), batch {batch} x {args.seq_len} random tokens, AdamW")
+    what = (f"ResNet-50, batch {batch}, random {args.image_size}x{args.image_size} images"
+            f"{' (channels-last)' if args.channels_last else ''}, SGD momentum 0.9" if kind == "resnet50" else
+            f"GPT-2 small (124M), batch {batch} x {args.seq_len} random tokens, AdamW")
     print(f"ampc {ampc.__version__} demo: {what}, on {where}; one training step, median of {args.steps} after "
           f"{args.warmup} warm-up steps")
     results = []
     for recipe in RECIPES:
         results.append(train_synthetic(kind, recipe, index, batch, args.steps, args.warmup, args.image_size,
-                                       args.seq_len))
+                                       args.seq_len, args.channels_last))
         gc.collect()
     if args.compare_torch:
         from ampc._demo_torch import train_torch
 
         for recipe in RECIPES:
-            row = train_torch(kind, recipe, index, batch, args.steps, args.warmup, args.image_size, args.seq_len)
+            row = train_torch(kind, recipe, index, batch, args.steps, args.warmup, args.image_size, args.seq_len,
+                              args.channels_last)
             if row is None:
                 break
             results.append(row)

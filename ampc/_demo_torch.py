@@ -47,7 +47,8 @@ def _torch_gpt(torch, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768
     return GPT()
 
 
-def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024):
+def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024,
+                channels_last=False):
     """torch's row for recipe, or None (with a note printed) when torch or torchvision is missing or
     there is no GPU."""
     try:
@@ -71,11 +72,14 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
             print("--compare-torch: torchvision is not installed: no torch rows for ResNet-50")
             return None
         model = torchvision.models.resnet50().to(device)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     else:
         model = _torch_gpt(torch, block=max(seq_len, 1)).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
-    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(kind, batch_size, index, image_size, seq_len))
+    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(kind, batch_size, index, image_size, seq_len,
+                                                                  channels_last=channels_last))
     torch_dtype = {None: torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16}[
         None if dtype is None else np.dtype(dtype).name]
     scaler = torch.amp.GradScaler("cuda", enabled=scaled)

@@ -393,6 +393,24 @@ def _to_dtype(grad, dtype):
     return _C.cast(grad, _C.as_dtype(dtype))
 
 
+def _byte_strides(x):
+    strides = getattr(x, "strides", None)
+    if strides is None:  # torch: strides in elements
+        return tuple(s * x.element_size() for s in x.stride())
+    return tuple(strides)
+
+
+def _like_parameter(grad, param):
+    """grad in the dtype and the layout of param's array (a channels-last weight gets a channels-last
+    gradient, as torch's gradient layout contract): what a fused optimizer step walks in step."""
+    data = param.data
+    if _C.as_dtype(grad.dtype) == _C.as_dtype(data.dtype) and _byte_strides(grad) == _byte_strides(data):
+        return grad
+    out = _C.zeros_like(data)
+    _C.cast(grad, out=out)
+    return out
+
+
 def _ones_like(x):
     from ampc.nn._glue import _library
 
@@ -420,11 +438,12 @@ def run_backward(root, gradient, retain_graph):
         for source, grad, dtype in zip(node.sources, result, node.dtypes):
             if source is None or grad is None:
                 continue
-            grad = _to_dtype(grad, dtype)
             if isinstance(source, tuple):
+                grad = _to_dtype(grad, dtype)
                 slots = grads.setdefault(id(source[0]), [None] * source[0].outputs)
                 slots[source[1]] = grad if slots[source[1]] is None else _add(slots[source[1]], grad)
             else:  # a Parameter: its .grad, added to as torch's
+                grad = _like_parameter(grad, source)
                 source.grad = grad if source.grad is None else _add(source.grad, grad)
         if not retain_graph:
             node.args = node.saved = None

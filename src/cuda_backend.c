@@ -344,7 +344,7 @@ static PyObject *mod_cuda_stream_device(PyObject *module, PyObject *args)
     return PyLong_FromLong(device);
 }
 
-/* A copy of x (C-contiguous) on device: -1 the host (a NumPy array), else
+/* A copy of x (dense, in its own layout) on device: -1 the host (a NumPy array), else
  * that GPU (an ampc.Array from ampc's pool). The copy is queued on the
  * stream in use on the GPU end, after the work that made x; one that lands
  * on the host waits for it. Module.to() moves parameters with it. */
@@ -361,12 +361,23 @@ static PyObject *mod_to_device(PyObject *module, PyObject *args)
     if (ampc_view_from_object(st, x, "to: x", AMPC_FOR_READING, &v) < 0)
         return NULL;
     const int64_t itemsize = ampc_dtype_size(v.dtype);
-    if (!ampc_layout_is_c_contiguous(v.ndim, v.shape, v.strides, itemsize)) {
-        PyErr_SetString(PyExc_ValueError, "to: x must be C-contiguous");
+    /* dense in some order of its dimensions (C order, channels-last, a transpose), strides positive:
+     * its bytes are one block, copied as they are, and the copy keeps the strides */
+    int64_t lo = 0, hi = 0, strides[AMPC_MAX_NDIM];
+    int positive = 1;
+    for (int d = 0; d < v.ndim; d++)
+        positive &= v.strides[d] > 0 || v.shape[d] <= 1;
+    if (v.numel > 0)
+        ampc_layout_extent(v.ndim, v.shape, v.strides, itemsize, &lo, &hi);
+    if (v.numel > 0 && (!positive || lo != 0 || hi != v.numel * itemsize ||
+                        ampc_layout_has_internal_overlap(v.ndim, v.shape, v.strides, itemsize))) {
+        PyErr_SetString(PyExc_ValueError, "to: x must be dense (C order, channels-last or another order of its "
+                        "dimensions) with positive strides");
         goto done;
     }
+    ampc_layout_korder_strides(v.ndim, v.shape, v.strides, itemsize, strides);
     const ampc_device target = {device < 0 ? AMPC_DEVICE_CPU : AMPC_DEVICE_CUDA, device < 0 ? 0 : device};
-    fresh = ampc_array_empty(st, target, v.dtype, v.ndim, v.shape, NULL, &out);
+    fresh = ampc_array_empty(st, target, v.dtype, v.ndim, v.shape, strides, &out);
     if (fresh == NULL)
         goto done;
     const size_t nbytes = (size_t)(v.numel * itemsize);
@@ -394,7 +405,7 @@ done:
 }
 
 PyMethodDef ampc_cuda_methods[] = {
-    {"_to_device", mod_to_device, METH_VARARGS, "A C-contiguous copy of x on a device (-1: the host)."},
+    {"_to_device", mod_to_device, METH_VARARGS, "A copy of dense x, in its layout, on a device (-1: the host)."},
     {"_cuda_build_info", mod_cuda_build_info, METH_NOARGS,
      "(built, why_not): whether ampc._cuda loads, and the import error if it does not."},
     {"_cuda_device_count", mod_cuda_device_count, METH_NOARGS, "Visible CUDA devices (0 without a GPU)."},

@@ -219,3 +219,30 @@ def test_the_resnet50_demo_runs_on_the_cpu(capsys):
     assert "ResNet-50, batch 2, random 32x32 images" in out
     rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows == ["run", "fp32", "AMP bf16", "AMP fp16"]
+
+
+def test_channels_last_trains_as_contiguous():
+    """to(memory_format="channels_last"): NHWC weights and inputs train to the same losses, and each
+    weight's gradient comes in its weight's layout (what the fused optimizer step needs)."""
+    def losses(channels_last):
+        ampc.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 4, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+        x = np.random.default_rng(0).standard_normal((2, 3, 6, 6)).astype(np.float32)
+        if channels_last:
+            m.to(memory_format="channels_last")
+            x = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+        opt = ampc.optim.SGD(list(m.parameters()), lr=0.1, momentum=0.9)
+        out = []
+        for _ in range(3):
+            opt.zero_grad()
+            loss = F.cross_entropy(m(x), np.array([1, 2]))
+            loss.backward()
+            if channels_last:
+                w = m[0].weight
+                assert w.data.strides == w.grad.strides == (108, 4, 36, 12)
+            opt.step()
+            out.append(float(loss))
+        return out
+
+    np.testing.assert_allclose(losses(True), losses(False), rtol=1e-5)

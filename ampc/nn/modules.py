@@ -13,7 +13,7 @@ import numpy as np
 from ampc import _C, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
-from ampc.nn._ampc_arrays import _c_strides
+from ampc.nn import _ampc_arrays
 
 __all__ = [
     "AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GELU",
@@ -152,21 +152,24 @@ class Module:
     def eval(self):
         return self.train(False)
 
-    def to(self, device=None, dtype=None):
+    def to(self, device=None, dtype=None, memory_format=None):
         """Move every parameter and buffer to device ("cpu", "cuda", "cuda:N", an int or a
         torch.device: NumPy arrays on the host, ampc arrays from ampc's pool on a GPU) and cast the
-        floating ones to dtype, as torch's Module.to; gradients follow their parameters. Batch
-        norm's step count stays a host integer."""
+        floating ones to dtype, as torch's Module.to; gradients follow their parameters.
+        ``memory_format="channels_last"`` lays 4-D ones out channels-last (NHWC), where ampc's
+        convolutions and batch norms are fastest. Batch norm's step count stays a host integer."""
         index = None if device is None else _device_index(device)
+        if memory_format not in (None, "channels_last", "contiguous_format"):
+            raise ValueError(f"to: memory_format must be 'channels_last' or 'contiguous_format', got {memory_format!r}")
         for module in self.modules():
             for p in module._parameters.values():
                 if p is not None:
-                    p.data = _moved(p.data, index, dtype)
+                    p.data = _moved(p.data, index, dtype, memory_format)
                     if p.grad is not None:
-                        p.grad = _moved(p.grad, index, dtype)
+                        p.grad = _moved(p.grad, index, dtype, memory_format)
             for name, b in module._buffers.items():
                 if b is not None and name != "num_batches_tracked":
-                    module._buffers[name] = _moved(b, index, dtype)
+                    module._buffers[name] = _moved(b, index, dtype, memory_format)
         return self
 
     def cuda(self, device=0):
@@ -263,19 +266,39 @@ def _array_device(x):
     return int(index) if int(kind) == 2 else -1  # DLPack: 1 the CPU, 2 CUDA
 
 
-def _moved(x, index, dtype):
+def _relaid(x, memory_format):
+    """x laid out channels-last (a 4-D array) or in C order, on the host (NumPy) or as an ampc array."""
+    channels_last = memory_format == "channels_last" and len(x.shape) == 4
+    if memory_format is None or (memory_format == "channels_last" and not channels_last):
+        return x
+    if isinstance(x, np.ndarray):
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2) if channels_last else \
+            np.ascontiguousarray(x)
+    if not isinstance(x, _C.Array):
+        raise TypeError(f"to: memory_format needs NumPy or ampc arrays, got {type(x).__name__}")
+    if not channels_last:
+        return _ampc_arrays.contiguous(x)
+    n, c, h, w = x.shape
+    out = _ampc_arrays.transpose(_C.zeros_like(x, shape=(n, h, w, c)), (0, 3, 1, 2))
+    _C.cast(x, out=out)
+    return out
+
+
+def _moved(x, index, dtype, memory_format=None):
     if dtype is not None and np.issubdtype(np.dtype(x.dtype) if isinstance(x, np.ndarray) else _C.as_dtype(x.dtype),
                                            np.floating) and _C.as_dtype(x.dtype) != _C.as_dtype(dtype):
         x = _C.cast(x, dtype)
+    x = _relaid(x, memory_format)
     if index is None or _array_device(x) == index:
         return x
-    if isinstance(x, np.ndarray):
-        x = np.ascontiguousarray(x)
-    elif tuple(x.strides) != _c_strides(tuple(x.shape), np.dtype(_C.as_dtype(x.dtype)).itemsize):
+    try:
+        return _C._to_device(x, index)
+    except ValueError:  # not one dense block: a C-order copy first
+        if isinstance(x, np.ndarray):
+            return _C._to_device(np.ascontiguousarray(x), index)
         copy = _C.zeros_like(x, shape=tuple(x.shape))
         _C.cast(x, out=copy)
-        x = copy
-    return _C._to_device(x, index)
+        return _C._to_device(copy, index)
 
 
 def _copy_into(target, value):
