@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device session: build ampc (with ampc._cuda), print the doctor, run the
 # whole test suite with the GPU required, run the kernels under
-# compute-sanitizer, then the benchmarks. Logs go to $OUT (or ./out); the
-# summary is printed last. SKIP="tests memcheck" (any of tests, memcheck,
-# benchmarks) leaves steps out, to split the work over calls of 10 minutes;
-# AMPC_CUDA_ARCH=90 builds for the H200 alone, three times faster.
+# compute-sanitizer, the benchmarks, then the demo's training tables against
+# torch. Logs go to $OUT (or ./out); the summary is printed last.
+# SKIP="tests memcheck" (any of tests, memcheck, benchmarks, ops, demo) leaves
+# steps out, to split the work over calls of 10 minutes; AMPC_CUDA_ARCH=90
+# builds for the H200 alone, three times faster.
 #
 #   bash benchmarks/run_on_gpu.sh [pytest args...]
 set -uo pipefail
@@ -40,9 +41,24 @@ if ! skipped memcheck && command -v compute-sanitizer >/dev/null; then
     tail -3 "$OUT/memcheck.log"
 fi
 
-skipped benchmarks && exit $status
-step benchmarks
-python3 benchmarks/cast.py --json "$OUT/cast.json" 2>&1 | tee "$OUT/cast.txt" | tail -20
-python3 benchmarks/scaler_diag.py 2>&1 | tee "$OUT/scaler_diag.txt"
-python3 benchmarks/scaler.py 2>&1 | tee "$OUT/scaler.txt"
+if ! skipped benchmarks; then
+    step benchmarks
+    python3 benchmarks/cast.py --json "$OUT/cast.json" 2>&1 | tee "$OUT/cast.txt" | tail -20
+    python3 benchmarks/scaler_diag.py 2>&1 | tee "$OUT/scaler_diag.txt"
+    python3 benchmarks/scaler.py 2>&1 | tee "$OUT/scaler.txt"
+fi
+
+if ! skipped ops; then
+    step ops
+    python3 benchmarks/ops.py 2>&1 | tee "$OUT/ops.txt" | tail -40
+fi
+
+if ! skipped demo; then
+    step demo
+    python3 -m ampc demo 2>&1 | tee "$OUT/demo_mlp.txt" | tail -6
+    python3 -m ampc demo --model resnet50 --batch-size 256 --compare-torch 2>&1 | tee "$OUT/demo_resnet50.txt" | tail -9
+    python3 -m ampc demo --model resnet50 --batch-size 256 --channels-last --compare-torch 2>&1 |
+        tee "$OUT/demo_resnet50_nhwc.txt" | tail -9
+    python3 -m ampc demo --model gpt2 --batch-size 8 --compare-torch 2>&1 | tee "$OUT/demo_gpt2.txt" | tail -9
+fi
 exit $status
