@@ -158,6 +158,18 @@ def table(results):
     return "\n".join(lines)
 
 
+def notes(results):
+    """What the table's numbers mean when something went wrong: a loss that is not finite, steps the
+    scaler skipped."""
+    lines = []
+    for r in results:
+        if not math.isfinite(r["final_loss"]):
+            lines.append(f"{r['name']}: the final loss is {r['final_loss']}: NaN or inf in the data or the model")
+        if r["skipped"]:
+            lines.append(f"{r['name']}: the GradScaler skipped {r['skipped']} step(s) whose gradients held inf or NaN")
+    return lines
+
+
 def device_index(device):
     """-1 for the CPU, else the CUDA ordinal; "auto" is the first GPU if there is one."""
     if device == "auto":
@@ -238,11 +250,8 @@ def run(args):
             result["peak_bytes"] = peak_memory(recipe, data, batch_size=args.batch_size or 64)
         results.append(result)
     print(table(results))
-    for r in results:
-        if not math.isfinite(r["final_loss"]):
-            print(f"{r['name']}: the loss is {r['final_loss']} (NaN or inf in the data or the model)")
-        if r["skipped"]:
-            print(f"{r['name']}: the GradScaler skipped {r['skipped']} step(s) whose gradients held inf or NaN")
+    for line in notes(results):
+        print(line)
     if args.plot:
         from ampc._plot import save_training_plot
 
@@ -276,4 +285,6 @@ def run_synthetic(args, index):
             results.append(row)
             gc.collect()
     print(table(results))
+    for line in notes(results):
+        print(line)
     return 0

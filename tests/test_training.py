@@ -246,3 +246,20 @@ def test_channels_last_trains_as_contiguous():
         return out
 
     np.testing.assert_allclose(losses(True), losses(False), rtol=1e-5)
+
+
+def test_nan_data_the_scaler_skips_and_the_demo_says_so(digits):
+    """Images holding NaN: the float16 run's scaler skips every step whose batch holds one (the
+    parameters stay finite), the float32 run's loss turns NaN, and notes() says both."""
+    x_train, y_train, x_test, y_test = (a.copy() for a in digits)
+    x_train[::50, 3] = np.nan  # one image in 50: most batches of 64 hold one
+    data = (x_train, y_train, x_test, y_test)
+    fp32 = _demo.train(_demo.RECIPES[0], data, epochs=1, progress=False)
+    fp16 = _demo.train(_demo.RECIPES[2], data, epochs=1, progress=False)
+    order = np.random.default_rng(0).permutation(len(x_train))  # train()'s shuffle for seed 0, epoch 0
+    batches_with_nan = sum(np.isnan(x_train[order[i:i + 64]]).any() for i in range(0, len(x_train), 64))
+    assert fp16["skipped"] == batches_with_nan > 0
+    assert not np.isfinite(fp32["final_loss"])
+    lines = _demo.notes([fp32, fp16])
+    assert any("fp32: the final loss is nan" in line for line in lines)
+    assert any(f"AMP fp16: the GradScaler skipped {fp16['skipped']} step(s)" in line for line in lines)
