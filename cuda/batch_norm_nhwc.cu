@@ -4,37 +4,20 @@
  * than torch's channels-last kernels on the H200).
  *
  * Channels-last data is a (rows = n * h * w, c) matrix, so every per-channel
- * statistic is a column sum (packs.cuh, a pack of channels per thread, two
- * fixed-order stages): the forward takes the mean, then the sum of squared
- * deviations (two passes, as the CPU: no cancellation), then writes
- * (x - mean) * rstd * w + b; the backward takes sum(dy) and sum(dy * xhat)
- * in one pass and writes dx. The formulas are the CPU kernel's
- * (spatial_real.inc). Channels must come in whole 16-byte packs; other
- * shapes go to cuDNN.
+ * statistic is a column reduction, a pack of channels per thread in two
+ * fixed-order stages (packs.cuh's layout): the forward runs Welford's mean
+ * and sum of squared deviations in one pass (no cancellation, and one read
+ * of x fewer than a mean pass then a deviations pass), merged by Chan's
+ * formula, then writes (x - mean) * rstd * w + b; the backward takes sum(dy)
+ * and sum(dy * xhat) in one pass and writes dx (the CPU kernel's formulas,
+ * spatial_real.inc). Channels must come in whole 16-byte packs; other shapes
+ * go to cuDNN.
  */
 #include "packs.cuh"
 
 namespace {
 
 using namespace ops;
-
-template <class T>
-struct Squared {  /* (x - mean)^2 */
-    const T *x;
-    const float *mean;
-    int64_t c;
-    template <class V>
-    __device__ void operator()(int64_t j, int64_t pack, V &v) const
-    {
-        Pack<T> p;
-        p.load(x + j * c + pack * Pack<T>::VEC);
-#pragma unroll
-        for (int i = 0; i < Pack<T>::VEC; i++) {
-            const float d = p[i] - mean[pack * Pack<T>::VEC + i];
-            v[0][i] = d * d;
-        }
-    }
-};
 
 template <class T>
 struct DyAndDyXc {  /* dy, dy * (x - mean) */
@@ -55,29 +38,115 @@ struct DyAndDyXc {  /* dy, dy * (x - mean) */
     }
 };
 
-/* rstd from the sum of squared deviations (in save_rstd), the running
- * averages (the unbiased variance), as the CPU kernel, and each channel's
- * scale and shift for normalize. */
-__global__ void finish_statistics(ampc_batch_norm b, int64_t count, float *scale, float *shift)
+/* Welford's running mean and sum of squared deviations, one pass, merged by
+ * Chan's formula: (n, mean, m2) += (nb, mean_b, m2_b). */
+__device__ __forceinline__ void merge(float &n, float &mean, float &m2, float nb, float mean_b, float m2_b)
 {
+    if (nb == 0.0f)
+        return;
+    const float total = n + nb, delta = mean_b - mean, w = nb / total;
+    mean += delta * w;
+    m2 += m2_b + delta * delta * n * w;
+    n = total;
+}
+
+/* Stage 1 over the (rows, c) matrix: block (tile, chunk), as packed_column_partials lays it out,
+ * each thread running Welford over its rows for a pack of channels, the block's threads merged
+ * in a fixed order (row lane, then lane group) into mean[chunk][ch] and m2[chunk][ch]. */
+template <class T>
+__global__ void __launch_bounds__(PCOL_X *PCOL_Y)
+    welford_partials(const T *x, int64_t rows, int64_t cols, int64_t chunks, int groups, float *part_mean,
+                     float *part_m2)
+{
+    constexpr int VEC = Pack<T>::VEC;
+    __shared__ float s_mean[PCOL_Y][PCOL_X * VEC + 1], s_m2[PCOL_Y][PCOL_X * VEC + 1], s_n[PCOL_Y][PCOL_X];
+    const int64_t tiles = (cols / VEC + PCOL_X - 1) / PCOL_X;
+    const int64_t tile = blockIdx.x % tiles, c = blockIdx.x / tiles;
+    const int width = PCOL_X / groups, group = threadIdx.x / width;
+    const int64_t pack = tile * PCOL_X + threadIdx.x % width;
+    const int64_t chunk = (rows + chunks - 1) / chunks;
+    const int64_t j0 = c * chunk, j1 = j0 + chunk < rows ? j0 + chunk : rows;
+    float n = 0.0f, mean[VEC], m2[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; i++)
+        mean[i] = m2[i] = 0.0f;
+    if (pack * VEC < cols)
+        for (int64_t j = j0 + threadIdx.y * groups + group; j < j1; j += PCOL_Y * groups) {
+            Pack<T> p;
+            p.load(x + j * cols + pack * VEC);
+            n += 1.0f;
+            const float inv = 1.0f / n;
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                const float d = p[i] - mean[i];
+                mean[i] += d * inv;
+                m2[i] += d * (p[i] - mean[i]);
+            }
+        }
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        s_mean[threadIdx.y][threadIdx.x * VEC + i] = mean[i];
+        s_m2[threadIdx.y][threadIdx.x * VEC + i] = m2[i];
+    }
+    s_n[threadIdx.y][threadIdx.x] = n;
+    __syncthreads();
+    for (int k = threadIdx.y * PCOL_X + threadIdx.x; k < width * VEC; k += PCOL_X * PCOL_Y) {
+        const int64_t col = tile * PCOL_X * VEC + k;
+        if (col >= cols)
+            continue;
+        float tn = 0.0f, tmean = 0.0f, tm2 = 0.0f;
+        for (int q = 0; q < PCOL_Y * groups; q++) {
+            const int r = q / groups, slot = q % groups * width * VEC + k;
+            merge(tn, tmean, tm2, s_n[r][slot / VEC], s_mean[r][slot], s_m2[r][slot]);
+        }
+        part_mean[c * cols + col] = tmean;
+        part_m2[c * cols + col] = tm2;
+    }
+}
+
+/* Stage 2 per channel: the chunks merged in a fixed order (FINISH_Y threads each take every
+ * FINISH_Y-th chunk, then their results merge in y order); then the batch statistics, the
+ * running averages (the unbiased variance, as the CPU kernel) and normalize's scale and shift. */
+__global__ void __launch_bounds__(FINISH_X *FINISH_Y)
+    welford_finish(ampc_batch_norm b, const float *part_mean, const float *part_m2, int64_t rows, int64_t chunks,
+                   float *scale, float *shift)
+{
+    __shared__ float s_n[FINISH_Y][FINISH_X], s_mean[FINISH_Y][FINISH_X], s_m2[FINISH_Y][FINISH_X];
     const float *w = static_cast<const float *>(b.weight.data), *bias = static_cast<const float *>(b.bias.data);
-    for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < b.c; ch += (int64_t)gridDim.x * blockDim.x) {
-        float *rstd = static_cast<float *>(b.save_rstd.data) + ch;  /* holds the sum of squared deviations */
-        const float mean = static_cast<const float *>(b.save_mean.data)[ch];
-        const float m2 = *rstd, var = m2 / (float)count;
-        *rstd = 1.0f / sqrtf(var + (float)b.eps);
-        scale[ch] = (w != nullptr ? w[ch] : 1.0f) * *rstd;
-        shift[ch] = (bias != nullptr ? bias[ch] : 0.0f) - mean * scale[ch];
-        const float momentum = (float)b.momentum;
-        if (b.running_mean.data != nullptr) {
-            float *rm = static_cast<float *>(b.running_mean.data) + ch;
-            *rm = (1.0f - momentum) * *rm + momentum * mean;
+    const int64_t chunk = (rows + chunks - 1) / chunks;
+    for (int64_t c0 = (int64_t)blockIdx.x * FINISH_X; c0 < b.c; c0 += (int64_t)gridDim.x * FINISH_X) {
+        const int64_t ch = c0 + threadIdx.x;
+        float n = 0.0f, mean = 0.0f, m2 = 0.0f;
+        if (ch < b.c)
+            for (int64_t c = threadIdx.y; c < chunks; c += FINISH_Y) {
+                const int64_t left = rows - c * chunk;  /* the last chunks may be short, or empty */
+                const int64_t count = left < chunk ? (left > 0 ? left : 0) : chunk;
+                merge(n, mean, m2, (float)count, part_mean[c * b.c + ch], part_m2[c * b.c + ch]);
+            }
+        s_n[threadIdx.y][threadIdx.x] = n;
+        s_mean[threadIdx.y][threadIdx.x] = mean;
+        s_m2[threadIdx.y][threadIdx.x] = m2;
+        __syncthreads();
+        if (threadIdx.y == 0 && ch < b.c) {
+            for (int r = 1; r < FINISH_Y; r++)
+                merge(n, mean, m2, s_n[r][threadIdx.x], s_mean[r][threadIdx.x], s_m2[r][threadIdx.x]);
+            const float rstd = 1.0f / sqrtf(m2 / (float)rows + (float)b.eps);
+            static_cast<float *>(b.save_mean.data)[ch] = mean;
+            static_cast<float *>(b.save_rstd.data)[ch] = rstd;
+            scale[ch] = (w != nullptr ? w[ch] : 1.0f) * rstd;
+            shift[ch] = (bias != nullptr ? bias[ch] : 0.0f) - mean * scale[ch];
+            const float momentum = (float)b.momentum;
+            if (b.running_mean.data != nullptr) {
+                float *rm = static_cast<float *>(b.running_mean.data) + ch;
+                *rm = (1.0f - momentum) * *rm + momentum * mean;
+            }
+            if (b.running_var.data != nullptr) {
+                float *rv = static_cast<float *>(b.running_var.data) + ch;
+                const float unbiased = rows > 1 ? m2 / (float)(rows - 1) : NAN;
+                *rv = (1.0f - momentum) * *rv + momentum * unbiased;
+            }
         }
-        if (b.running_var.data != nullptr) {
-            float *rv = static_cast<float *>(b.running_var.data) + ch;
-            const float unbiased = count > 1 ? m2 / (float)(count - 1) : NAN;
-            *rv = (1.0f - momentum) * *rv + momentum * unbiased;
-        }
+        __syncthreads();
     }
 }
 
@@ -179,28 +248,30 @@ extern "C" int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_ba
         return AMPC_NOT_TAKEN;
     const int64_t rows = b->n * b->h * b->w;
     return ampc_on_device(device, [&] {
-        Scratch coefficients(device, stream);
-        const int got = coefficients.get(2 * (size_t)b->c * sizeof(float));
-        if (got != AMPC_OK)
-            return got;
-        float *scale = static_cast<float *>(coefficients.ptr), *shift = scale + b->c;
         return with_storage(b->x.dtype, [&](auto type) {
             using T = decltype(type);
-            const T *x = static_cast<const T *>(b->x.data);
-            const float inv = 1.0f / (float)rows;
-            int rc = packed_column_sums<T, 1>(device, stream, PlainColumns<T>{x, b->c}, rows, b->c, b->save_mean,
-                                              b->save_mean, inv, "batch_norm mean");
-            if (rc == AMPC_OK)
-                rc = packed_column_sums<T, 1>(device, stream,
-                                              Squared<T>{x, static_cast<const float *>(b->save_mean.data), b->c},
-                                              rows, b->c, b->save_rstd, b->save_rstd, 1.0f, "batch_norm variance");
+            constexpr int VEC = Pack<T>::VEC;
+            const int64_t tiles = (b->c / VEC + PCOL_X - 1) / PCOL_X;
+            const int64_t chunks = packed_column_chunks(rows, b->c, VEC);
+            /* scale, shift, then each chunk's means and m2s */
+            Scratch scratch(device, stream);
+            int rc = scratch.get((2 + 2 * (size_t)chunks) * (size_t)b->c * sizeof(float));
             if (rc != AMPC_OK)
                 return rc;
-            finish_statistics<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(*b, rows, scale, shift);
+            float *scale = static_cast<float *>(scratch.ptr), *shift = scale + b->c;
+            float *part_mean = shift + b->c, *part_m2 = part_mean + chunks * b->c;
+            welford_partials<T><<<(unsigned)(tiles * chunks), dim3(PCOL_X, PCOL_Y), 0, as_stream(stream)>>>(
+                static_cast<const T *>(b->x.data), rows, b->c, chunks, packed_column_groups(b->c, VEC), part_mean,
+                part_m2);
             rc = ampc_cuda_launched("batch_norm statistics kernel");
             if (rc != AMPC_OK)
                 return rc;
-            const int64_t packs = rows * b->c / Pack<T>::VEC;
+            welford_finish<<<grid_for(b->c, FINISH_X), dim3(FINISH_X, FINISH_Y), 0, as_stream(stream)>>>(
+                *b, part_mean, part_m2, rows, chunks, scale, shift);
+            rc = ampc_cuda_launched("batch_norm statistics kernel");
+            if (rc != AMPC_OK)
+                return rc;
+            const int64_t packs = rows * b->c / VEC;
             normalize<T><<<grid_for(packs, 256), 256, 0, as_stream(stream)>>>(*b, packs, scale, shift);
             return ampc_cuda_launched("batch_norm kernel");
         });
