@@ -37,6 +37,10 @@ def test_module_to_cuda_and_back():
     np.testing.assert_allclose(losses, cpu_losses, rtol=1e-4)
     state = model.to("cpu").state_dict()
     assert all(isinstance(v, np.ndarray) for v in state.values())
+    fresh = ampc.models.gpt(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16).to("cuda")
+    fresh.load_state_dict(state)  # host arrays into GPU parameters
+    for key, value in fresh.to("cpu").state_dict().items():
+        np.testing.assert_array_equal(value, state[key], err_msg=key)
 
 
 def test_resnet_with_the_scaler_on_the_gpu():

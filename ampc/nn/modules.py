@@ -302,11 +302,14 @@ def _moved(x, index, dtype, memory_format=None):
 
 
 def _copy_into(target, value):
-    """Write value's numbers into a parameter's or buffer's array, in its dtype."""
+    """Write value's numbers into a parameter's or buffer's array, in its dtype and on its device."""
     data = target.data if isinstance(target, _C.Parameter) else target
     if isinstance(data, np.ndarray):
         np.copyto(data, np.asarray(value).astype(data.dtype, copy=False))
     else:
+        device = _array_device(data)
+        if _array_device(value) != device:
+            value = _moved(np.asarray(value) if not hasattr(value, "__dlpack_device__") else value, device, None)
         _C.cast(value, out=data)
     if isinstance(target, _C.Parameter):
         target.bump_version()
