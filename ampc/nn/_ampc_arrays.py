@@ -30,9 +30,15 @@ def _resolve(shape, size):
     return tuple(shape)
 
 
+def _is_c_contiguous(x):
+    """C order, the strides of dimensions of size 1 aside (they never step)."""
+    shape = tuple(x.shape)
+    return all(n == 1 or s == c for n, s, c in zip(shape, x.strides, _c_strides(shape, x.itemsize)))
+
+
 def contiguous(x):
     """x itself if C-contiguous, else a C-order copy."""
-    if tuple(x.strides) == _c_strides(tuple(x.shape), x.itemsize):
+    if _is_c_contiguous(x):
         return x
     out = _C.zeros_like(x, shape=tuple(x.shape))
     _C.cast(x, out=out)
