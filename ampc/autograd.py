@@ -393,19 +393,22 @@ def _to_dtype(grad, dtype):
     return _C.cast(grad, _C.as_dtype(dtype))
 
 
-def _byte_strides(x):
-    strides = getattr(x, "strides", None)
-    if strides is None:  # torch: strides in elements
-        return tuple(s * x.element_size() for s in x.stride())
-    return tuple(strides)
+def _element_strides(x):
+    stride = getattr(x, "stride", None)
+    if callable(stride):  # torch
+        return tuple(stride())
+    itemsize = _C.as_dtype(x.dtype).itemsize
+    return tuple(s // itemsize for s in x.strides)
 
 
 def _like_parameter(grad, param):
     """grad in the dtype and the layout of param's array (a channels-last weight gets a channels-last
-    gradient, as torch's gradient layout contract): what a fused optimizer step walks in step."""
+    gradient, as torch's gradient layout contract): what a fused optimizer step walks in step. A
+    cast keeps its input's layout; a gradient laid out otherwise is copied into the parameter's."""
     data = param.data
-    if _C.as_dtype(grad.dtype) == _C.as_dtype(data.dtype) and _byte_strides(grad) == _byte_strides(data):
-        return grad
+    dtype = _C.as_dtype(data.dtype)
+    if _element_strides(grad) == _element_strides(data):
+        return grad if _C.as_dtype(grad.dtype) == dtype else _C.cast(grad, dtype)
     out = _C.zeros_like(data)
     _C.cast(grad, out=out)
     return out
