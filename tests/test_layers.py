@@ -330,3 +330,29 @@ def test_glue_and_backward(rng):
         F.split(x, [1, 1], 1)
     with pytest.raises(TypeError, match="NumPy, torch"):
         F.cat([[1.0], [2.0]])
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_grouped_query_heads(rng, dtype, causal):
+    """enable_gqa: 6 query heads on 2 key/value heads equal the float64 reference with each key and
+    value head repeated for its 3 query heads; their gradients are the repeated heads' gradients
+    summed."""
+    q = ref.random(rng, (2, 6, 5, 8), dtype)
+    k, v = ref.random(rng, (2, 2, 7, 8), dtype), ref.random(rng, (2, 2, 7, 4), dtype)
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    k3, v3 = np.repeat(f64(k), 3, axis=1), np.repeat(f64(v), 3, axis=1)
+    rtol = {F32: 1e-5, BF16: 3e-2}[dtype]
+    assert out.shape == (2, 6, 5, 4) and out.dtype == dtype
+    assert_close(out, sdpa_ref(q, k3, v3, causal=causal), dtype, rtol=rtol, scale=np.abs(f64(v)).max(), what="gqa")
+    g = ref.random(rng, out.shape, dtype)
+    _, probs, _ = F._scaled_dot_product_attention_forward(q, k, v, is_causal=causal, enable_gqa=True)
+    gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
+    rq, rk, rv = F.scaled_dot_product_attention_backward(
+        f64(g), f64(q), k3, v3, F._scaled_dot_product_attention_forward(f64(q), k3, v3, is_causal=causal)[1])
+    assert gq.shape == q.shape and gk.shape == k.shape and gv.shape == v.shape
+    for got, want, name in ((gq, rq, "q"), (gk, rk.reshape(2, 2, 3, 7, 8).sum(2), "k"),
+                            (gv, rv.reshape(2, 2, 3, 7, 4).sum(2), "v")):
+        np.testing.assert_allclose(f64(got), want, atol=rtol * 20 * (1 + np.abs(want).max()), err_msg=name)
+    with pytest.raises(ValueError, match="enable_gqa=True lets query have a multiple"):
+        F.scaled_dot_product_attention(q, k, v)

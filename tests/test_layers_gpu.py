@@ -147,3 +147,16 @@ def test_causal_softmax_matches_cpu_rule(n, dtype):
     want = torch.softmax(x.double().masked_fill(~keep, float("-inf")), -1)
     close(y, want, dtype, rtol=2 * RTOL[dtype], scale=0.0, what="causal softmax")
     assert y.masked_select(~keep.expand_as(y)).eq(0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_grouped_query_heads(causal):
+    q, k, v = randn(2, 8, 33, 16), randn(2, 2, 40, 16), randn(2, 2, 40, 16)
+    fn = lambda a, b, c: TF.scaled_dot_product_attention(a, b, c, is_causal=causal, enable_gqa=True)  # noqa: E731
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    close(out, fn(q.double(), k.double(), v.double()), torch.float32, rtol=1e-5, scale=1.0, what="gqa vs float64")
+    g = randn(*out.shape)
+    _, probs, _ = F._scaled_dot_product_attention_forward(q, k, v, is_causal=causal, enable_gqa=True)
+    got = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
+    for name, a, b in zip("qkv", got, autograd(fn, [q, k, v], g)):
+        close(a, b, torch.float32, rtol=1e-4, scale=b.abs().max().item(), what=f"gqa grad_{name}")

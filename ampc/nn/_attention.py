@@ -7,6 +7,10 @@ the kernel (no mask array) and rounds the probabilities once to the inputs' dtyp
 probabilities @ v accumulates in float32 again. The backward pass recomputes nothing but dropout's
 mask (from its seed and offset). The probabilities take B * H * L * S values, which a fused kernel
 would not store; a fused kernel (cuDNN's or ampc's) is the next step for long sequences.
+
+Grouped-query attention (enable_gqa: G query heads per key/value head) copies nothing: the G query
+heads of a key/value head are viewed as one head of G * L rows, so each product reads the shared
+keys and values once (and the backward's products sum the G heads' key and value gradients).
 """
 
 import math
@@ -15,7 +19,7 @@ from ampc import _C, as_dtype
 from ampc.amp import autocast_op
 from ampc.nn._common import OPS as _OPS, acc_dtype as _acc
 from ampc.nn._embedding import _dropout_forward, dropout_backward
-from ampc.nn._glue import _library
+from ampc.nn._glue import _library, reshape
 
 
 def _check(query, key, value, attn_mask, is_causal, enable_gqa):
@@ -26,13 +30,22 @@ def _check(query, key, value, attn_mask, is_causal, enable_gqa):
         raise ValueError(f"{op}: key has {key.shape[-1]} features per position, query {query.shape[-1]}")
     if value.shape[-2] != key.shape[-2]:
         raise ValueError(f"{op}: value has {value.shape[-2]} positions, key {key.shape[-2]}")
-    if tuple(query.shape[:-2]) != tuple(key.shape[:-2]) or tuple(key.shape[:-2]) != tuple(value.shape[:-2]):
-        if enable_gqa:
-            raise NotImplementedError(f"{op}: enable_gqa (fewer key/value heads than query heads) is not supported")
+    if tuple(key.shape[:-2]) != tuple(value.shape[:-2]) or (
+            tuple(query.shape[:-2]) != tuple(key.shape[:-2]) and _groups(query, key, enable_gqa) == 1):
         raise ValueError(f"{op}: query, key and value must have the same batch dimensions, got "
-                         f"{tuple(query.shape[:-2])}, {tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}")
+                         f"{tuple(query.shape[:-2])}, {tuple(key.shape[:-2])} and {tuple(value.shape[:-2])}"
+                         + ("" if enable_gqa else " (enable_gqa=True lets query have a multiple of key's heads)"))
     if is_causal and attn_mask is not None:
         raise ValueError(f"{op}: Explicit attn_mask should not be set when is_causal=True")
+
+
+def _groups(query, key, enable_gqa):
+    """G, the query heads per key/value head, for enable_gqa: query (..., G * H, L, E) against key
+    (..., H, S, E); 1 otherwise or when the shapes do not group."""
+    q, k = tuple(query.shape), tuple(key.shape)
+    if not enable_gqa or len(q) < 3 or len(q) != len(k) or q[:-3] != k[:-3] or k[-3] == 0 or q[-3] % k[-3]:
+        return 1
+    return q[-3] // k[-3]
 
 
 def _scale(query, scale):
@@ -49,20 +62,40 @@ def _additive_mask(attn_mask):
 
 
 def _forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-    """(output, probs, dropout_state): the attention, its probabilities (the inputs' dtype) and
-    the (seed, offset) of its dropout mask (None without dropout)."""
+    """(output, probs, dropout_state): the attention, its probabilities (the inputs' dtype; for
+    grouped queries, shaped (..., H, G * L, S)) and the (seed, offset) of its dropout mask (None
+    without dropout)."""
     _check(query, key, value, attn_mask, is_causal, enable_gqa)
     dtype = as_dtype(query.dtype)
-    scores = _C._matmul(query, key, transpose_b=True, alpha=_scale(query, scale), dtype=_acc(dtype),
+    groups = _groups(query, key, enable_gqa)
+    q = query if groups == 1 else reshape(query, tuple(key.shape[:-2]) + (groups * query.shape[-2], query.shape[-1]))
+    scores = _C._matmul(q, key, transpose_b=True, alpha=_scale(query, scale), dtype=_acc(dtype),
                         op="scaled_dot_product_attention")
+    by_head = tuple(key.shape[:-2]) + (groups, query.shape[-2], key.shape[-2])  # (..., H, G, L, S)
+    if groups > 1:
+        scores = reshape(scores, by_head)  # each query head's L rows: the causal mask counts from 0
     if attn_mask is not None:
-        scores = _C._ew(_OPS["add"], scores, _additive_mask(attn_mask), dtype=_acc(dtype))
+        scores = _C._ew(_OPS["add"], scores, _grouped_mask(attn_mask, groups), dtype=_acc(dtype))
     probs = _C._softmax(scores, -1, False, dtype, causal=bool(is_causal))
+    if groups > 1:
+        probs = reshape(probs, tuple(q.shape[:-1]) + (key.shape[-2],))
     state = None
     attended = probs
     if dropout_p > 0.0:
         attended, state = _dropout_forward(probs, dropout_p, True)
-    return _C._matmul(attended, value, op="scaled_dot_product_attention"), probs, state
+    out = _C._matmul(attended, value, op="scaled_dot_product_attention")
+    return (out if groups == 1 else reshape(out, tuple(query.shape[:-1]) + (value.shape[-1],))), probs, state
+
+
+def _grouped_mask(attn_mask, groups):
+    """The additive mask, shaped to broadcast over (..., H, G, L, S) scores when heads are grouped."""
+    mask = _additive_mask(attn_mask)
+    if groups == 1:
+        return mask
+    shape = tuple(mask.shape)
+    if len(shape) >= 3 and shape[-3] > 1:  # per query head: (..., G * H, L, S) -> (..., H, G, L, S)
+        return reshape(mask, shape[:-3] + (shape[-3] // groups, groups) + shape[-2:])
+    return reshape(mask, shape[:-2] + (1,) + shape[-2:]) if len(shape) >= 3 else mask
 
 
 @autocast_op(name="scaled_dot_product_attention")
@@ -77,15 +110,24 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def scaled_dot_product_attention_backward(grad_output, query, key, value, probs, dropout_p=0.0, scale=None,
                                           dropout_state=None):
     """(grad_query, grad_key, grad_value) from the forward's probs and dropout_state (_forward);
-    in the inputs' dtype, each product accumulated in float32."""
+    in the inputs' dtype, each product accumulated in float32. Grouped queries (more query heads
+    than key heads) are read off the shapes."""
     scale = _scale(query, scale)
     dtype = as_dtype(query.dtype)
+    grouped = tuple(query.shape[:-2]) != tuple(key.shape[:-2])
+    q, g = query, grad_output
+    if grouped:
+        rows = tuple(key.shape[:-2]) + (probs.shape[-2],)
+        q = reshape(query, rows + (query.shape[-1],))
+        g = reshape(grad_output, rows + (grad_output.shape[-1],))
     attended = probs if dropout_state is None else _C._dropout(probs, float(dropout_p), *dropout_state)
     op = "scaled_dot_product_attention_backward"
-    grad_value = _C._matmul(attended, grad_output, transpose_a=True, op=op)
-    grad_attended = _C._matmul(grad_output, value, transpose_b=True, dtype=_acc(dtype), op=op)
+    grad_value = _C._matmul(attended, g, transpose_a=True, op=op)
+    grad_attended = _C._matmul(g, value, transpose_b=True, dtype=_acc(dtype), op=op)
     grad_probs = dropout_backward(grad_attended, dropout_state, dropout_p)
     grad_scores = _C._softmax_backward(grad_probs, probs, -1, False, dtype)
     grad_query = _C._matmul(grad_scores, key, alpha=scale, op=op)
-    grad_key = _C._matmul(grad_scores, query, transpose_a=True, alpha=scale, op=op)
+    grad_key = _C._matmul(grad_scores, q, transpose_a=True, alpha=scale, op=op)
+    if grouped:
+        grad_query = reshape(grad_query, tuple(query.shape))
     return grad_query, grad_key, grad_value
