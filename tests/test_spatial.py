@@ -134,8 +134,31 @@ def test_conv2d_unbatched_and_padding_strings(rng):
     assert F.conv2d(x, wt, padding="valid").shape == (5, 6, 7)
     with pytest.raises(ValueError, match="strided"):
         F.conv2d(x, wt, stride=2, padding="same")
-    with pytest.raises(ValueError, match="even effective kernel"):
-        F.conv2d(x, ref.random(rng, (5, 3, 2, 2), F32), padding="same")
+
+
+@pytest.mark.parametrize("kernel,dilation", [((2, 4), (1, 1)), ((2, 3), (3, 1)), ((4, 2), (1, 2))])
+def test_conv2d_same_padding_with_an_even_kernel(rng, kernel, dilation):
+    """torch's asymmetric 'same': total padding d * (k - 1), half before, the rest after; the
+    gradients as those of a convolution of the input padded that way."""
+    x = ref.random(rng, (2, 3, 7, 8), F64)
+    wt = ref.random(rng, (4, 3) + kernel, F64)
+    totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    before = [t // 2 for t in totals]
+    padded = np.pad(x, ((0, 0), (0, 0), (before[0], totals[0] - before[0]), (before[1], totals[1] - before[1])))
+    y = F.conv2d(x, wt, padding="same", dilation=dilation)
+    assert y.shape == (2, 4, 7, 8)
+    want = F.conv2d(padded, wt, dilation=dilation)
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    dy = ref.random(rng, y.shape, F64)
+    gi, gw, gb = F.conv2d_backward(dy, x, wt, padding="same", dilation=dilation)
+    pi, pw, pb = F.conv2d_backward(dy, padded, wt, dilation=dilation)
+    window = pi[:, :, before[0]:before[0] + 7, before[1]:before[1] + 8]
+    np.testing.assert_allclose(gi, window, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gw, pw, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gb, pb, rtol=1e-12, atol=1e-12)
+    y1 = F.conv1d(x[:, :, 0], wt[:, :, 0], padding="same", dilation=dilation[1])  # conv1d too
+    np.testing.assert_allclose(y1, F.conv1d(padded[:, :, before[0], :], wt[:, :, 0], dilation=dilation[1]),
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)

@@ -264,3 +264,18 @@ def test_conv2d_mixed_layouts(case, dtype):
         gi, gw, _ = F.conv2d_backward(dys, xs, ws, **kw, bias_grad=False)
         close(gi, egi, dtype, rtol=rtol, what="mixed-layout grad_input")
         close(gw, egw, dtype, rtol=rtol * 4, what="mixed-layout grad_weight")
+
+
+@pytest.mark.parametrize("kernel,dilation", [((2, 4), (1, 1)), ((2, 3), (3, 1))])
+def test_conv2d_same_padding_with_an_even_kernel(kernel, dilation):
+    x = torch.randn(2, 3, 7, 8, device="cuda", dtype=torch.float64)
+    w = torch.randn((4, 3) + kernel, device="cuda", dtype=torch.float64)
+    fn = lambda a, b: torch.nn.functional.conv2d(a, b, padding="same", dilation=dilation)  # noqa: E731
+    y = F.conv2d(x, w, padding="same", dilation=dilation)
+    torch.testing.assert_close(y, fn(x, w), rtol=1e-12, atol=1e-12)
+    dy = torch.randn_like(y)
+    xr, wr = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+    want = torch.autograd.grad(fn(xr, wr), (xr, wr), dy)
+    gi, gw, _ = F.conv2d_backward(dy, x, w, padding="same", dilation=dilation, bias_grad=False)
+    torch.testing.assert_close(gi, want[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gw, want[1], rtol=1e-12, atol=1e-12)

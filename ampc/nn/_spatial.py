@@ -10,7 +10,7 @@ keeps them. On the GPU the convolutions and batch norm are cuDNN's, and a channe
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
-from ampc.nn._glue import reshape
+from ampc.nn._glue import _slice, reshape
 
 _OPS = _C._ew_ops()
 _MAX, _AVG, _ADAPTIVE_AVG = 0, 1, 2
@@ -46,29 +46,42 @@ def _reshape(x, shape):
 
 
 def _same_padding(op, kernel, stride, dilation):
-    """padding='same' as torch computes it; an even total (asymmetric) padding is refused."""
+    """padding='same' as torch computes it: (padding on both sides, the extra row or column at the
+    end) per dimension; an even effective kernel needs one more at the end than at the start."""
     if any(s != 1 for s in stride):
         raise ValueError(f"{op}: padding='same' is not supported for strided convolutions")
-    pads = []
-    for k, d in zip(kernel, dilation):
-        total = d * (k - 1)
-        if total % 2:
-            raise ValueError(f"{op}: padding='same' with an even effective kernel size ({total + 1}) needs "
-                             "asymmetric padding, which ampc does not do yet; pad the input instead")
-        pads.append(total // 2)
-    return tuple(pads)
+    totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    return tuple(t // 2 for t in totals), tuple(t % 2 for t in totals)
 
 
 def _conv2d_args(op, weight, stride, padding, dilation):
+    """(stride, padding, dilation, extra): extra is the (rows, columns) padding='same' adds at the
+    end of the image beyond the symmetric padding."""
     stride, dilation = _pair(op, "stride", stride), _pair(op, "dilation", dilation)
+    extra = (0, 0)
     if isinstance(padding, str):
         if padding == "valid":
             padding = (0, 0)
         elif padding == "same":
-            padding = _same_padding(op, tuple(weight.shape[2:]), stride, dilation)
+            padding, extra = _same_padding(op, tuple(weight.shape[2:]), stride, dilation)
         else:
             raise ValueError(f"{op}: Invalid padding string {padding!r}, should be one of ('valid', 'same')")
-    return stride, _pair(op, "padding", padding), dilation
+    return stride, _pair(op, "padding", padding), dilation, extra
+
+
+def _window(x, h, w):
+    """x[..., :h, :w] (a view)."""
+    return _slice(_slice(x, len(x.shape) - 2, 0, h), len(x.shape) - 1, 0, w)
+
+
+def _pad_end(x, extra):
+    """x (N, C, H, W) with extra zero rows and columns at the end (torch's asymmetric 'same')."""
+    if extra == (0, 0):
+        return x
+    n, c, h, w = x.shape
+    out = _C.zeros_like(x, shape=(n, c, h + extra[0], w + extra[1]))
+    _C.cast(x, out=_window(out, h, w))
+    return out
 
 
 def _batched(op, input, spatial):
@@ -85,21 +98,24 @@ def _batched(op, input, spatial):
 @autocast_op(name="conv2d")
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv2d: input (N, C, H, W) or (C, H, W), weight (K, C / groups, R, S)."""
-    stride, padding, dilation = _conv2d_args("conv2d", weight, stride, padding, dilation)
+    stride, padding, dilation, extra = _conv2d_args("conv2d", weight, stride, padding, dilation)
     x, unbatched = _batched("conv2d", input, 2)
-    y = _C._conv2d(x, weight, bias, stride, padding, dilation, int(groups))
+    y = _C._conv2d(_pad_end(x, extra), weight, bias, stride, padding, dilation, int(groups))
     return _reshape(y, tuple(y.shape)[1:]) if unbatched else y
 
 
 def conv2d_backward(grad_output, input, weight, stride=1, padding=0, dilation=1, groups=1, *, input_grad=True,
                     weight_grad=True, bias_grad=True):
     """(grad_input, grad_weight, grad_bias) of conv2d; None for the ones not asked for."""
-    stride, padding, dilation = _conv2d_args("conv2d_backward", weight, stride, padding, dilation)
+    stride, padding, dilation, extra = _conv2d_args("conv2d_backward", weight, stride, padding, dilation)
     x, unbatched = _batched("conv2d_backward", input, 2)
+    padded = _pad_end(x, extra)
     dy = _reshape(grad_output, (1,) + tuple(grad_output.shape)) if unbatched else grad_output
     args = (stride, padding, dilation, int(groups))
-    gi = _C._conv2d_backward(dy, x, weight, *args, "input") if input_grad else None
-    gw = _C._conv2d_backward(dy, x, weight, *args, "weight") if weight_grad else None
+    gi = _C._conv2d_backward(dy, padded, weight, *args, "input") if input_grad else None
+    gw = _C._conv2d_backward(dy, padded, weight, *args, "weight") if weight_grad else None
+    if gi is not None and extra != (0, 0):  # the padding's own gradient is dropped
+        gi = _window(gi, x.shape[2], x.shape[3])
     gb = _C._sum(dy, (0, 2, 3)) if bias_grad else None
     if gi is not None and unbatched:
         gi = _reshape(gi, tuple(input.shape))
@@ -120,8 +136,8 @@ def _conv1d_as_2d(op, input, weight, stride, padding, dilation):
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv1d: input (N, C, L) or (C, L), weight (K, C / groups, S)."""
     x, w, stride, padding, dilation, unbatched = _conv1d_as_2d("conv1d", input, weight, stride, padding, dilation)
-    stride, padding, dilation = _conv2d_args("conv1d", w, stride, padding, dilation)
-    y = _C._conv2d(x, w, bias, stride, padding, dilation, int(groups))
+    stride, padding, dilation, extra = _conv2d_args("conv1d", w, stride, padding, dilation)
+    y = _C._conv2d(_pad_end(x, extra), w, bias, stride, padding, dilation, int(groups))
     n, k, _, length = y.shape
     return _reshape(y, (k, length) if unbatched else (n, k, length))
 
