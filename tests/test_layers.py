@@ -356,3 +356,23 @@ def test_sdpa_grouped_query_heads(rng, dtype, causal):
         np.testing.assert_allclose(f64(got), want, atol=rtol * 20 * (1 + np.abs(want).max()), err_msg=name)
     with pytest.raises(ValueError, match="enable_gqa=True lets query have a multiple"):
         F.scaled_dot_product_attention(q, k, v)
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, np.inf])
+def test_embedding_max_norm(rng, norm_type):
+    """torch's max_norm: the rows looked up whose norm exceeds max_norm are scaled in place by
+    max_norm / (norm + 1e-7) before the lookup; other rows stay as they were."""
+    w = ref.random(rng, (7, 5), F32) * 3
+    before = w.copy()
+    idx = np.array([[0, 3], [3, 6]])
+    y = F.embedding(idx, w, max_norm=1.5, norm_type=norm_type)
+    for row in range(7):
+        norm = np.linalg.norm(before[row].astype(np.float64), ord=norm_type)
+        if row in (0, 3, 6) and norm > 1.5:
+            np.testing.assert_allclose(w[row], before[row] * (1.5 / (norm + 1e-7)), rtol=1e-6)
+        else:
+            np.testing.assert_array_equal(w[row], before[row])
+    np.testing.assert_array_equal(y, w[idx])
+    layer = ampc.nn.Embedding(7, 5, max_norm=1.0)
+    layer(np.array([2, 4]))
+    assert np.linalg.norm(layer.weight.data[[2, 4]].astype(np.float64), axis=1).max() <= 1.0 + 1e-6

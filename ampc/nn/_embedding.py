@@ -20,11 +20,40 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     """The rows of weight (num_embeddings, embedding_dim) that input's integers name, shaped
     input.shape + (embedding_dim,). An index outside the table raises ValueError on the CPU and
     gives a row of NaN on a GPU (looking would wait for the device)."""
-    if max_norm is not None or scale_grad_by_freq or sparse:
-        raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse are not supported")
+    if scale_grad_by_freq or sparse:
+        raise NotImplementedError("embedding: scale_grad_by_freq and sparse are not supported")
     if len(weight.shape) == 2:
         _padding_index("embedding", padding_idx, weight.shape[0])
+    if max_norm is not None:
+        renorm_(weight, input, float(max_norm), float(norm_type))
     return _C._embedding(weight, input)
+
+
+def renorm_(weight, input, max_norm, norm_type=2.0):
+    """torch.embedding_renorm_: the rows of weight that input names and whose norm_type-norm is above
+    max_norm, scaled in place by max_norm / (norm + 1e-7) (the norm and the factor in float64, as
+    torch's CPU kernel). NumPy, CuPy and torch arrays (torch's own kernel for torch's)."""
+    data = weight.data if isinstance(weight, _C.Parameter) else weight
+    root = type(data).__module__.split(".")[0]
+    if root == "torch":
+        import torch
+
+        with torch.no_grad():
+            torch.embedding_renorm_(data, input, max_norm, norm_type)
+    elif root in ("numpy", "cupy"):
+        import importlib
+
+        lib = importlib.import_module(root)
+        rows = lib.unique(lib.asarray(input).ravel())
+        picked = data[rows].astype(lib.float64)
+        norms = lib.linalg.norm(picked, ord=norm_type, axis=1) if norm_type != float("inf") else \
+            lib.abs(picked).max(axis=1)
+        scale = lib.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
+        data[rows] = (picked * scale[:, None]).astype(data.dtype)
+    else:
+        raise NotImplementedError(f"embedding: max_norm takes NumPy, CuPy or torch weights, not {type(data).__name__}")
+    if isinstance(weight, _C.Parameter):
+        weight.bump_version()  # autocast's cached copies of it are stale
 
 
 def embedding_backward(grad_output, input, num_weights, padding_idx=None):

@@ -13,7 +13,7 @@ import numpy as np
 from ampc import _C, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
-from ampc.nn import _ampc_arrays
+from ampc.nn import _ampc_arrays, _embedding
 
 __all__ = [
     "AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GELU",
@@ -406,9 +406,10 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings, embedding_dim, padding_idx=None):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.max_norm, self.norm_type = max_norm, norm_type
         if padding_idx is not None and padding_idx < 0:
             padding_idx += num_embeddings
         self.padding_idx = padding_idx
@@ -418,10 +419,12 @@ class Embedding(Module):
         self.weight = Parameter(weight)
 
     def forward(self, input):
+        if self.max_norm is not None:  # on the Parameter, so that autocast's cached copies are dropped
+            _embedding.renorm_(self.weight, input, float(self.max_norm), float(self.norm_type))
         return F.embedding(input, self.weight, self.padding_idx)
 
     def extra_repr(self):
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        return f"{self.num_embeddings}, {self.embedding_dim}" + (f", max_norm={self.max_norm}" if self.max_norm else "")
 
 
 class Dropout(Module):
