@@ -175,7 +175,6 @@ class Arithmetic:
         return self._f().softmax(self, dim)
 
 
-
 class Tensor(Arithmetic):
     """An array an op made from inputs that need a gradient, with the node that made it. It passes
     for its array where one is read (``__array__``, ``__dlpack__``, shape, dtype) and runs ampc's
@@ -233,6 +232,7 @@ class Tensor(Arithmetic):
         if create_graph:
             raise NotImplementedError("backward: create_graph (gradients of gradients) is not supported")
         run_backward(self, gradient, bool(retain_graph))
+
 
 def _host_scalar(x):
     """The one number of x, read on the host (an ampc array on a GPU copied back first)."""
