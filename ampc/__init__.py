@@ -21,7 +21,7 @@ from ampc._C import (
     get_num_threads,
     set_num_threads,
 )
-from ampc import amp, autograd, cpu, cuda, models, nn, optim, random
+from ampc import amp, autograd, cpu, cuda, distributed, models, nn, optim, random
 from ampc.autograd import Tensor, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ampc.random import manual_seed
 from ampc.amp import (
@@ -77,6 +77,7 @@ __all__ = [
     "cuda",
     "custom_bwd",
     "custom_fwd",
+    "distributed",
     "enable_grad",
     "float16",
     "float32",

@@ -24,6 +24,8 @@ def main(argv=None):
     demo.add_argument("--seq-len", type=int, default=1024, help="gpt2: tokens per sequence")
     demo.add_argument("--channels-last", action="store_true", help="resnet50: NHWC images and weights (both libraries)")
     demo.add_argument("--compare-torch", action="store_true", help="add torch's AMP rows, measured in this run")
+    demo.add_argument("--distributed", action="store_true",
+                      help="under mpirun -n N: the MLP data-parallel over MPI, the ranks' agreement and speed-up")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--plot", metavar="FILE", help="mlp: save a PNG of loss and loss scale against the step")
     args = parser.parse_args(argv)
@@ -31,6 +33,10 @@ def main(argv=None):
         from ampc._doctor import doctor
 
         return doctor()
+    if args.command == "demo" and args.distributed:
+        from ampc._demo_distributed import run
+
+        return run(args)
     if args.command == "demo":
         from ampc._demo import run
 

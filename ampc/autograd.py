@@ -15,6 +15,7 @@ import functools
 import inspect
 import math
 import threading
+import weakref
 
 from ampc import _C
 
@@ -355,6 +356,23 @@ def differentiable(op, grad_args, forward, backward, name=None):
 
 # -- running the tape backwards ---------------------------------------------------------------
 
+_post_backward_hooks = {}  # handle -> weak reference to a method(parameters)
+
+
+class _HookHandle:
+    def __init__(self, method):
+        _post_backward_hooks[self] = weakref.WeakMethod(method)
+
+    def remove(self):
+        _post_backward_hooks.pop(self, None)
+
+
+def register_post_backward_hook(method):
+    """Run method(parameters) after each backward() with the Parameters whose .grad it wrote (what
+    ampc.distributed.DataParallel averages across ranks). Held weakly: the hook goes with its
+    object. Returns a handle whose remove() unregisters it."""
+    return _HookHandle(method)
+
 
 def _order(root):
     """The nodes root depends on, each after every node that consumes it (root first): Kahn's
@@ -429,6 +447,7 @@ def run_backward(root, gradient, retain_graph):
         gradient = _ones_like(root.data)
     gradient = _array(gradient)
     grads = {id(root.grad_fn): [None] * root.grad_fn.outputs}
+    touched = {}  # the Parameters whose .grad this pass wrote
     grads[id(root.grad_fn)][root._index] = gradient
     for node in _order(root.grad_fn):
         pending = grads.pop(id(node), None)
@@ -448,6 +467,11 @@ def run_backward(root, gradient, retain_graph):
             else:  # a Parameter: its .grad, added to as torch's
                 grad = _like_parameter(grad, source)
                 source.grad = grad if source.grad is None else _add(source.grad, grad)
+                touched[id(source)] = source
         if not retain_graph:
             node.args = node.saved = None
+    for hook in list(_post_backward_hooks.values()):
+        callback = hook()
+        if callback is not None:
+            callback(list(touched.values()))
 

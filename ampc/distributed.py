@@ -1,0 +1,305 @@
+"""ampc.distributed: data-parallel and sharded training on an existing engine, with every rank
+agreeing on the loss scale and on which steps to skip.
+
+The engine is MPI through mpi4py (``init_process_group("mpi")``, or an mpi4py communicator adopted
+with ``init_process_group(comm=...)``) for NumPy training on the CPU. Collectives run in place on
+C-contiguous NumPy arrays; float16 and bfloat16 ones reduce in float32 and round once (MPI has no
+16-bit float types). Each waits at most ``timeout`` seconds (30 min by default, as torch's): a rank
+that died or stopped answering turns into a RuntimeError on the others rather than a hang.
+
+- ``DataParallel(model)``: parameters and buffers broadcast from rank 0 at the start; after each
+  ``backward()`` the gradients are averaged across ranks in buckets of about 25 MB, as torch's DDP
+  does, so a GradScaler needs no change: every rank holds the same gradients.
+- ``ShardedGradScaler``: for optimizers that hold a shard each (ZeRO-1): each rank unscales its own
+  gradients, and the ranks agree on found_inf (all-reduced with MAX and waited for before it is
+  read) before any of them steps; a rank with no gradients takes part.
+"""
+
+import time
+
+import numpy as np
+
+from ampc import _C, autograd
+from ampc.amp import GradScaler
+from ampc.nn.modules import Module
+
+__all__ = ["DataParallel", "ProcessGroup", "ShardedGradScaler", "all_reduce", "barrier", "broadcast",
+           "destroy_process_group", "get_rank", "get_world_size", "init_process_group", "is_initialized"]
+
+DEFAULT_TIMEOUT = 1800.0
+_OPS = ("sum", "max", "min", "avg")
+_default = None
+
+
+class ProcessGroup:
+    """A set of ranks and the engine that connects them (an mpi4py communicator)."""
+
+    def __init__(self, comm, timeout=DEFAULT_TIMEOUT):
+        from mpi4py import MPI
+
+        self._mpi, self.comm, self.timeout, self.backend = MPI, comm, float(timeout), "mpi"
+
+    def rank(self):
+        return self.comm.Get_rank()
+
+    def size(self):
+        return self.comm.Get_size()
+
+    def _wait(self, request, what):
+        """Wait for a non-blocking collective, at most self.timeout seconds. MPI moves a
+        non-blocking collective on only inside calls like Test, a round at a time: poll without
+        pause for the first 0.1 s (sleeping between polls made a 2-rank all-reduce take 30 ms),
+        then with growing pauses."""
+        start = time.monotonic()
+        busy_until, deadline = start + 0.1, start + self.timeout
+        pause = 1e-5
+        while not request.Test():
+            now = time.monotonic()
+            if now > deadline:
+                raise RuntimeError(f"ampc.distributed: {what} did not complete within {self.timeout:g} s on rank "
+                                   f"{self.rank()} of {self.size()}: another rank died or stopped answering")
+            if now > busy_until:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-2)
+
+    def all_reduce(self, array, op="sum"):
+        op = _check_op(op)
+        work = _working_copy(array, "all_reduce")
+        mpi_op = {"sum": self._mpi.SUM, "avg": self._mpi.SUM, "max": self._mpi.MAX, "min": self._mpi.MIN}[op]
+        self._wait(self.comm.Iallreduce(self._mpi.IN_PLACE, work, op=mpi_op), f"all_reduce({op})")
+        if op == "avg":
+            work /= self.size()
+        _write_back(work, array)
+        return array
+
+    def broadcast(self, array, src=0):
+        work = _working_copy(array, "broadcast")
+        self._wait(self.comm.Ibcast(work, root=src), "broadcast")
+        _write_back(work, array)
+        return array
+
+    def barrier(self):
+        self._wait(self.comm.Ibarrier(), "barrier")
+
+
+def _check_op(op):
+    name = getattr(op, "name", op)
+    name = str(name).lower()
+    if name not in _OPS:
+        raise ValueError(f"all_reduce: op must be one of {', '.join(_OPS)}, got {op!r}")
+    return name
+
+
+def _working_copy(array, what):
+    """array itself when MPI can reduce it in place, else a float32 copy (16-bit floats)."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"{what}: the MPI backend takes NumPy arrays, got {type(array).__name__}")
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        raise ValueError(f"{what}: the array must be C-contiguous and writable")
+    if array.dtype in (np.float16, _C.bfloat16):
+        return _C.cast(array, np.float32)
+    return array
+
+
+def _write_back(work, array):
+    if work is not array:
+        _C.cast(work, out=array)
+
+
+def init_process_group(backend="mpi", *, comm=None, timeout=DEFAULT_TIMEOUT):
+    """Start the default group: backend "mpi" (mpi4py's COMM_WORLD, or the communicator given as
+    comm). Returns the group."""
+    global _default
+    if _default is not None:
+        raise RuntimeError("trying to initialize the default process group twice!")
+    if backend != "mpi":
+        raise ValueError(f"init_process_group: backend {backend!r} is not available yet; use 'mpi'")
+    if comm is None:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    _default = ProcessGroup(comm, timeout)
+    return _default
+
+
+def is_initialized():
+    return _default is not None
+
+
+def destroy_process_group():
+    global _default
+    _default = None
+
+
+def _group(group):
+    group = group if group is not None else _default
+    if group is None:
+        raise RuntimeError("Default process group has not been initialized, please make sure to call "
+                           "init_process_group.")
+    return group
+
+
+def get_rank(group=None):
+    return _group(group).rank()
+
+
+def get_world_size(group=None):
+    return _group(group).size()
+
+
+def all_reduce(array, op="sum", group=None):
+    """Reduce array across the group's ranks, in place (op: sum, max, min, avg)."""
+    return _group(group).all_reduce(array, op)
+
+
+def broadcast(array, src=0, group=None):
+    """array from rank src, in place on every other rank."""
+    return _group(group).broadcast(array, src)
+
+
+def barrier(group=None):
+    _group(group).barrier()
+
+
+# -- data parallel -----------------------------------------------------------------------------
+
+
+class DataParallel(Module):
+    """model, its gradients averaged across the group's ranks after each backward() (torch's
+    DistributedDataParallel): parameters and buffers broadcast from rank 0 here, then the gradients
+    gathered into float32 buckets of about bucket_cap_mb, one all-reduce a bucket."""
+
+    def __init__(self, module, group=None, bucket_cap_mb=25, broadcast_buffers=True):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_group", _group(group))
+        object.__setattr__(self, "bucket_bytes", int(bucket_cap_mb * 2**20))
+        object.__setattr__(self, "_sync", True)
+        for p in module.parameters():
+            self._group.broadcast(p.data, 0)
+            p.bump_version()
+        if broadcast_buffers:
+            for b in module.buffers():
+                if isinstance(b, np.ndarray) and b.ndim > 0:
+                    self._group.broadcast(b, 0)
+        object.__setattr__(self, "_hook", autograd.register_post_backward_hook(self._average))
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def no_sync(self):
+        """A region whose backward() passes only accumulate (torch's no_sync): the next backward
+        outside it averages what they added up."""
+        ddp = self
+
+        class _NoSync:
+            def __enter__(self):
+                object.__setattr__(ddp, "_sync", False)
+
+            def __exit__(self, *exc):
+                object.__setattr__(ddp, "_sync", True)
+                return False
+
+        return _NoSync()
+
+    def _average(self, touched):
+        ours = [p for p in self.module.parameters() if p.grad is not None]
+        if not self._sync or not {id(p) for p in touched} & {id(p) for p in ours}:
+            return
+        size = self._group.size()
+        for bucket in _buckets(ours, self.bucket_bytes):
+            flat = np.concatenate([np.asarray(p.grad, np.float32).ravel() for p in bucket])
+            self._group.all_reduce(flat, "sum")
+            flat /= size
+            start = 0
+            for p in bucket:  # back in place: each gradient keeps its dtype and its parameter's layout
+                n = p.grad.size
+                np.copyto(p.grad, flat[start:start + n].reshape(p.grad.shape), casting="unsafe")
+                start += n
+
+
+def _buckets(params, bucket_bytes):
+    """Consecutive parameters in groups of about bucket_bytes of float32 gradient."""
+    bucket, used = [], 0
+    for p in params:
+        if bucket and used + 4 * p.grad.size > bucket_bytes:
+            yield bucket
+            bucket, used = [], 0
+        bucket.append(p)
+        used += 4 * p.grad.size
+    if bucket:
+        yield bucket
+
+
+# -- sharded optimizers ------------------------------------------------------------------------
+
+
+class _Probe:
+    """An optimizer with one zero gradient: what a rank without gradients unscales, so that it
+    records an inf check like the others and its update() moves the scale as theirs do."""
+
+    def __init__(self):
+        param = _C.Parameter(np.zeros(1, np.float32))
+        param.grad = np.zeros(1, np.float32)
+        self.param_groups = [{"params": [param]}]
+
+
+class ShardedGradScaler(GradScaler):
+    """A GradScaler for sharded optimizers: ``ShardedGradScaler(device, ..., process_group=None)``
+    with GradScaler's arguments. After each rank unscales its shard, found_inf is all-reduced with
+    MAX across the group (a blocking collective: waited for before step reads it), so every rank
+    skips the same steps and keeps the same scale; hysteresis and the scale bounds follow."""
+
+    def __init__(self, *args, process_group=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._process_group = process_group
+        self._unscaled = {}  # id(optimizer) -> the optimizer whose found_inf the ranks agreed on
+        self._probe = None
+
+    def unscale_(self, optimizer, *, max_norm=None, norm_type=2.0, defer=False):
+        if max_norm is not None:
+            raise NotImplementedError("ShardedGradScaler.unscale_: clipping needs the norm over every shard; clip "
+                                      "after unscale_ with the norm all-reduced")
+        result = super().unscale_(optimizer)
+        found = self._found_inf_per_device(optimizer)
+        if not found:  # no gradients on this rank: still take part
+            if self._probe is None:
+                self._probe = _Probe()
+            super().unscale_(self._probe)
+            found = self._found_inf_per_device(self._probe)
+        flag = np.array([max(_read_flag(v) for v in found.values())], np.float32)
+        _group(self._process_group).all_reduce(flag, "max")
+        for v in found.values():
+            _set_flag(v, float(flag[0]))
+        self._unscaled[id(optimizer)] = optimizer
+        return result
+
+    def step(self, optimizer, *args, **kwargs):
+        if not self.is_enabled():
+            return super().step(optimizer, *args, **kwargs)
+        if id(optimizer) not in self._unscaled:
+            self.unscale_(optimizer)
+        if not self._found_inf_per_device(optimizer):
+            return None  # nothing of this shard to step; the probe carried the agreed check
+        return super().step(optimizer, *args, **kwargs)
+
+    def update(self, new_scale=None):
+        super().update(new_scale)
+        self._unscaled.clear()
+
+
+def _read_flag(view):
+    return float(np.asarray(view if isinstance(view, np.ndarray) else _C._to_device(view, -1)))
+
+
+def _set_flag(view, value):
+    if isinstance(view, np.ndarray):
+        view[...] = value
+    else:
+        _C.cast(_C._to_device(np.array(value, np.float32), _device_index(view)), out=view)
+
+
+def _device_index(x):
+    kind, index = x.__dlpack_device__()
+    return int(index) if int(kind) == 2 else -1
+
