@@ -13,7 +13,9 @@ import pytest
 import ampc
 
 pytest.importorskip("mpi4py")
-MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
+# Open MPI's wheel puts mpirun beside the interpreter, which need not be on PATH
+_HERE = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+MPIRUN = shutil.which("mpirun", path=_HERE) or shutil.which("mpiexec", path=_HERE)
 pytestmark = pytest.mark.skipif(MPIRUN is None, reason="no mpirun")
 WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
 
