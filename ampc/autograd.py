@@ -320,7 +320,7 @@ def differentiable(op, grad_args, forward, backward, name=None):
 
     ``grad_args`` names op's differentiable arguments; ``forward(args)`` (op's arguments by name,
     in its order, cast and unwrapped) returns ``(output, saved)``; ``backward(args, saved, grad,
-    needs)`` returns one gradient per name in grad_args. An output that is a tuple becomes a tuple
+    needs)`` returns one gradient per name in grad_args, or per array of a list argument. An output that is a tuple becomes a tuple
     of Tensors, and backward then gets a list of their gradients (None for one nobody used)."""
     name = name or getattr(op, "__name__", "op")
     binder = _Binder(op, name)
@@ -332,8 +332,11 @@ def differentiable(op, grad_args, forward, backward, name=None):
         if not is_grad_enabled() or not (_needs_grad(args) or _needs_grad(tuple(kwargs.values()))):
             return op(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
         arguments = binder.bind(args, kwargs)
-        sources = tuple(_source(arguments[n]) for n in grad_args)
-        dtypes = tuple(getattr(_array(arguments[n]), "dtype", None) for n in grad_args)
+        # one source per differentiable array: a list argument (cat's tensors) gives one each
+        values = [v for n in grad_args for v in (arguments[n] if isinstance(arguments[n], (list, tuple))
+                                                 else (arguments[n],))]
+        sources = tuple(_source(v) for v in values)
+        dtypes = tuple(getattr(_array(v), "dtype", None) for v in values)
         for key, value in arguments.items():
             arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
         if capture is not None:
@@ -343,7 +346,8 @@ def differentiable(op, grad_args, forward, backward, name=None):
             cast_kwargs[first] = cast_args[0]
             arguments = {n: cast_kwargs[n] for n in binder.names}
         for n in grad_args:
-            arguments[n] = _array(arguments[n])
+            value = arguments[n]
+            arguments[n] = [_array(v) for v in value] if isinstance(value, (list, tuple)) else _array(value)
         output, saved = forward(arguments)
         node = Node(name, backward, arguments, saved, sources, dtypes, len(output) if isinstance(output, tuple) else 1)
         if isinstance(output, tuple):

@@ -185,3 +185,31 @@ def test_autocast_dtypes_on_the_tape():
     _, gw, _ = F.linear_backward(ampc.cast(g_logits, ampc.bfloat16), ampc.cast(x, ampc.bfloat16),
                                  ampc.cast(w.data, ampc.bfloat16), bias_grad=False)
     np.testing.assert_array_equal(w.grad, ampc.cast(gw, F32))
+
+
+def test_the_remaining_ops_are_on_the_tape():
+    """sigmoid, tanh, addmm, baddbmm, binary_cross_entropy, max_pool2d_with_indices, cat and stack:
+    every public op records itself (an op that did not would drop the graph without a word)."""
+    rng = np.random.default_rng(8)
+    x, m1, m2 = param(rng, 3, 4), param(rng, 3, 5), param(rng, 5, 4)
+    b, b1, b2 = param(rng, 2, 1, 4), param(rng, 2, 3, 5), param(rng, 2, 5, 4)
+    probs = ampc.nn.Parameter(rng.random((2, 3)) * 0.8 + 0.1)
+    image = param(rng, 1, 2, 4, 4)
+
+    def loss():
+        h = F.sigmoid(F.addmm(F.tanh(x), m1, m2, beta=0.5, alpha=2.0))
+        h = F.cat([h, np.ones((3, 1)), h * 2.0], dim=1)
+        total = F.sum(h ** 2) + F.sum(F.baddbmm(b, b1, b2, alpha=0.5) ** 2)
+        total = total + F.binary_cross_entropy(probs, np.full((2, 3), 0.3))
+        pooled, _ = F.max_pool2d_with_indices(image, 2)
+        return total + F.sum(F.stack([pooled, pooled * 3.0], dim=0) ** 2)
+
+    check_grads(loss, [x, m1, m2, b, b1, b2, probs, image], rtol=1e-5)
+
+
+def test_every_public_op_is_recorded():
+    from ampc.nn._differentiable import OPS
+
+    public = [n for n in dir(F) if not n.startswith("_") and not n.endswith("_backward")
+              and callable(getattr(F, n)) and n not in ("as_dtype", "autocast_op")]
+    assert sorted(n for n in public if n not in OPS) == []

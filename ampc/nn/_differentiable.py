@@ -120,6 +120,10 @@ def _pointwise_loss_backward(backward):
     return run
 
 
+def _bce_backward(a, saved, g, needs):
+    return (F.binary_cross_entropy_backward(g, a["input"], a["target"], a["weight"], _reduction(a)),)
+
+
 def _bce_logits_backward(a, saved, g, needs):
     if a["pos_weight"] is not None:
         raise NotImplementedError("binary_cross_entropy_with_logits: pos_weight is not supported yet")
@@ -143,6 +147,32 @@ def _keeping_output(op):
         out = body(**a)
         return out, out
     return forward
+
+
+def _derivative_times(g, out, derivative):
+    """g * derivative(out), derivative's steps in the accumulation dtype, rounded once to g's."""
+    acc = F._acc(F._dtype(out))
+    return (F._ew("mul", g, derivative(out, acc), dtype=F._dtype(g)),)
+
+
+def _sigmoid_backward(a, out, g, needs):  # s (1 - s)
+    return _derivative_times(g, out, lambda s, acc: F._ew("mul", s, F._ew("add", F._ew("mul", s, -1.0, dtype=acc),
+                                                                          1.0, dtype=acc), dtype=acc))
+
+
+def _tanh_backward(a, out, g, needs):  # 1 - t^2
+    return _derivative_times(g, out, lambda t, acc: F._ew("add", F._ew("mul", t, t, scale=-1.0, dtype=acc), 1.0,
+                                                          dtype=acc))
+
+
+def _addmm_backward(a, saved, g, needs):
+    """beta * input + alpha * mat1 @ mat2 (batch1 @ batch2 for baddbmm)."""
+    first, second = ("mat1", "mat2") if "mat1" in a else ("batch1", "batch2")
+    alpha, beta = float(a["alpha"]), float(a["beta"])
+    g_in = _unbroadcast(g if beta == 1 else F.mul(g, beta), a["input"]) if needs[0] else None
+    g_scaled = g if alpha == 1 else F.mul(g, alpha)
+    g1, g2 = F.matmul_backward(g_scaled, a[first], a[second]) if needs[1] or needs[2] else (None, None)
+    return g_in, g1, g2
 
 
 def _pow_backward(a, saved, g, needs):
@@ -250,6 +280,15 @@ def _pieces_forward(op):
     return forward
 
 
+def _cat_backward(a, saved, g, needs):
+    return tuple(_glue.cat_backward(g, [t.shape[_glue._dim("cat", a["dim"], len(t.shape))] for t in a["tensors"]],
+                                    a["dim"]))
+
+
+def _stack_backward(a, saved, g, needs):
+    return tuple(_glue.stack_backward(g, len(a["tensors"]), a["dim"]))
+
+
 def _ops():
     sp = _spatial
     return {
@@ -310,6 +349,18 @@ def _ops():
         "transpose": differentiable(_glue.transpose, ("input",), _plain_forward(_glue.transpose),
                                     _transpose_backward),
         "permute": differentiable(_glue.permute, ("input",), _plain_forward(_glue.permute), _permute_backward),
+        "cat": differentiable(_glue.cat, ("tensors",), _plain_forward(_glue.cat), _cat_backward),
+        "stack": differentiable(_glue.stack, ("tensors",), _plain_forward(_glue.stack), _stack_backward),
+        "sigmoid": differentiable(F.sigmoid, ("input",), _keeping_output(F.sigmoid), _sigmoid_backward),
+        "tanh": differentiable(F.tanh, ("input",), _keeping_output(F.tanh), _tanh_backward),
+        "addmm": differentiable(F.addmm, ("input", "mat1", "mat2"), _plain_forward(F.addmm), _addmm_backward),
+        "baddbmm": differentiable(F.baddbmm, ("input", "batch1", "batch2"), _plain_forward(F.baddbmm),
+                                  _addmm_backward),
+        "binary_cross_entropy": differentiable(F.binary_cross_entropy, ("input",),
+                                               _plain_forward(F.binary_cross_entropy), _bce_backward),
+        "max_pool2d_with_indices": differentiable(
+            sp.max_pool2d_with_indices, ("input",),
+            lambda a: _max_pool_forward({**a, "return_indices": True}), _max_pool_backward),
         "split": differentiable(_glue.split, ("tensor",), _pieces_forward(_glue.split),
                                 _pieces_backward(("tensor", "dim"))),
         "chunk": differentiable(_glue.chunk, ("input",), _pieces_forward(_glue.chunk),
