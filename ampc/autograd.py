@@ -175,6 +175,23 @@ class Arithmetic:
     def softmax(self, dim):
         return self._f().softmax(self, dim)
 
+    def __getitem__(self, key):
+        """self[key] for ints and slices, on the tape (its gradient: zeros with the slice's)."""
+        return self._f()._index(self, key)
+
+    def to(self, dtype):
+        """self in dtype, on the tape (its gradient comes back in self's dtype)."""
+        return self._f()._cast(self, dtype)
+
+    def float(self):
+        return self.to(_C.float32)
+
+    def half(self):
+        return self.to(_C.float16)
+
+    def bfloat16(self):
+        return self.to(_C.bfloat16)
+
 
 class Tensor(Arithmetic):
     """An array an op made from inputs that need a gradient, with the node that made it. It passes

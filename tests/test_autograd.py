@@ -213,3 +213,20 @@ def test_every_public_op_is_recorded():
     public = [n for n in dir(F) if not n.startswith("_") and not n.endswith("_backward")
               and callable(getattr(F, n)) and n not in ("as_dtype", "autocast_op")]
     assert sorted(n for n in public if n not in OPS) == []
+
+
+def test_indexing_and_dtype_conversions_on_the_tape():
+    rng = np.random.default_rng(9)
+    w = param(rng, 3, 4)
+
+    def loss():
+        h = (w * 2.0)[1:, 1:3].to(np.float64) + w[0, 1:3]
+        return F.sum(h ** 2) + F.sum(w[-1])
+
+    check_grads(loss, [w])
+    w.grad = None
+    y = (w * 1.0).half()
+    assert y.dtype == ampc.float16 and w[0].float().dtype == np.float32
+    F.sum(y).backward()
+    assert w.grad.dtype == np.float64  # the cast's gradient comes back in the parameter's dtype
+    np.testing.assert_array_equal(w.grad, np.ones((3, 4)))

@@ -71,6 +71,30 @@ def take_slice(x, dim, start, stop):
     return x._view(tuple(shape), tuple(x.strides), start * x.strides[dim] if stop > start else 0)
 
 
+def getitem(x, key):
+    """x[key] for ints and slices with step 1 (a view)."""
+    key = key if isinstance(key, tuple) else (key,)
+    if len(key) > x.ndim or not all(isinstance(k, (int, slice)) for k in key):
+        raise IndexError("ampc arrays take ints and slices as indices")
+    shape, strides, offset = [], [], 0
+    for d, k in enumerate(key):
+        n = x.shape[d]
+        if isinstance(k, int):
+            if not -n <= k < n:
+                raise IndexError(f"index {k} is out of bounds for dimension {d} with size {n}")
+            offset += (k % n) * x.strides[d]
+            continue
+        start, stop, step = k.indices(n)
+        if step != 1:
+            raise IndexError("ampc arrays take slices with step 1")
+        shape.append(max(stop - start, 0))
+        strides.append(x.strides[d])
+        offset += start * x.strides[d] if stop > start else 0
+    shape += list(x.shape[len(key):])
+    strides += list(x.strides[len(key):])
+    return x._view(tuple(shape), tuple(strides), offset)
+
+
 def concatenate(arrays, axis=0):
     arrays = list(arrays)
     shape = list(arrays[0].shape)

@@ -289,6 +289,27 @@ def _stack_backward(a, saved, g, needs):
     return tuple(_glue.stack_backward(g, len(a["tensors"]), a["dim"]))
 
 
+def cast(input, dtype):
+    """input in dtype (ampc.cast): on the tape, its gradient comes back in input's dtype."""
+    return _C.cast(input, dtype)
+
+
+def index(input, key):
+    """input[key] for a key of ints and slices (a view where the library makes one)."""
+    lib = _glue._library(input)
+    if hasattr(lib, "take_slice"):
+        return lib.getitem(input, key)
+    return input[key]
+
+
+def _index_backward(a, saved, g, needs):
+    """A zero gradient of input's shape with g where input[key] was taken."""
+    x = a["input"]
+    out = _C.zeros_like(x, dtype=_C.as_dtype(g.dtype), shape=tuple(x.shape))
+    _C.cast(g, out=index(out, a["key"]))
+    return (out,)
+
+
 def _ops():
     sp = _spatial
     return {
@@ -361,6 +382,8 @@ def _ops():
         "max_pool2d_with_indices": differentiable(
             sp.max_pool2d_with_indices, ("input",),
             lambda a: _max_pool_forward({**a, "return_indices": True}), _max_pool_backward),
+        "_cast": differentiable(cast, ("input",), _plain_forward(cast), lambda a, s, g, n: (g,)),  # Tensor.to
+        "_index": differentiable(index, ("input",), _plain_forward(index), _index_backward),  # Tensor[key]
         "split": differentiable(_glue.split, ("tensor",), _pieces_forward(_glue.split),
                                 _pieces_backward(("tensor", "dim"))),
         "chunk": differentiable(_glue.chunk, ("input",), _pieces_forward(_glue.chunk),
