@@ -1,11 +1,13 @@
 """ampc.distributed: data-parallel and sharded training on an existing engine, with every rank
 agreeing on the loss scale and on which steps to skip.
 
-The engine is MPI through mpi4py (``init_process_group("mpi")``, or an mpi4py communicator adopted
-with ``init_process_group(comm=...)``) for NumPy training on the CPU. Collectives run in place on
-C-contiguous NumPy arrays; float16 and bfloat16 ones reduce in float32 and round once (MPI has no
-16-bit float types). Each waits at most ``timeout`` seconds (30 min by default, as torch's): a rank
-that died or stopped answering turns into a RuntimeError on the others rather than a hang.
+Two engines: MPI through mpi4py (``init_process_group("mpi")``, or an mpi4py communicator adopted
+with ``comm=``) for NumPy training on the CPU, and torch.distributed (``"nccl"`` for GPU buffers,
+``"gloo-via-torch"`` for the CPU, or a torch process group adopted with ``group=``), which takes any
+DLPack array through torch.from_dlpack without a copy. Collectives run in place; float16 and
+bfloat16 reduce in float32 and round once where the engine has no 16-bit floats (MPI, gloo). Each
+waits at most ``timeout`` seconds (30 min by default, as torch's): a rank that died or stopped
+answering turns into a RuntimeError on the others rather than a hang.
 
 - ``DataParallel(model)``: parameters and buffers broadcast from rank 0 at the start; after each
   ``backward()`` the gradients are averaged across ranks in buckets of about 25 MB, as torch's DDP
@@ -23,7 +25,7 @@ from ampc import _C, autograd
 from ampc.amp import GradScaler
 from ampc.nn.modules import Module
 
-__all__ = ["DataParallel", "ProcessGroup", "ShardedGradScaler", "all_reduce", "barrier", "broadcast",
+__all__ = ["DataParallel", "ProcessGroup", "ShardedGradScaler", "TorchProcessGroup", "all_reduce", "barrier", "broadcast",
            "destroy_process_group", "get_rank", "get_world_size", "init_process_group", "is_initialized"]
 
 DEFAULT_TIMEOUT = 1800.0
@@ -81,6 +83,84 @@ class ProcessGroup:
     def barrier(self):
         self._wait(self.comm.Ibarrier(), "barrier")
 
+    def average_gradients(self, grads, bucket_bytes):
+        """Average NumPy gradients across the ranks in place, in float32 buckets of bucket_bytes."""
+        size = self.size()
+        for bucket in _buckets(grads, bucket_bytes):
+            flat = np.concatenate([np.asarray(g, np.float32).ravel() for g in bucket])
+            self.all_reduce(flat, "sum")
+            flat /= size
+            start = 0
+            for g in bucket:  # back in place: each gradient keeps its dtype and its parameter's layout
+                np.copyto(g, flat[start:start + g.size].reshape(g.shape), casting="unsafe")
+                start += g.size
+
+
+class TorchProcessGroup:
+    """A torch.distributed group (NCCL for GPU buffers, gloo for the CPU) doing ampc's collectives
+    on any DLPack array (NumPy, CuPy, torch, ampc), through torch views of its memory."""
+
+    def __init__(self, group=None):
+        import torch
+        import torch.distributed as td
+
+        self._torch, self._td, self.group = torch, td, group
+        self.backend = str(td.get_backend(group))
+
+    def rank(self):
+        return self._td.get_rank(self.group)
+
+    def size(self):
+        return self._td.get_world_size(self.group)
+
+    def _views(self, array):
+        """(the tensor the engine reduces, the torch view of array to copy it back into, or None)."""
+        torch = self._torch
+        view = array if isinstance(array, torch.Tensor) else torch.from_dlpack(array)
+        work = view
+        if self.backend == "nccl" and not view.is_cuda:
+            work = view.cuda()
+        elif self.backend != "nccl" and view.dtype in (torch.float16, torch.bfloat16):
+            work = view.float()
+        return work, (view if work is not view else None)
+
+    def _op(self, op):
+        ops = self._td.ReduceOp
+        return {"sum": ops.SUM, "avg": ops.SUM, "max": ops.MAX, "min": ops.MIN}[op]
+
+    def all_reduce(self, array, op="sum"):
+        op = _check_op(op)
+        work, back = self._views(array)
+        self._td.all_reduce(work, self._op(op), group=self.group)
+        if op == "avg":
+            work.div_(self.size())
+        if back is not None:
+            back.copy_(work)
+        return array
+
+    def broadcast(self, array, src=0):
+        work, back = self._views(array)
+        self._td.broadcast(work, src, group=self.group)
+        if back is not None:
+            back.copy_(work)
+        return array
+
+    def barrier(self):
+        self._td.barrier(group=self.group)
+
+    def average_gradients(self, grads, bucket_bytes):
+        """Average gradients (any DLPack arrays) in place, in float32 buckets of bucket_bytes."""
+        torch, size = self._torch, self.size()
+        for bucket in _buckets(grads, bucket_bytes):
+            views = [torch.from_dlpack(g) for g in bucket]
+            flat = torch.cat([v.reshape(-1).float() for v in views])
+            self.all_reduce(flat, "sum")
+            flat.div_(size)
+            start = 0
+            for v in views:
+                v.copy_(flat[start:start + v.numel()].view(v.shape))
+                start += v.numel()
+
 
 def _check_op(op):
     name = getattr(op, "name", op)
@@ -106,20 +186,45 @@ def _write_back(work, array):
         _C.cast(work, out=array)
 
 
-def init_process_group(backend="mpi", *, comm=None, timeout=DEFAULT_TIMEOUT):
-    """Start the default group: backend "mpi" (mpi4py's COMM_WORLD, or the communicator given as
-    comm). Returns the group."""
+def init_process_group(backend="mpi", *, comm=None, group=None, timeout=DEFAULT_TIMEOUT, init_method=None,
+                       rank=None, world_size=None):
+    """Start the default group and return it: backend "mpi" (mpi4py's COMM_WORLD, or comm), "nccl"
+    or "gloo-via-torch" (torch.distributed, started here with init_method / rank / world_size, torch's
+    environment variables by default, or one process alone when none are set; or a torch process
+    group adopted as group)."""
     global _default
     if _default is not None:
         raise RuntimeError("trying to initialize the default process group twice!")
-    if backend != "mpi":
-        raise ValueError(f"init_process_group: backend {backend!r} is not available yet; use 'mpi'")
-    if comm is None:
-        from mpi4py import MPI
+    if backend == "mpi":
+        if comm is None:
+            from mpi4py import MPI
 
-        comm = MPI.COMM_WORLD
-    _default = ProcessGroup(comm, timeout)
+            comm = MPI.COMM_WORLD
+        _default = ProcessGroup(comm, timeout)
+        return _default
+    if backend not in ("nccl", "gloo-via-torch", "gloo"):
+        raise ValueError(f"init_process_group: backend must be 'mpi', 'nccl' or 'gloo-via-torch', got {backend!r}")
+    import datetime
+    import os
+
+    import torch.distributed as td
+
+    if group is None and not td.is_initialized():
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (see the device notes)
+        if init_method is None and "MASTER_ADDR" not in os.environ:
+            init_method, rank, world_size = f"tcp://127.0.0.1:{_free_port()}", 0, 1  # one process alone
+        td.init_process_group("nccl" if backend == "nccl" else "gloo", init_method=init_method, rank=rank,
+                              world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
+    _default = TorchProcessGroup(group)
     return _default
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def is_initialized():
@@ -128,6 +233,8 @@ def is_initialized():
 
 def destroy_process_group():
     global _default
+    if isinstance(_default, TorchProcessGroup) and _default.group is None:
+        _default._td.destroy_process_group()
     _default = None
 
 
@@ -204,29 +311,20 @@ class DataParallel(Module):
 
     def _average(self, touched):
         ours = [p for p in self.module.parameters() if p.grad is not None]
-        if not self._sync or not {id(p) for p in touched} & {id(p) for p in ours}:
-            return
-        size = self._group.size()
-        for bucket in _buckets(ours, self.bucket_bytes):
-            flat = np.concatenate([np.asarray(p.grad, np.float32).ravel() for p in bucket])
-            self._group.all_reduce(flat, "sum")
-            flat /= size
-            start = 0
-            for p in bucket:  # back in place: each gradient keeps its dtype and its parameter's layout
-                n = p.grad.size
-                np.copyto(p.grad, flat[start:start + n].reshape(p.grad.shape), casting="unsafe")
-                start += n
+        if self._sync and {id(p) for p in touched} & {id(p) for p in ours}:
+            self._group.average_gradients([p.grad for p in ours], self.bucket_bytes)
 
 
-def _buckets(params, bucket_bytes):
-    """Consecutive parameters in groups of about bucket_bytes of float32 gradient."""
+def _buckets(grads, bucket_bytes):
+    """Consecutive gradients in groups of about bucket_bytes of float32."""
     bucket, used = [], 0
-    for p in params:
-        if bucket and used + 4 * p.grad.size > bucket_bytes:
+    for g in grads:
+        n = 4 * int(np.prod(g.shape))
+        if bucket and used + n > bucket_bytes:
             yield bucket
             bucket, used = [], 0
-        bucket.append(p)
-        used += 4 * p.grad.size
+        bucket.append(g)
+        used += n
     if bucket:
         yield bucket
 

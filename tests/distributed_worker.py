@@ -1,5 +1,6 @@
-"""One rank of tests/test_distributed.py's runs (launched by mpirun, not collected by pytest):
-python distributed_worker.py CASE; prints one JSON line of results per rank."""
+"""One rank of tests/test_distributed.py's and test_distributed_torch.py's runs (launched by mpirun
+or as processes with torch's environment variables; not collected by pytest):
+python distributed_worker.py CASE [TIMEOUT [BACKEND]]; prints one JSON line of results per rank."""
 
 import json
 import sys
@@ -92,7 +93,8 @@ def timeout(rank, size):
 
 def main():
     case = sys.argv[1]
-    dist.init_process_group("mpi", timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
+    dist.init_process_group(sys.argv[3] if len(sys.argv) > 3 else "mpi",
+                            timeout=float(sys.argv[2]) if len(sys.argv) > 2 else 60.0)
     rank, size = dist.get_rank(), dist.get_world_size()
     result = globals()[case](rank, size)
     print("RESULT " + json.dumps({"rank": rank, "size": size, **result}), flush=True)

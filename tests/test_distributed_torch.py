@@ -1,0 +1,100 @@
+"""ampc.distributed on torch.distributed: gloo on the CPU (one process, and two launched with torch's
+environment variables), NCCL with one GPU rank."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ampc
+from ampc import distributed as dist
+
+torch = pytest.importorskip("torch")
+WORKER = os.path.join(os.path.dirname(__file__), "distributed_worker.py")
+
+
+@pytest.fixture
+def alone():
+    group = dist.init_process_group("gloo-via-torch")
+    yield group
+    dist.destroy_process_group()
+
+
+def test_one_process_gloo(alone):
+    assert (dist.get_rank(), dist.get_world_size()) == (0, 1) and alone.backend == "gloo"
+    for dtype in (np.float32, np.float64, ampc.bfloat16):
+        a = (np.arange(5) - 2).astype(dtype)
+        before = a.copy()
+        assert dist.all_reduce(a, "max") is a
+        np.testing.assert_array_equal(a, before)
+    avg = np.full(3, 4.0, np.float32)
+    dist.all_reduce(avg, "avg")
+    np.testing.assert_array_equal(avg, np.full(3, 4.0, np.float32))
+    dist.broadcast(avg, 0)
+    dist.barrier()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(case, ranks=2):
+    root = os.path.dirname(os.path.dirname(ampc.__file__))
+    port = str(_free_port())
+    procs = []
+    for rank in range(ranks):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                   AMPC_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        procs.append(subprocess.Popen([sys.executable, WORKER, case, "60", "gloo-via-torch"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        assert p.returncode == 0 and lines, out + err
+        results.append(json.loads(lines[0][7:]))
+    return sorted(results, key=lambda r: r["rank"])
+
+
+def test_two_processes_gloo_agree():
+    results = launch("collectives")
+    for r in results:
+        assert r["f32_sum"] == [1.0, 3.0, 5.0, 7.0] and r["bf16_max"] == [1.0, 2.0, 3.0, 4.0]
+        assert r["avg"] == [0.5] * 3 and r["broadcast"] == [8.0] * 5
+    ddp = launch("ddp")
+    assert ddp[0]["checksum"] == ddp[1]["checksum"] and ddp[0]["state"] == ddp[1]["state"]
+    assert ddp[0]["stats"]["skipped_steps"] >= 1
+    sharded = launch("sharded")
+    assert sharded[0]["stats"] == sharded[1]["stats"] and sharded[0]["stats"]["skipped_steps"] == 1
+
+
+@pytest.mark.gpu
+def test_one_gpu_nccl():
+    """The NCCL path with one rank: ampc arrays in ampc's GPU pool reduced in place, DataParallel
+    over a model on the GPU, a GradScaler step."""
+    group = dist.init_process_group("nccl")
+    try:
+        assert group.backend == "nccl"
+        a = ampc._C._to_device(np.arange(6, dtype=np.float32), 0)
+        dist.all_reduce(a, "sum")
+        np.testing.assert_array_equal(np.asarray(ampc._C._to_device(a, -1)), np.arange(6, dtype=np.float32))
+        ampc.manual_seed(0)
+        model = dist.DataParallel(ampc.nn.Sequential(ampc.nn.Linear(8, 4)).to("cuda"))
+        opt = ampc.optim.SGD(list(model.parameters()), lr=0.1)
+        scaler = ampc.GradScaler("cuda")
+        x = ampc._C._to_device(np.ones((2, 8), np.float32), 0)
+        y = ampc._C._to_device(np.array([1, 2]), 0)
+        with ampc.autocast("cuda"):
+            loss = ampc.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        assert np.isfinite(float(loss))
+    finally:
+        dist.destroy_process_group()
