@@ -80,6 +80,30 @@ def sharded(rank, size):
     return {"stats": scaler.stats(), "values": [np.asarray(p.data, np.float64).tolist() for p in mine]}
 
 
+def hysteresis(rank, size):
+    """ShardedGradScaler with hysteresis=2 and scale bounds: overflows on rank 0 alone at steps 1
+    and 2 (the second backs off), on the last rank at step 4 (absorbed), then clean steps growing
+    the scale to its bound."""
+    rng = np.random.default_rng(1)
+    params = [ampc.nn.Parameter(rng.standard_normal(4).astype(np.float32)) for _ in range(size)]
+    mine = params[rank::size]
+    opt = ampc.optim.SGD(mine, lr=0.01)
+    scaler = dist.ShardedGradScaler("cpu", init_scale=256.0, growth_interval=1, hysteresis=2, min_scale=64.0,
+                                    max_scale=1024.0)
+    scales = []
+    for step in range(9):
+        for p in params:
+            p.grad = None
+        loss = F.sum(F.mul(F.sum(F.stack(list(params), dim=0), dim=0), 0.5))
+        scaler.scale(loss).backward()
+        if (step in (1, 2) and rank == 0) or (step == 4 and rank == size - 1):
+            mine[0].grad[0] = np.nan
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return {"scales": scales, "stats": scaler.stats()}
+
+
 def timeout(rank, size):
     """Rank 1 leaves at once; rank 0's next collective must fail within its timeout."""
     if rank == 1:

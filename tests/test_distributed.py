@@ -69,6 +69,18 @@ def test_sharded_scaler_agrees_on_found_inf(ranks):
         assert results[2]["values"] == []  # the rank with no shard took part
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_sharded_scaler_hysteresis_and_bounds_act_on_every_rank(ranks):
+    results, _ = launch("hysteresis", ranks)
+    for r in results:
+        assert r["scales"] == results[0]["scales"] and r["stats"] == results[0]["stats"]
+    scales = results[0]["scales"]
+    assert scales[0] == 512.0 and scales[1] == 512.0  # grew, then the first overflow is absorbed
+    assert scales[2] == 256.0  # the second in a row backs off
+    assert max(scales) == 1024.0 and min(scales) >= 64.0  # the bounds
+    assert results[0]["stats"]["skipped_steps"] == 3
+
+
 def test_a_rank_that_leaves_is_an_error_not_a_hang():
     results, _ = launch("timeout", 2, "3")
     assert results[1]["left"]
