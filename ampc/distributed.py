@@ -65,7 +65,7 @@ class ProcessGroup:
                 pause = min(pause * 2, 1e-2)
 
     def all_reduce(self, array, op="sum"):
-        op = _check_op(op)
+        op = _check_op(op, array)
         work = _working_copy(array, "all_reduce")
         mpi_op = {"sum": self._mpi.SUM, "avg": self._mpi.SUM, "max": self._mpi.MAX, "min": self._mpi.MIN}[op]
         self._wait(self.comm.Iallreduce(self._mpi.IN_PLACE, work, op=mpi_op), f"all_reduce({op})")
@@ -129,7 +129,7 @@ class TorchProcessGroup:
         return {"sum": ops.SUM, "avg": ops.SUM, "max": ops.MAX, "min": ops.MIN}[op]
 
     def all_reduce(self, array, op="sum"):
-        op = _check_op(op)
+        op = _check_op(op, array)
         work, back = self._views(array)
         self._td.all_reduce(work, self._op(op), group=self.group)
         if op == "avg":
@@ -162,12 +162,21 @@ class TorchProcessGroup:
                 start += v.numel()
 
 
-def _check_op(op):
+def _check_op(op, array=None):
     name = getattr(op, "name", op)
     name = str(name).lower()
     if name not in _OPS:
         raise ValueError(f"all_reduce: op must be one of {', '.join(_OPS)}, got {op!r}")
+    if name == "avg" and array is not None and not _floating(array):
+        raise TypeError(f"all_reduce: avg needs a floating array, got {array.dtype}")
     return name
+
+
+def _floating(array):
+    try:
+        return _C.as_dtype(array.dtype) in (np.float16, np.float32, np.float64, _C.bfloat16)
+    except (TypeError, ValueError):
+        return False
 
 
 def _working_copy(array, what):
