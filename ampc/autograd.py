@@ -491,8 +491,10 @@ def run_backward(root, gradient, retain_graph):
                 touched[id(source)] = source
         if not retain_graph:
             node.args = node.saved = None
-    for hook in list(_post_backward_hooks.values()):
+    for handle, hook in list(_post_backward_hooks.items()):
         callback = hook()
-        if callback is not None:
+        if callback is None:  # its object is gone
+            handle.remove()
+        else:
             callback(list(touched.values()))
 
