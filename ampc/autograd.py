@@ -467,6 +467,9 @@ def run_backward(root, gradient, retain_graph):
             raise RuntimeError("grad can be implicitly created only for scalar outputs")
         gradient = _ones_like(root.data)
     gradient = _array(gradient)
+    if tuple(gradient.shape) != tuple(root.data.shape):
+        raise RuntimeError(f"Mismatch in shape: grad_output[0] has a shape of {tuple(gradient.shape)} and output[0] "
+                           f"has a shape of {tuple(root.data.shape)}.")
     grads = {id(root.grad_fn): [None] * root.grad_fn.outputs}
     touched = {}  # the Parameters whose .grad this pass wrote
     grads[id(root.grad_fn)][root._index] = gradient

@@ -153,6 +153,11 @@ def test_retain_graph_and_errors():
         y.backward()
     with pytest.raises(RuntimeError, match="grad can be implicitly created only for scalar outputs"):
         F.exp(w).backward()
+    with pytest.raises(RuntimeError, match=r"Mismatch in shape: grad_output\[0\] has a shape of \(2,\) and output\[0\] "
+                       r"has a shape of \(3,\)"):
+        F.exp(w).backward(np.ones(2))
+    with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad"):
+        ampc.autograd.run_backward(np.ones(3), None, False)
 
 
 def test_scaled_loss_backward():
