@@ -60,6 +60,9 @@ static void sort_by_stride(int ndim, const int64_t *strides, int *perm)
 int ampc_layout_has_internal_overlap(int ndim, const int64_t *shape, const int64_t *strides,
                                      int64_t itemsize)
 {
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] == 0)
+            return 0;  /* no elements, nothing to share (NumPy gives such arrays zero strides) */
     int perm[AMPC_MAX_NDIM];
     sort_by_stride(ndim, strides, perm);
     int64_t extent = itemsize;  /* bytes from the first to past the last element of the inner dimensions */
