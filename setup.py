@@ -9,6 +9,8 @@ Environment knobs:
   CUDA_HOME        the CUDA toolkit (else /usr/local/cuda, else nvcc on PATH)
   AMPC_DEBUG=1     -O0 -g, assertions on
   AMPC_WERROR=1    warnings are errors (CI)
+  AMPC_SANITIZE=1  AddressSanitizer and UndefinedBehaviorSanitizer (-O1 -g; .ci/sanitize runs the
+                   CPU suite on such a build)
 """
 
 import glob
@@ -29,6 +31,10 @@ WARNINGS = ["-Wall", "-Wextra", "-Wno-missing-field-initializers"]
 if os.environ.get("AMPC_WERROR") == "1":
     WARNINGS.append("-Werror")
 OPT = ["-O0", "-g", "-UNDEBUG"] if DEBUG else ["-O3"]
+SANITIZE = []
+if os.environ.get("AMPC_SANITIZE") == "1":
+    SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer"]
+    OPT = ["-O1", "-g", "-UNDEBUG"]
 # A multiply and an add stay two roundings: the optimizer steps (src/optim_math.h) give the
 # same bits on the CPU and the GPU only if neither compiler fuses them. No trapping maths: the
 # kernels run with every exception masked (src/fpenv.h), so the compiler may compute both sides
@@ -151,7 +157,8 @@ core = Extension(
     "ampc._C",
     sources=sources("src", ".c"),
     include_dirs=["src", "cuda", numpy.get_include()],
-    extra_compile_args=["-std=gnu11"] + WARNINGS + OPT + FP,
+    extra_compile_args=["-std=gnu11"] + WARNINGS + OPT + FP + SANITIZE,
+    extra_link_args=SANITIZE,
     depends=headers(),
     libraries=["pthread"],
 )

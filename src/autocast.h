@@ -53,6 +53,8 @@ typedef struct {
 
 /* A thread's autocast state. A new thread starts with every region off, the
  * default dtypes and the cache on. */
+#define AMPC_AUTOCAST_INLINE_FRAMES 8
+
 typedef struct {
     unsigned char enabled[AMPC_AUTOCAST_DEVICES];
     ampc_dtype dtype[AMPC_AUTOCAST_DEVICES];
@@ -64,6 +66,9 @@ typedef struct {
     /* The region's own policies by op name (fp32_ops=, lower_precision_ops=):
      * a dict name -> int policy, strong, or NULL. */
     PyObject *overrides[AMPC_AUTOCAST_DEVICES];
+    /* The frames: in place up to AMPC_AUTOCAST_INLINE_FRAMES deep, on the heap beyond (given back
+     * when the thread leaves its outermost region: a thread that ends holds nothing). */
+    ampc_autocast_frame inline_frames[AMPC_AUTOCAST_INLINE_FRAMES];
     ampc_autocast_frame *frames;
     int nframes, capacity;
 } ampc_autocast_tls;

@@ -272,13 +272,20 @@ fail:
 
 static int push_frame(ampc_autocast_tls *t, const autocast_object *self)
 {
+    if (t->frames == NULL) {
+        t->frames = t->inline_frames;
+        t->capacity = AMPC_AUTOCAST_INLINE_FRAMES;
+    }
     if (t->nframes == t->capacity) {
-        const int capacity = t->capacity ? 2 * t->capacity : 8;
-        ampc_autocast_frame *frames = PyMem_Realloc(t->frames, (size_t)capacity * sizeof *frames);
+        const int capacity = 2 * t->capacity;
+        const int in_place = t->frames == t->inline_frames;
+        ampc_autocast_frame *frames = PyMem_Realloc(in_place ? NULL : t->frames, (size_t)capacity * sizeof *frames);
         if (frames == NULL) {
             PyErr_NoMemory();
             return -1;
         }
+        if (in_place)
+            memcpy(frames, t->inline_frames, sizeof t->inline_frames);
         t->frames = frames;
         t->capacity = capacity;
     }
@@ -343,6 +350,11 @@ static PyObject *Autocast_exit(PyObject *op, PyObject *const *Py_UNUSED(args), P
         return NULL;
     }
     ampc_autocast_frame f = t->frames[--t->nframes];
+    if (t->nframes == 0 && t->frames != t->inline_frames) {  /* back to the frames in place */
+        PyMem_Free(t->frames);
+        t->frames = t->inline_frames;
+        t->capacity = AMPC_AUTOCAST_INLINE_FRAMES;
+    }
     /* Drop the cache when leaving the outermost region (disabled ones count). */
     if (--t->nesting == 0)
         ampc_cast_cache_clear(ampc_state_from_type(Py_TYPE(op)));
