@@ -86,6 +86,7 @@ print("ok")
 
 
 @pytest.mark.skipif(ampc.cuda.is_available(), reason="a GPU is present")
+@pytest.mark.skipif(not ampc._C._cuda_build_info()[0], reason="built without ampc._cuda")
 def test_with_the_cuda_extension_but_no_gpu():
     r = run_python(
         NO_GPU_ANSWERS
