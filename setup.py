@@ -122,8 +122,10 @@ class BuildExt(build_ext):
 
     def run(self):
         if not any(ext.name == "ampc._cuda" for ext in self.extensions):
-            # An ampc._cuda left by an earlier build of this tree must not ship.
-            for folder in {os.path.join(self.build_lib, "ampc"), os.path.join(ROOT, "ampc")}:
+            # An ampc._cuda left by an earlier build of this tree must not ship (the source tree's
+            # only when building in place: .ci/sanitize builds elsewhere and must leave it alone).
+            folders = {os.path.join(self.build_lib, "ampc")} | ({os.path.join(ROOT, "ampc")} if self.inplace else set())
+            for folder in folders:
                 for stale in glob.glob(os.path.join(folder, "_cuda.*")):
                     os.remove(stale)
         super().run()
