@@ -17,9 +17,11 @@ ROUNDS = 2000
 
 
 def grows(fn, inputs, rounds=ROUNDS):
-    """(references added to inputs, objects added, bytes added) over rounds calls of fn, after a
-    warm-up that fills every cache."""
-    for _ in range(50):
+    """(references added to inputs, objects added, bytes added) over rounds calls of fn, after as
+    many rounds of warm-up: caches and free lists fill before the count starts (under the system
+    allocator, PYTHONMALLOC=malloc as in the sanitizer run, they settle over a thousand rounds or
+    more; a leak keeps growing)."""
+    for _ in range(rounds):
         fn()
     gc.collect()
     refs = [sys.getrefcount(x) for x in inputs]
