@@ -153,6 +153,9 @@ void ampc_rename_error(const char *given, const char *name);
 int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *view);
 /* "(2, 3)": the shape, as Python writes a tuple. */
 void ampc_shape_str(const ampc_view *v, char *buf, size_t size);
+/* A shape (or strides, with allow_negative) of at most AMPC_MAX_NDIM ints into out: their count,
+ * or -1 with TypeError / ValueError naming argname. */
+int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allow_negative);
 /* "cpu" or "cuda:N" */
 const char *ampc_device_str(ampc_device device, char *buf, size_t size);
 /* Hand a result (an ndarray or ampc.Array, stolen) back as the type the

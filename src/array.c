@@ -474,30 +474,6 @@ static PyObject *Array_data_ptr(PyObject *op, PyObject *Py_UNUSED(ignored))
     return PyLong_FromVoidPtr(ARRAY(op)->view.data);
 }
 
-/* len ints of a tuple or list into out; -1 with TypeError otherwise. */
-static int int64_sequence(PyObject *seq, const char *what, int64_t *out, int *len)
-{
-    PyObject *fast = PySequence_Fast(seq, what);
-    if (fast == NULL)
-        return -1;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
-    if (n > AMPC_MAX_NDIM) {
-        Py_DECREF(fast);
-        PyErr_Format(PyExc_ValueError, "%s: at most %d dimensions", what, AMPC_MAX_NDIM);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
-        if (out[i] == -1 && PyErr_Occurred()) {
-            Py_DECREF(fast);
-            return -1;
-        }
-    }
-    *len = (int)n;
-    Py_DECREF(fast);
-    return 0;
-}
-
 /* Another view of the same memory: shape, strides (bytes) and a byte offset
  * from this array's first element, all inside the bytes this array spans.
  * What reshape, transpose and slicing of ampc arrays are made of
@@ -510,9 +486,9 @@ static PyObject *Array_view(PyObject *op, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOL:_view", &shape_obj, &strides_obj, &offset))
         return NULL;
     ampc_view v = self->view;
-    int ndim = 0, nstrides = 0;
-    if (int64_sequence(shape_obj, "_view: shape", v.shape, &ndim) < 0 ||
-        int64_sequence(strides_obj, "_view: strides", v.strides, &nstrides) < 0)
+    const int ndim = ampc_parse_int64s(shape_obj, "_view: shape", v.shape, 0);
+    const int nstrides = ndim < 0 ? -1 : ampc_parse_int64s(strides_obj, "_view: strides", v.strides, 1);
+    if (nstrides < 0)
         return NULL;
     const int64_t itemsize = ampc_dtype_size(v.dtype);
     if (nstrides != ndim) {
@@ -525,7 +501,7 @@ static PyObject *Array_view(PyObject *op, PyObject *args)
     for (int d = 0; d < ndim; d++)
         aligned &= v.strides[d] % itemsize == 0;
     if (v.numel < 0 || !aligned) {
-        PyErr_SetString(PyExc_ValueError, "_view: negative sizes, or strides and offset not whole elements");
+        PyErr_SetString(PyExc_ValueError, "_view: sizes too large, or strides and offset not whole elements");
         return NULL;
     }
     if (v.numel > 0) {

@@ -229,34 +229,6 @@ ampc_rows ampc_op_rows(const ampc_view *v, int64_t dim)
     return r;
 }
 
-int ampc_parse_shape(PyObject *obj, const char *argname, int64_t *shape)
-{
-    PyObject *seq = PySequence_Fast(obj, "shape must be a sequence of ints");
-    if (seq == NULL)
-        return -1;
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > AMPC_MAX_NDIM) {
-        Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "%s has more than %d dimensions", argname, AMPC_MAX_NDIM);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
-        if (v == -1 && PyErr_Occurred()) {
-            Py_DECREF(seq);
-            return -1;
-        }
-        if (v < 0) {
-            Py_DECREF(seq);
-            PyErr_Format(PyExc_ValueError, "%s has a negative dimension", argname);
-            return -1;
-        }
-        shape[i] = v;
-    }
-    Py_DECREF(seq);
-    return (int)n;
-}
-
 int ampc_op_parse_dtype(ampc_state *st, PyObject *obj, const char *argname, int *have, ampc_dtype *dtype)
 {
     *have = 0;
@@ -370,7 +342,7 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
     /* The output's shape: the inputs' shapes broadcast together (and to shape=). */
     int64_t want[AMPC_MAX_NDIM];
     int want_ndim = -1;
-    if (shape_obj != Py_None && (want_ndim = ampc_parse_shape(shape_obj, "elementwise: shape", want)) < 0)
+    if (shape_obj != Py_None && (want_ndim = ampc_parse_int64s(shape_obj, "elementwise: shape", want, 0)) < 0)
         goto done;
     e.ndim = want_ndim > 0 ? want_ndim : 0;
     for (int x = 0; x < e.nin; x++)

@@ -53,8 +53,6 @@ int ampc_op_cpu_status(int rc);
 int ampc_op_normalize_dim(const char *op, int64_t dim, int ndim, int64_t *out);
 /* The (outer, n, inner) layout of a dense array around dimension dim. */
 ampc_rows ampc_op_rows(const ampc_view *v, int64_t dim);
-/* A shape argument (a sequence of ints >= 0): its length, or -1. */
-int ampc_parse_shape(PyObject *obj, const char *argname, int64_t *shape);
 int ampc_op_parse_dtype(ampc_state *st, PyObject *obj, const char *argname, int *have, ampc_dtype *dtype);
 int ampc_op_check_same_shape(const char *op, const ampc_view *x, const char *xn, const ampc_view *y,
                              const char *yn);

@@ -211,6 +211,34 @@ done:
     return out;
 }
 
+int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allow_negative)
+{
+    PyObject *seq = PySequence_Fast(obj, "shape must be a sequence of ints");
+    if (seq == NULL)
+        return -1;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > AMPC_MAX_NDIM) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s has more than %d dimensions", argname, AMPC_MAX_NDIM);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        if (v < 0 && !allow_negative) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "%s has a negative dimension", argname);
+            return -1;
+        }
+        out[i] = v;
+    }
+    Py_DECREF(seq);
+    return (int)n;
+}
+
 void ampc_shape_str(const ampc_view *v, char *buf, size_t size)
 {
     size_t n = 0;
