@@ -498,21 +498,15 @@ class Flatten(Module):
 # -- containers -------------------------------------------------------------------------------
 
 
-class Sequential(Module):
-    def __init__(self, *modules):
-        super().__init__()
-        if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
-            for name, module in modules[0].items():
-                setattr(self, name, module)
-        else:
-            for i, module in enumerate(modules):
-                setattr(self, str(i), module)
+class _ModuleSequence(Module):
+    """What Sequential and ModuleList share: submodules named 0, 1, 2 ... in order."""
+
+    def _sliced(self, modules):
+        raise NotImplementedError
 
     def __getitem__(self, index):
         items = list(self._modules.values())
-        if isinstance(index, slice):
-            return Sequential(*items[index])
-        return items[index]
+        return self._sliced(items[index]) if isinstance(index, slice) else items[index]
 
     def __len__(self):
         return len(self._modules)
@@ -523,6 +517,20 @@ class Sequential(Module):
     def append(self, module):
         setattr(self, str(len(self)), module)
         return self
+
+
+class Sequential(_ModuleSequence):
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
+            for name, module in modules[0].items():
+                setattr(self, name, module)
+        else:
+            for module in modules:
+                self.append(module)
+
+    def _sliced(self, modules):
+        return Sequential(*modules)
 
     def forward(self, input):
         for module in self._modules.values():
@@ -530,25 +538,14 @@ class Sequential(Module):
         return input
 
 
-class ModuleList(Module):
+class ModuleList(_ModuleSequence):
     def __init__(self, modules=None):
         super().__init__()
         for module in modules or ():
             self.append(module)
 
-    def __getitem__(self, index):
-        items = list(self._modules.values())
-        return ModuleList(items[index]) if isinstance(index, slice) else items[index]
-
-    def __len__(self):
-        return len(self._modules)
-
-    def __iter__(self):
-        return iter(self._modules.values())
-
-    def append(self, module):
-        setattr(self, str(len(self)), module)
-        return self
+    def _sliced(self, modules):
+        return ModuleList(modules)
 
 
 # -- losses -----------------------------------------------------------------------------------
