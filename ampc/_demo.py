@@ -23,6 +23,7 @@ import numpy as np
 import ampc
 from ampc import nn
 from ampc.data import load_digits
+from ampc.nn.modules import _device_index
 
 F = nn.functional
 
@@ -62,6 +63,21 @@ class Progress:
         self.stream.flush()
 
 
+def training_step(loss_of, optimizer, scaler, device_type, dtype, before_step=None):
+    """One step of the recipe, the loss and what follows it: zero the gradients, loss_of() under
+    autocast in dtype (None: autocast off, float32), the scaled backward, then before_step() (an
+    injected overflow) and the scaler's step and update. Returns the loss."""
+    optimizer.zero_grad()
+    with ampc.autocast(device_type, dtype=dtype or ampc.bfloat16, enabled=dtype is not None):
+        loss = loss_of()
+    scaler.scale(loss).backward()
+    if before_step is not None:
+        before_step()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
 def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at=None, progress=True, index=-1):
     """Train a fresh MLP under recipe on device index (-1: the CPU); a dict of what the demo reports,
     with the loss and scale at every step. inject_inf_at: a step whose gradients are made inf (as an
@@ -84,15 +100,12 @@ def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at
             batch = order[start:start + batch_size]
             x, y = (ampc._C._to_device(v[batch], index) for v in (x_train, y_train))
             began = time.perf_counter()
-            optimizer.zero_grad()
-            with ampc.autocast(device_type, dtype=dtype or ampc.bfloat16, enabled=dtype is not None):
-                loss = F.cross_entropy(model(x), y)
-            scaler.scale(loss).backward()
-            if inject_inf_at == len(losses):
+            def overflow():
                 first = next(iter(model.parameters()))
                 first.grad = ampc._C._to_device(np.full(first.grad.shape, np.inf, np.float32), index)
-            scaler.step(optimizer)
-            scaler.update()
+
+            loss = training_step(lambda: F.cross_entropy(model(x), y), optimizer, scaler, device_type, dtype,
+                                 overflow if inject_inf_at == len(losses) else None)
             _synchronize(index)
             step_times.append(time.perf_counter() - began)
             losses.append(float(loss))
@@ -129,12 +142,7 @@ def peak_memory(recipe, data, steps=3, batch_size=64):
         optimizer = ampc.optim.AdamW(list(model.parameters()), lr=1e-3)
         scaler = ampc.GradScaler("cpu", enabled=scaled)
         for _ in range(steps):
-            optimizer.zero_grad()
-            with ampc.autocast("cpu", dtype=dtype or ampc.bfloat16, enabled=dtype is not None):
-                loss = F.cross_entropy(model(x_train), y_train)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+            training_step(lambda: F.cross_entropy(model(x_train), y_train), optimizer, scaler, "cpu", dtype)
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -174,7 +182,7 @@ def device_index(device):
     """-1 for the CPU, else the CUDA ordinal; "auto" is the first GPU if there is one."""
     if device == "auto":
         return 0 if ampc.cuda.is_available() else -1
-    return -1 if device == "cpu" else int(device.partition(":")[2] or 0)
+    return _device_index(device)
 
 
 def _synchronize(index):
@@ -216,12 +224,8 @@ def train_synthetic(kind, recipe, index, batch_size, steps=9, warmup=3, image_si
     for step in range(warmup + steps):
         _synchronize(index)
         began = time.perf_counter()
-        optimizer.zero_grad()
-        with ampc.autocast(device_type, dtype=dtype or ampc.float16, enabled=dtype is not None):
-            loss = F.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)[1]
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        loss = training_step(lambda: F.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)[1],
+                             optimizer, scaler, device_type, dtype)
         _synchronize(index)
         if step >= warmup:
             times.append(time.perf_counter() - began)

@@ -10,7 +10,7 @@ import numpy as np
 
 import ampc
 from ampc import distributed as dist
-from ampc._demo import RECIPES, digits_split, mlp
+from ampc._demo import RECIPES, digits_split, mlp, training_step
 
 F = ampc.nn.functional
 
@@ -29,14 +29,11 @@ def _train(data, epochs, batch_size, rank, size, group, seed, inject_inf_at):
         order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
         for start in range(0, len(x_train), batch_size):
             batch = order[start:start + batch_size][rank::size]  # this rank's share of the batch
-            optimizer.zero_grad()
-            with ampc.autocast("cpu", dtype=dtype):
+            def loss_of(overflow=steps == inject_inf_at and rank == size - 1):
                 loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
-            if steps == inject_inf_at and rank == size - 1:
-                loss = loss * float("inf")  # one rank overflows: every rank must skip
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
+                return loss * float("inf") if overflow else loss  # one rank overflows: every rank must skip
+
+            training_step(loss_of, optimizer, scaler, "cpu", dtype)
             steps += 1
     seconds = (time.perf_counter() - began) / epochs
     checksum = float(sum(np.asarray(p.data, np.float64).sum() for p in model.parameters()))

@@ -23,7 +23,7 @@ import numpy as np
 
 from ampc import _C, autograd
 from ampc.amp import GradScaler
-from ampc.nn.modules import Module
+from ampc.nn.modules import Module, _array_device
 
 __all__ = ["DataParallel", "ProcessGroup", "ShardedGradScaler", "TorchProcessGroup", "all_reduce", "barrier", "broadcast",
            "destroy_process_group", "get_rank", "get_world_size", "init_process_group", "is_initialized"]
@@ -403,10 +403,5 @@ def _set_flag(view, value):
     if isinstance(view, np.ndarray):
         view[...] = value
     else:
-        _C.cast(_C._to_device(np.array(value, np.float32), _device_index(view)), out=view)
-
-
-def _device_index(x):
-    kind, index = x.__dlpack_device__()
-    return int(index) if int(kind) == 2 else -1
+        _C.cast(_C._to_device(np.array(value, np.float32), _array_device(view)), out=view)
 

@@ -3,7 +3,6 @@ environment variables), NCCL with one GPU rank."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -38,15 +37,9 @@ def test_one_process_gloo(alone):
     dist.barrier()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(case, ranks=2):
     root = os.path.dirname(os.path.dirname(ampc.__file__))
-    port = str(_free_port())
+    port = str(dist._free_port())
     procs = []
     for rank in range(ranks):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
