@@ -116,13 +116,23 @@ class TorchProcessGroup:
     def _views(self, array):
         """(the tensor the engine reduces, the torch view of array to copy it back into, or None)."""
         torch = self._torch
-        view = array if isinstance(array, torch.Tensor) else torch.from_dlpack(array)
+        view = self._as_torch(array)
         work = view
         if self.backend == "nccl" and not view.is_cuda:
             work = view.cuda()
         elif self.backend != "nccl" and view.dtype in (torch.float16, torch.bfloat16):
             work = view.float()
         return work, (view if work is not view else None)
+
+    def _as_torch(self, array):
+        """array as a torch tensor sharing its memory. NumPy cannot export ml_dtypes' bfloat16
+        through DLPack: those go as their bits (uint16), viewed back as torch's bfloat16."""
+        torch = self._torch
+        if isinstance(array, torch.Tensor):
+            return array
+        if isinstance(array, np.ndarray) and array.dtype.name == "bfloat16":
+            return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+        return torch.from_dlpack(array)
 
     def _op(self, op):
         ops = self._td.ReduceOp
@@ -152,7 +162,7 @@ class TorchProcessGroup:
         """Average gradients (any DLPack arrays) in place, in float32 buckets of bucket_bytes."""
         torch, size = self._torch, self.size()
         for bucket in _buckets(grads, bucket_bytes):
-            views = [torch.from_dlpack(g) for g in bucket]
+            views = [self._as_torch(g) for g in bucket]
             flat = torch.cat([v.reshape(-1).float() for v in views])
             self.all_reduce(flat, "sum")
             flat.div_(size)
@@ -222,8 +232,9 @@ def init_process_group(backend="mpi", *, comm=None, group=None, timeout=DEFAULT_
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast stays off (see the device notes)
         if init_method is None and "MASTER_ADDR" not in os.environ:
             init_method, rank, world_size = f"tcp://127.0.0.1:{_free_port()}", 0, 1  # one process alone
-        td.init_process_group("nccl" if backend == "nccl" else "gloo", init_method=init_method, rank=rank,
-                              world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
+        td.init_process_group("nccl" if backend == "nccl" else "gloo", init_method=init_method,
+                              rank=-1 if rank is None else rank,  # torch's "from the environment"
+                              world_size=-1 if world_size is None else world_size, timeout=datetime.timedelta(seconds=timeout))
     _default = TorchProcessGroup(group)
     return _default
 

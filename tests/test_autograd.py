@@ -235,3 +235,27 @@ def test_indexing_and_dtype_conversions_on_the_tape():
     F.sum(y).backward()
     assert w.grad.dtype == np.float64  # the cast's gradient comes back in the parameter's dtype
     np.testing.assert_array_equal(w.grad, np.ones((3, 4)))
+
+
+def test_relu_and_add_let_go_of_what_their_backward_does_not_read():
+    """relu's backward reads its output, add's only its inputs' shapes: neither keeps an input
+    alive until backward (a ResNet would hold one more activation per layer)."""
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(11)
+    p = ampc.nn.Parameter(rng.standard_normal((4, 5)))
+    q = ampc.nn.Parameter(rng.standard_normal(5))
+    a, b = F.mul(p, 3.0), F.mul(q, -2.0)
+    kept = [weakref.ref(t.data) for t in (a, b)]
+    loss = F.sum(F.mul(F.relu(F.add(a, b)), F.relu(F.sub(a, b))))
+    del a, b
+    gc.collect()
+    assert [r() for r in kept] == [None, None]
+    loss.backward()
+    x, y = 3 * p.data, -2 * q.data
+    s, d = x + y, x - y
+    rs, rd = np.maximum(s, 0), np.maximum(d, 0)
+    gs, gd = rd * (s > 0), rs * (d > 0)
+    np.testing.assert_allclose(p.grad, 3 * (gs + gd), rtol=1e-12)
+    np.testing.assert_allclose(q.grad, -2 * (gs - gd).sum(axis=0), rtol=1e-12)

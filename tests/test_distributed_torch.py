@@ -46,9 +46,17 @@ def launch(case, ranks=2):
                    AMPC_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         procs.append(subprocess.Popen([sys.executable, WORKER, case, "60", "gloo-via-torch"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=180))
+    finally:  # a rank that failed leaves none running (nor its pipes open) behind it
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=180)
+    for p, (out, err) in zip(procs, outputs):
         lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
         assert p.returncode == 0 and lines, out + err
         results.append(json.loads(lines[0][7:]))

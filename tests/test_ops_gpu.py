@@ -467,8 +467,9 @@ def test_bad_input_on_the_gpu():
         F.mm(x, torch.randn(4, 2))
     with pytest.raises(ValueError, match=r"mat1 and mat2 shapes cannot be multiplied \(3x4 and 5x6\)"):
         F.mm(x, randn(5, 6))
-    with pytest.raises(ValueError, match="target has shape"):
-        F.cross_entropy(x, torch.zeros(3, device="cuda"))  # probabilities of the wrong shape
+    with pytest.raises(TypeError, match=r"class indices must be an integer array, and class probabilities need "
+                                        r"input's shape \(3, 4\)"):
+        F.cross_entropy(x, torch.zeros(3, device="cuda"))  # float labels of the indices' shape
     with pytest.raises(ValueError, match="device"):
         F.layer_norm(x, (4,), torch.ones(4))
     before = x.clone()

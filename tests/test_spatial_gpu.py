@@ -267,6 +267,7 @@ def test_conv2d_mixed_layouts(case, dtype):
 
 
 @pytest.mark.parametrize("kernel,dilation", [((2, 4), (1, 1)), ((2, 3), (3, 1))])
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths:UserWarning")  # torch's own
 def test_conv2d_same_padding_with_an_even_kernel(kernel, dilation):
     x = torch.randn(2, 3, 7, 8, device="cuda", dtype=torch.float64)
     w = torch.randn((4, 3) + kernel, device="cuda", dtype=torch.float64)

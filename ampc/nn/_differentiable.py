@@ -181,6 +181,36 @@ def _pow_backward(a, saved, g, needs):
     return (F.pow_backward(g, a["input"], a["exponent"]),)
 
 
+class _Shape:
+    """What the tape keeps of an argument whose backward needs its shape alone (add's, sub's): the
+    array itself would stay alive until backward for nothing."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, shape):
+        self.shape = tuple(shape)
+
+
+def _keeping_shapes(op, names):
+    body = raw(op)
+
+    def forward(a):
+        out = body(**a)
+        for n in names:
+            if a[n] is not None and not isinstance(a[n], (int, float)):
+                a[n] = _Shape(a[n].shape)
+        return out, None
+    return forward
+
+
+def _relu_forward(a):
+    """relu's backward reads its output (positive exactly where the input was; NaN in neither), as
+    torch's does: the input, often a batch norm's output nothing else keeps, is let go."""
+    out = raw(F.relu)(**a)
+    a["input"] = None
+    return out, out
+
+
 def _unary_backward(backward, *extra):
     def run(a, saved, g, needs):
         return (backward(g, a["input"], *(a[name] for name in extra)),)
@@ -343,14 +373,14 @@ def _ops():
         "exp": differentiable(F.exp, ("input",), _keeping_output(F.exp), lambda a, out, g, n: (F.exp_backward(g, out),)),
         "log": differentiable(F.log, ("input",), _plain_forward(F.log), _unary_backward(F.log_backward)),
         "pow": differentiable(F.pow, ("input",), _plain_forward(F.pow), _pow_backward),
-        "relu": differentiable(F.relu, ("input",), _plain_forward(F.relu), _unary_backward(F.relu_backward)),
+        "relu": differentiable(F.relu, ("input",), _relu_forward, lambda a, out, g, n: (F.relu_backward(g, out),)),
         "gelu": differentiable(F.gelu, ("input",), _plain_forward(F.gelu),
                                _unary_backward(F.gelu_backward, "approximate")),
         "silu": differentiable(F.silu, ("input",), _plain_forward(F.silu), _unary_backward(F.silu_backward)),
         "dropout": differentiable(_embedding.dropout, ("input",), _dropout_forward,
                                   lambda a, state, g, n: (_embedding.dropout_backward(g, state, a["p"]),)),
-        "add": differentiable(F.add, ("input", "other"), _plain_forward(F.add), _add_backward(1)),
-        "sub": differentiable(F.sub, ("input", "other"), _plain_forward(F.sub), _add_backward(-1)),
+        "add": differentiable(F.add, ("input", "other"), _keeping_shapes(F.add, ("input", "other")), _add_backward(1)),
+        "sub": differentiable(F.sub, ("input", "other"), _keeping_shapes(F.sub, ("input", "other")), _add_backward(-1)),
         "mul": differentiable(F.mul, ("input", "other"), _plain_forward(F.mul), _mul_backward),
         "div": differentiable(F.div, ("input", "other"), _plain_forward(F.div), _div_backward),
         "max_pool2d": differentiable(sp.max_pool2d, ("input",), _max_pool_forward, _max_pool_backward),
