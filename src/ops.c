@@ -290,6 +290,54 @@ int ampc_op_broadcast_strides(const char *op, const char *name, const ampc_view 
     return 0;
 }
 
+/* The input whose layout the output takes, or -1 for C order: as torch and
+ * NumPy (order 'K') do, the first input of the output's full shape that is
+ * dense in an order other than C's (a channels-last activation gives a
+ * channels-last result, which the next convolution and batch norm read as
+ * they are, without a transposing copy). */
+static int ew_layout_source(const ampc_ew *e, const ampc_view *const *in)
+{
+    for (int x = 0; x < e->nin; x++) {
+        const ampc_view *v = in[x];
+        int full = v != NULL && v->ndim == e->ndim;
+        for (int d = 0; full && d < e->ndim; d++)
+            full = v->shape[d] == e->shape[d];
+        if (!full)
+            continue;
+        const int64_t size = ampc_dtype_size(v->dtype);
+        if (ampc_layout_is_c_contiguous(v->ndim, v->shape, v->strides, size))
+            return -1;
+        int64_t dense[AMPC_MAX_NDIM];
+        ampc_layout_korder_strides(v->ndim, v->shape, v->strides, size, dense);
+        int same = 1;
+        for (int d = 0; d < v->ndim && same; d++)
+            same = v->shape[d] == 1 || v->strides[d] == dense[d];
+        if (same)
+            return x;
+    }
+    return -1;
+}
+
+/* Reorder e's dimensions into the memory order of an output with these
+ * (byte) strides, outermost first, so that the kernels, which write the
+ * output in C order of e's dimensions, write it in its memory order. */
+static void ew_in_memory_order(ampc_ew *e, const int64_t *out_strides)
+{
+    int perm[AMPC_MAX_NDIM];
+    for (int d = 0; d < e->ndim; d++) {
+        int k = d;
+        for (; k > 0 && out_strides[perm[k - 1]] < out_strides[d]; k--)
+            perm[k] = perm[k - 1];
+        perm[k] = d;
+    }
+    ampc_ew c = *e;
+    for (int k = 0; k < e->ndim; k++) {
+        e->shape[k] = c.shape[perm[k]];
+        for (int x = 0; x < e->nin; x++)
+            e->strides[x][k] = c.strides[x][perm[k]];
+    }
+}
+
 static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"op", "a", "b", "c", "param", "scale", "dtype", "shape", NULL};
@@ -380,9 +428,16 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
         e.in[x] = buf_of(in[x]);
     }
     ampc_view out;
-    PyObject *out_obj = ampc_op_output(&a, e.out.dtype, e.ndim, e.shape, &out);
-    if (out_obj == NULL)
+    int64_t out_strides[AMPC_MAX_NDIM];
+    const int follow = ew_layout_source(&e, in);
+    if (follow >= 0)
+        ampc_layout_korder_strides(e.ndim, e.shape, in[follow]->strides, ampc_dtype_size(e.out.dtype), out_strides);
+    PyObject *out_obj = follow >= 0 ? ampc_array_empty(st, a.device, e.out.dtype, e.ndim, e.shape, out_strides, &out)
+                                    : ampc_op_output(&a, e.out.dtype, e.ndim, e.shape, &out);
+    if (out_obj == NULL || (follow >= 0 && ampc_op_keep(&a, out_obj) < 0))
         goto done;
+    if (follow >= 0)
+        ew_in_memory_order(&e, out_strides);
     e.out.data = out.data;
     e.numel = out.numel;
     if (AMPC_RUN_KERNEL(&a, ampc_cpu_elementwise, elementwise, &e) < 0)

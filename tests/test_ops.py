@@ -125,6 +125,20 @@ def test_binary_broadcast_and_promotion(rng):
     assert_close(F.mul(noncontiguous(c), 3.0), f64(c) * 3, F32)
 
 
+def test_elementwise_output_takes_the_layout_of_its_first_full_shape_input(rng):
+    """As torch and NumPy (order 'K'): a channels-last or transposed dense input gives an output in
+    its layout; C order when the first full-shape input is C order or no input is dense."""
+    x = ref.random(rng, (2, 4, 5, 6), F32).transpose(0, 3, 1, 2)  # dense, channels-last in memory
+    y = ref.random(rng, (2, 6, 4, 5), F32)
+    b = ref.random(rng, (6, 1, 1), F32)
+    for out, want, like in [(F.add(x, y), f64(x) + f64(y), x), (F.add(y, x), f64(y) + f64(x), y),
+                            (F.relu(x), np.maximum(f64(x), 0), x), (F.mul(x, b), f64(x) * f64(b), x),
+                            (F.mul(b, x), f64(b) * f64(x), x), (F.exp(x.T), np.exp(f64(x).T), x.T),
+                            (F.mul(x[::-1], -1.0), -f64(x)[::-1], y)]:
+        assert out.strides == like.strides
+        assert_close(out, want, F32)
+
+
 def test_binary_shapes_that_do_not_broadcast(rng):
     with pytest.raises(ValueError, match="broadcast"):
         F.add(np.ones((3, 4), np.float32), np.ones((5,), np.float32))

@@ -139,6 +139,23 @@ def test_binary_broadcast_and_promotion():
         against(F.mul(a, 2.5), lambda x: torch.mul(x, 2.5), [a], da, what="mul scalar")
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+def test_dense_elementwise_in_any_memory_order(dtype):
+    """The dense kernel (16-byte packs, a tail of 945 % 8 elements, one element a thread where a
+    pointer is not 16-byte aligned) and the output in a channels-last input's layout."""
+    cl = torch.channels_last
+    x, y, g = (randn(3, 5, 7, 9, dtype=dtype).to(memory_format=cl) for _ in range(3))
+    for got, fn, inputs in [(F.add(x, y), torch.add, [x, y]), (F.mul(x, 2.5), lambda a: a * 2.5, [x]),
+                            (F.relu(x), torch.relu, [x]), (F.relu_backward(g, x), lambda a, b: a * (b > 0), [g, x]),
+                            (F.gelu(x), TF.gelu, [x])]:
+        assert got.is_contiguous(memory_format=cl)
+        against(got, fn, inputs, dtype, what="channels-last")
+    a, b = randn(1001, dtype=dtype)[1:], randn(1001, dtype=dtype)[1:]  # 2-, 4- or 8-byte aligned only
+    against(F.sub(a, b), torch.sub, [a, b], dtype, what="misaligned")
+    against(F.add(a, x.reshape(-1)[:1000], alpha=0.5), lambda p, q: torch.add(p, q, alpha=0.5),
+            [a, x.reshape(-1)[:1000]], dtype, what="misaligned with aligned")
+
+
 # --------------------------------------------------------------------------------------------
 # softmax, log_softmax
 # --------------------------------------------------------------------------------------------
