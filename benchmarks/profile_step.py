@@ -1,0 +1,106 @@
+"""Where one of the demo's GPU training steps spends its time: the step's wall time against the host's
+time to enqueue it (a gap means the GPU is the bound), the peak memory, and ampc's kernels ranked by
+GPU time. torch's profiler traces every kernel of the process through CUPTI, ampc's included, so it
+needs torch; with --torch it ranks torch's own step of the same model and recipe beside it.
+
+    python benchmarks/profile_step.py --model resnet50 --channels-last [--torch]
+"""
+
+import argparse
+import time
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import ampc
+from ampc import _demo
+
+F = ampc.nn.functional
+
+
+def top_kernels(step, synchronize, steps=2, top=25):
+    """GPU time per step of the kernels step() launches, longest first."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        synchronize()
+    events = list(prof.key_averages())
+    total = sum(e.device_time_total for e in events) / steps
+    print(f"kernel time per step {total / 1e3:.1f} ms, {sum(e.count for e in events) // steps} launches")
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
+        print(f"{e.device_time_total / steps / 1e3:8.2f} ms {e.count // steps:5d}x  {e.key[:140]}")
+
+
+def ampc_step(args):
+    ampc.manual_seed(0)
+    model = ampc.models.resnet50() if args.model == "resnet50" else ampc.models.gpt(block_size=1024)
+    model.to("cuda:0", memory_format="channels_last" if args.channels_last else None)
+    params = list(model.parameters())
+    optimizer = (ampc.optim.SGD(params, lr=0.1, momentum=0.9) if args.model == "resnet50"
+                 else ampc.optim.AdamW(params, lr=3e-4))
+    scaler = ampc.GradScaler("cuda")
+    x, y = _demo.synthetic_batch(args.model, args.batch_size, 0, channels_last=args.channels_last)
+    loss_of = (lambda: F.cross_entropy(model(x), y)) if args.model == "resnet50" else (lambda: model(x, y)[1])
+    return lambda: _demo.training_step(loss_of, optimizer, scaler, "cuda", getattr(ampc, args.dtype))
+
+
+def torch_step(args):
+    import torchvision
+
+    torch.backends.cudnn.benchmark = True
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = torchvision.models.resnet50().cuda().to(memory_format=fmt)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda")
+    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch("resnet50", args.batch_size, 0,
+                                                                   channels_last=args.channels_last))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=getattr(torch, args.dtype)):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    return step
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("resnet50", "gpt2"), default="resnet50")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    parser.add_argument("--torch", action="store_true", help="torch's ResNet-50 step too (torchvision)")
+    args = parser.parse_args()
+    args.batch_size = args.batch_size or (256 if args.model == "resnet50" else 8)
+    torch.cuda.init()
+    sync = lambda: ampc.cuda.synchronize(0)  # noqa: E731
+    step = ampc_step(args)
+    for _ in range(4):
+        step()
+    sync()
+    ampc.cuda.reset_peak_memory_stats(0)
+    walls, hosts = [], []
+    for _ in range(5):
+        began = time.perf_counter()
+        step()
+        enqueued = time.perf_counter()
+        sync()
+        walls.append(time.perf_counter() - began)
+        hosts.append(enqueued - began)
+    print(f"ampc {args.model}{' channels-last' if args.channels_last else ''} AMP {args.dtype}: step "
+          f"{1e3 * np.median(walls):.1f} ms, host enqueue {1e3 * np.median(hosts):.1f} ms, peak "
+          f"{ampc.cuda.max_memory_allocated(0) / 2**20:.0f} MiB")
+    top_kernels(step, sync)
+    if args.torch and args.model == "resnet50":
+        step = torch_step(args)
+        for _ in range(4):
+            step()
+        print("torch:")
+        top_kernels(step, torch.cuda.synchronize)
+
+
+if __name__ == "__main__":
+    main()
