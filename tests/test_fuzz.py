@@ -1,9 +1,12 @@
 """Fuzzing the parsers of outside input (hypothesis drives them; CI runs a bounded number of examples,
 under AddressSanitizer in .ci/sanitize; AMPC_FUZZ_EXAMPLES=100000 python -m pytest tests/test_fuzz.py
-is the long run): DLPack capsules with arbitrary versions, devices, dtypes, ndims, shapes, strides and
-byte offsets. A capsule is either refused with a BufferError, left unconsumed and its deleter not
-called, or taken: then its shape and strides are the capsule's, reading it touches only its memory,
-and its deleter runs exactly once."""
+is the long run).
+
+DLPack capsules with arbitrary versions, devices, dtypes, ndims, shapes, strides and byte offsets: a
+capsule is either refused with a BufferError, left unconsumed and its deleter not called, or taken:
+then its shape and strides are the capsule's, reading it touches only its memory, and its deleter
+runs exactly once. GradScaler state dicts with keys dropped, replaced by any value or added: a payload
+is refused with a clear exception and the scaler unchanged, or taken as given."""
 
 import gc
 import os
@@ -89,3 +92,44 @@ def test_the_fuzzer_reaches_both_outcomes():
     if not ACCEPTED:
         test_dlpack_import_takes_a_capsule_whole_or_not_at_all()
     assert len(ACCEPTED) >= 5
+
+
+# -- GradScaler.load_state_dict ------------------------------------------------------------------
+
+VALID = ampc.GradScaler("cpu", init_scale=8.0, min_scale=1.0, max_scale=1024.0, hysteresis=2).state_dict()
+ANY_VALUE = (st.floats() | st.integers(-(2**70), 2**70) | st.booleans() | st.none() | st.text(max_size=3)
+             | st.floats(0.5, 4.0) | st.integers(0, 4000) | st.just(np.float32(2.0)) | st.just(np.int64(7))
+             | st.just(np.ones(2)) | st.lists(st.integers(), max_size=2))
+
+
+@st.composite
+def state_dicts(draw):
+    """The valid state dict with each key kept, dropped or given any value, and junk keys added."""
+    sd = {}
+    for key, value in VALID.items():
+        fate = draw(mostly("keep", "drop", "replace"))
+        if fate != "drop":
+            sd[key] = value if fate == "keep" else draw(ANY_VALUE)
+    sd.update(draw(st.dictionaries(st.text(max_size=4), ANY_VALUE, max_size=2)))
+    return sd
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="AMPC_FUZZ_EXAMPLES" not in os.environ)
+@given(state_dicts(), st.booleans())
+def test_scaler_load_state_dict_takes_a_payload_whole_or_not_at_all(sd, with_options):
+    s = (ampc.GradScaler("cpu", init_scale=8.0, min_scale=1.0, max_scale=1024.0, hysteresis=2) if with_options
+         else ampc.GradScaler("cpu", init_scale=4.0))
+    before = s.state_dict()
+    try:
+        s.load_state_dict(sd)
+    except (TypeError, ValueError, KeyError, RuntimeError, OverflowError) as error:
+        assert str(error)
+        assert s.state_dict() == before  # nothing half-loaded
+        return
+    loaded = s.state_dict()
+    for key in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"):
+        assert loaded[key] == sd[key]  # taken as given
+    assert 0 < loaded["scale"] < float("inf")
+    again = ampc.GradScaler("cpu")
+    again.load_state_dict(loaded)
+    assert again.state_dict() == loaded  # what it holds is itself a valid payload
