@@ -5,8 +5,10 @@ is the long run).
 DLPack capsules with arbitrary versions, devices, dtypes, ndims, shapes, strides and byte offsets: a
 capsule is either refused with a BufferError, left unconsumed and its deleter not called, or taken:
 then its shape and strides are the capsule's, reading it touches only its memory, and its deleter
-runs exactly once. GradScaler state dicts with keys dropped, replaced by any value or added: a payload
-is refused with a clear exception and the scaler unchanged, or taken as given."""
+runs exactly once. GradScaler and Module state dicts with keys dropped, replaced by any value (arrays
+of other shapes and dtypes, strings, non-contiguous) or added: a payload is refused with a clear
+exception and the scaler or model unchanged, or taken (as given; a model's arrays keep their shapes
+and dtypes)."""
 
 import gc
 import os
@@ -133,3 +135,51 @@ def test_scaler_load_state_dict_takes_a_payload_whole_or_not_at_all(sd, with_opt
     again = ampc.GradScaler("cpu")
     again.load_state_dict(loaded)
     assert again.state_dict() == loaded  # what it holds is itself a valid payload
+
+
+# -- Module.load_state_dict ----------------------------------------------------------------------
+
+def _model():
+    ampc.manual_seed(0)
+    return ampc.nn.Sequential(ampc.nn.Linear(3, 2), ampc.nn.BatchNorm2d(2), ampc.nn.Embedding(4, 2))
+
+
+MODEL_KEYS = list(_model().state_dict())
+TENSOR_VALUE = (ANY_VALUE | st.sampled_from([(2,), (2, 3), (3, 2), (), (4, 2), (0,)]).map(np.ones)
+                | st.sampled_from([np.float16, np.float64, np.int64, np.bool_, ampc.bfloat16]).map(
+                    lambda t: np.ones(2, t)) | st.just(np.array(["a", "b"])) | st.just(np.ones((2, 3))[:, ::2]))
+
+
+@st.composite
+def module_state_dicts(draw):
+    sd = {k: v.copy() for k, v in _model().state_dict().items()}
+    for key in MODEL_KEYS:
+        fate = draw(mostly("keep", "drop", "replace"))
+        if fate == "drop":
+            del sd[key]
+        elif fate == "replace":
+            sd[key] = draw(TENSOR_VALUE)
+    sd.update(draw(st.dictionaries(st.text(max_size=4), TENSOR_VALUE, max_size=1)))
+    return sd, draw(st.booleans())
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="AMPC_FUZZ_EXAMPLES" not in os.environ)
+@given(module_state_dicts())
+def test_module_load_state_dict_takes_a_payload_whole_or_not_at_all(case):
+    sd, strict = case
+    model = _model()
+    before = {k: np.array(v, copy=True) for k, v in model.state_dict().items()}
+    try:
+        model.load_state_dict(sd, strict=strict)
+    except (TypeError, ValueError, RuntimeError) as error:
+        assert str(error)
+        after = model.state_dict()
+        for key, value in before.items():  # nothing half-loaded
+            np.testing.assert_array_equal(after[key], value)
+            assert after[key].dtype == value.dtype
+        return
+    after = model.state_dict()
+    for key, value in before.items():
+        assert after[key].dtype == value.dtype and after[key].shape == value.shape  # the model's own
+        if key not in sd:
+            np.testing.assert_array_equal(after[key], value)
