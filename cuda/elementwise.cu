@@ -10,6 +10,7 @@
  * its linear index over those. Grid-stride, 64-bit indices.
  */
 #include "ops.cuh"
+#include "packs.cuh"
 
 namespace {
 
@@ -133,61 +134,58 @@ __global__ void elementwise_kernel(ampc_ew e, int arity)
 /* The dense case, which a network's activations almost always are: every
  * array operand walks the output's memory order with stride 1 and has the
  * output's storage type T. Each thread takes V consecutive elements, one
- * 16-byte load an operand (V = 16 / sizeof(T); V = 1 where a pointer is not
- * 16-byte aligned), with no index arithmetic; the values, and so the bits,
- * are those of elementwise_kernel. The last numel % V elements go one to a
- * thread. */
+ * 16-byte pack (packs.cuh) an operand where every pointer is on a 16-byte
+ * boundary (V = Pack<T>::VEC), else one element (V = 1), with no index
+ * arithmetic; the values, and so the bits, are those of elementwise_kernel.
+ * The last numel % V elements go one to a thread. */
 template <class T, int V>
-struct alignas(sizeof(T) * V) Pack {
-    T v[V];
-};
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <class T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-
-template <class T, int V>
-__device__ __forceinline__ void load_pack(const ampc_ew &e, int x, int64_t i, float (&out)[V])
+__device__ __forceinline__ void load_values(const ampc_ew &e, int x, int64_t at, float (&out)[V])
 {
     if (e.in[x].data == nullptr) {
         for (int k = 0; k < V; k++)
             out[k] = (float)e.value[x];
         return;
     }
-    const Pack<T, V> pack = static_cast<const Pack<T, V> *>(e.in[x].data)[i];
-    for (int k = 0; k < V; k++)
-        out[k] = to_float(pack.v[k]);
+    const T *p = static_cast<const T *>(e.in[x].data) + at;
+    if constexpr (V == Pack<T>::VEC) {
+        Pack<T> pack;
+        pack.load(p);
+        for (int k = 0; k < V; k++)
+            out[k] = pack[k];
+    } else {
+        for (int k = 0; k < V; k++)
+            out[k] = to_float(p[k]);
+    }
 }
 
+/* Elements at .. at + V - 1. */
 template <class T, int V>
-__device__ __forceinline__ void dense_pack(const ampc_ew &e, int arity, int64_t i)
+__device__ __forceinline__ void dense_values(const ampc_ew &e, int arity, int64_t at)
 {
     const float p = (float)e.param, scale = (float)e.scale;
     float a[V], b[V], c[V];
-    load_pack<T, V>(e, 0, i, a);
+    load_values<T, V>(e, 0, at, a);
     if (arity > 1)
-        load_pack<T, V>(e, 1, i, b);
+        load_values<T, V>(e, 1, at, b);
     if (e.nin > 2)
-        load_pack<T, V>(e, 2, i, c);
-    Pack<T, V> out;
+        load_values<T, V>(e, 2, at, c);
     for (int k = 0; k < V; k++) {
-        float v = apply<float>(e.op, p, a[k], arity > 1 ? b[k] : 0.0f);
+        a[k] = apply<float>(e.op, p, a[k], arity > 1 ? b[k] : 0.0f);
         if (e.nin > 2)
-            v *= c[k] * scale;
+            a[k] *= c[k] * scale;
         else if (scale != 1.0f)
-            v *= scale;
-        out.v[k] = from_float<T>(v);
+            a[k] *= scale;
     }
-    static_cast<Pack<T, V> *>(e.out.data)[i] = out;
+    T *out = static_cast<T *>(e.out.data) + at;
+    if constexpr (V == Pack<T>::VEC) {
+        Pack<T> pack;
+        for (int k = 0; k < V; k++)
+            pack.set(k, a[k]);
+        pack.store(out);
+    } else {
+        for (int k = 0; k < V; k++)
+            out[k] = from_float<T>(a[k]);
+    }
 }
 
 template <class T, int V>
@@ -196,17 +194,9 @@ __global__ void elementwise_dense_kernel(ampc_ew e, int arity)
     const int64_t packs = e.numel / V, stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t i = first; i < packs; i += stride)
-        dense_pack<T, V>(e, arity, i);
-    if (V > 1 && first < e.numel - packs * V) {
-        /* the tail, as packs of one element at offset packs * V */
-        ampc_ew tail = e;
-        const int64_t at = packs * V + first;
-        for (int x = 0; x < e.nin; x++)
-            if (tail.in[x].data != nullptr)
-                tail.in[x].data = static_cast<T *>(e.in[x].data) + at;
-        tail.out.data = static_cast<T *>(e.out.data) + at;
-        dense_pack<T, 1>(tail, arity, 0);
-    }
+        dense_values<T, V>(e, arity, i * V);
+    if (V > 1 && first < e.numel - packs * V)
+        dense_values<T, 1>(e, arity, packs * V + first);  /* the tail */
 }
 
 /* 1 if every array operand of the coalesced c is dense in the output's
@@ -232,7 +222,7 @@ bool is_aligned(const ampc_ew &c)
 template <class T>
 int launch_dense(const ampc_ew &c, int arity, cudaStream_t stream)
 {
-    constexpr int V = 16 / sizeof(T);
+    constexpr int V = Pack<T>::VEC;
     if (is_aligned(c))
         elementwise_dense_kernel<T, V><<<grid_for((c.numel + V - 1) / V, 256), 256, 0, stream>>>(c, arity);
     else
@@ -252,9 +242,9 @@ extern "C" int ampc_cuda_elementwise(int device, void *stream, const ampc_ew *e)
         const unsigned grid = grid_for(e->numel, 256);
         const int arity = ampc_ew_arity(e->op);
         if (is_dense(c))
-            return c.out.dtype == AMPC_FLOAT32   ? launch_dense<float>(c, arity, as_stream(stream))
-                   : c.out.dtype == AMPC_FLOAT16 ? launch_dense<__half>(c, arity, as_stream(stream))
-                                                 : launch_dense<__nv_bfloat16>(c, arity, as_stream(stream));
+            return with_storage(c.out.dtype, [&](auto t) {
+                return launch_dense<decltype(t)>(c, arity, as_stream(stream));
+            });
         if (e->out.dtype == AMPC_FLOAT64)
             elementwise_kernel<double><<<grid, 256, 0, as_stream(stream)>>>(c, arity);
         else
