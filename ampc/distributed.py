@@ -234,7 +234,8 @@ def init_process_group(backend="mpi", *, comm=None, group=None, timeout=DEFAULT_
             init_method, rank, world_size = f"tcp://127.0.0.1:{_free_port()}", 0, 1  # one process alone
         td.init_process_group("nccl" if backend == "nccl" else "gloo", init_method=init_method,
                               rank=-1 if rank is None else rank,  # torch's "from the environment"
-                              world_size=-1 if world_size is None else world_size, timeout=datetime.timedelta(seconds=timeout))
+                              world_size=-1 if world_size is None else world_size,
+                              timeout=datetime.timedelta(seconds=timeout))
     _default = TorchProcessGroup(group)
     return _default
 

@@ -40,9 +40,8 @@ void ampc_layout_extent(int ndim, const int64_t *shape, const int64_t *strides,
     *hi = high;
 }
 
-/* Dimensions sorted by |stride| descending (ties keep their order, so a
- * C-ordered array stays C-ordered). ndim is small: insertion sort. */
-static void sort_by_stride(int ndim, const int64_t *strides, int *perm)
+/* ndim is small: insertion sort. */
+void ampc_layout_sort_by_stride(int ndim, const int64_t *strides, int *perm)
 {
     for (int i = 0; i < ndim; i++)
         perm[i] = i;
@@ -64,7 +63,7 @@ int ampc_layout_has_internal_overlap(int ndim, const int64_t *shape, const int64
         if (shape[d] == 0)
             return 0;  /* no elements, nothing to share (NumPy gives such arrays zero strides) */
     int perm[AMPC_MAX_NDIM];
-    sort_by_stride(ndim, strides, perm);
+    ampc_layout_sort_by_stride(ndim, strides, perm);
     int64_t extent = itemsize;  /* bytes from the first to past the last element of the inner dimensions */
     for (int k = ndim - 1; k >= 0; k--) {
         const int d = perm[k];
@@ -81,7 +80,7 @@ void ampc_layout_korder_strides(int ndim, const int64_t *shape, const int64_t *s
                                 int64_t itemsize, int64_t *out_strides)
 {
     int perm[AMPC_MAX_NDIM];
-    sort_by_stride(ndim, strides, perm);
+    ampc_layout_sort_by_stride(ndim, strides, perm);
     int64_t step = itemsize;
     for (int k = ndim - 1; k >= 0; k--) {
         const int d = perm[k];
@@ -116,7 +115,7 @@ void ampc_loop_init(ampc_loop *loop, int nop, int ndim, const int64_t *shape,
         loop->numel *= shape[d];
 
     /* Order by the output's strides: writes are the expensive side. */
-    sort_by_stride(ndim, strides[0], perm);
+    ampc_layout_sort_by_stride(ndim, strides[0], perm);
 
     int n = 0;
     for (int k = 0; k < ndim; k++) {

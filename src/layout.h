@@ -50,6 +50,10 @@ void ampc_layout_extent(int ndim, const int64_t *shape, const int64_t *strides,
 int ampc_layout_has_internal_overlap(int ndim, const int64_t *shape, const int64_t *strides,
                                      int64_t itemsize);
 
+/* Dimensions sorted by |stride| descending, outermost first (ties keep
+ * their order, so a C-ordered array stays C-ordered). */
+void ampc_layout_sort_by_stride(int ndim, const int64_t *strides, int *perm);
+
 /* Strides of a new dense array that keeps the order of an existing one's
  * dimensions (NumPy's order='K'): dimensions sorted by |stride|, positive
  * strides. A transposed input then gets a transposed, contiguous output and

@@ -324,12 +324,7 @@ static int ew_layout_source(const ampc_ew *e, const ampc_view *const *in)
 static void ew_in_memory_order(ampc_ew *e, const int64_t *out_strides)
 {
     int perm[AMPC_MAX_NDIM];
-    for (int d = 0; d < e->ndim; d++) {
-        int k = d;
-        for (; k > 0 && out_strides[perm[k - 1]] < out_strides[d]; k--)
-            perm[k] = perm[k - 1];
-        perm[k] = d;
-    }
+    ampc_layout_sort_by_stride(e->ndim, out_strides, perm);
     ampc_ew c = *e;
     for (int k = 0; k < e->ndim; k++) {
         e->shape[k] = c.shape[perm[k]];
