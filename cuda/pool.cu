@@ -1,6 +1,7 @@
 /*
  * pool.cu: max_pool2d, avg_pool2d and adaptive_avg_pool2d (ampc_pool of
- * ops.h) over dense NCHW planes, forward and backward.
+ * ops.h) over dense NCHW planes or dense channels-last images, forward
+ * and backward.
  *
  * The windows are ops.h's ampc_pool_window, as on the CPU. The forward
  * takes a thread per output element. The backward gathers: a thread per
@@ -14,13 +15,52 @@ namespace {
 
 using namespace ops;
 
+/* Element `at` of a dense tensor of images rows x cols, in the pool's
+ * layout: which image, which channel (0 for NCHW planes, each plane its
+ * own image there), and which row and column. A thread per element in
+ * memory order reads and writes neighbouring addresses in either layout
+ * (channels-last's neighbours are the channels of one pixel). */
+struct Site {
+    int64_t image, channel, row, col;
+};
+
+__device__ __forceinline__ int64_t interleaved(const ampc_pool &pl)
+{
+    return pl.channels_last ? pl.channels : 1;
+}
+
+__device__ __forceinline__ Site site_of(const ampc_pool &pl, int64_t at, int64_t rows, int64_t cols)
+{
+    Site s;
+    s.channel = pl.channels_last ? at % pl.channels : 0;
+    int64_t pixel = pl.channels_last ? at / pl.channels : at;
+    s.col = pixel % cols;
+    pixel /= cols;
+    s.row = pixel % rows;
+    s.image = pixel / rows;
+    return s;
+}
+
+/* Where pixel (row, col) of site s's image and channel lies in a tensor
+ * of images rows x cols: offset + (row * cols + col) * step. */
+struct Plane {
+    int64_t offset, step;
+};
+
+__device__ __forceinline__ Plane plane_of(const ampc_pool &pl, const Site &s, int64_t rows, int64_t cols)
+{
+    const int64_t step = interleaved(pl);
+    return {s.image * rows * cols * step + s.channel, step};
+}
+
 template <class Acc>
 __global__ void pool_kernel(ampc_pool pl)
 {
     const int64_t total = pl.planes * pl.p * pl.q;
     for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < total; o += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t j = o % pl.q, i = (o / pl.q) % pl.p, plane = o / (pl.p * pl.q);
-        const int64_t base = plane * pl.h * pl.w;
+        const Site s = site_of(pl, o, pl.p, pl.q);
+        const int64_t i = s.row, j = s.col;
+        const Plane x = plane_of(pl, s, pl.h, pl.w);
         int64_t h0, h1, hs, hp, w0, w1, ws, wp;
         ampc_pool_window(&pl, 0, i, &h0, &h1, &hs, &hp);
         ampc_pool_window(&pl, 1, j, &w0, &w1, &ws, &wp);
@@ -30,7 +70,7 @@ __global__ void pool_kernel(ampc_pool pl)
             bool nan = false;
             for (int64_t hh = h0; hh < h1 && !nan; hh += hs)
                 for (int64_t ww = w0; ww < w1; ww += ws) {
-                    const Acc v = load<Acc>(pl.x, base + hh * pl.w + ww);
+                    const Acc v = load<Acc>(pl.x, x.offset + (hh * pl.w + ww) * x.step);
                     if (v > m || v != v) {
                         m = v;
                         at = hh * pl.w + ww;
@@ -44,11 +84,11 @@ __global__ void pool_kernel(ampc_pool pl)
             static_cast<int64_t *>(pl.indices.data)[o] = at;
         }
         else {
-            Acc s = 0;
+            Acc sum = 0;
             for (int64_t hh = h0; hh < h1; hh++)
                 for (int64_t ww = w0; ww < w1; ww++)
-                    s += load<Acc>(pl.x, base + hh * pl.w + ww);
-            store(pl.y, o, s / (Acc)ampc_pool_divisor(&pl, h1 - h0, w1 - w0, hp * wp));
+                    sum += load<Acc>(pl.x, x.offset + (hh * pl.w + ww) * x.step);
+            store(pl.y, o, sum / (Acc)ampc_pool_divisor(&pl, h1 - h0, w1 - w0, hp * wp));
         }
     }
 }
@@ -78,10 +118,11 @@ __device__ __forceinline__ bool covers(int64_t lo, int64_t hi, int64_t step, int
 template <class Acc>
 __global__ void pool_backward_kernel(ampc_pool pl)
 {
-    const int64_t plane_size = pl.h * pl.w, total = pl.planes * plane_size;
+    const int64_t total = pl.planes * pl.h * pl.w;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t pos = e % plane_size, plane = e / plane_size, hh = pos / pl.w, ww = pos % pl.w;
-        const int64_t obase = plane * pl.p * pl.q;
+        const Site s = site_of(pl, e, pl.h, pl.w);
+        const int64_t hh = s.row, ww = s.col, pos = hh * pl.w + ww;
+        const Plane y = plane_of(pl, s, pl.p, pl.q);
         int64_t i0, i1, j0, j1;
         candidates(pl, 0, hh, &i0, &i1);
         candidates(pl, 1, ww, &j0, &j1);
@@ -96,7 +137,7 @@ __global__ void pool_backward_kernel(ampc_pool pl)
                 ampc_pool_window(&pl, 1, j, &w0, &w1, &ws, &wp);
                 if (!covers(w0, w1, ws, ww))
                     continue;
-                const int64_t o = obase + i * pl.q + j;
+                const int64_t o = y.offset + (i * pl.q + j) * y.step;
                 const Acc dy = load<Acc>(pl.y, o);
                 if (pl.mode == AMPC_POOL_MAX) {
                     if (static_cast<const int64_t *>(pl.indices.data)[o] == pos)

@@ -308,7 +308,9 @@ typedef struct {
 } ampc_batch_norm_backward;
 
 /* max_pool2d, avg_pool2d and adaptive_avg_pool2d over dense NCHW planes:
- * x (planes, h, w) to y (planes, p, q). Window (i, j) of a fixed pool covers
+ * x (planes, h, w) to y (planes, p, q); on the GPU also over dense
+ * channels-last images, x (n, h, w, channels) to y (n, p, q, channels) with
+ * planes = n * channels (indices then in y's layout too). Window (i, j) of a fixed pool covers
  * rows i * stride - pad + a * dilation, a < kernel (columns likewise),
  * clipped to the image; an adaptive pool's covers rows
  * [floor(i h / p), ceil((i + 1) h / p)). avg divides by the window's size
@@ -325,6 +327,8 @@ typedef struct {
     int count_include_pad;
     int64_t divisor;
     ampc_buf y, x, indices;
+    int channels_last;  /* GPU only: x, y, indices stored (n, h, w, channels) */
+    int64_t channels;
 } ampc_pool;
 
 /* ------------------------------------------------------------------------ */

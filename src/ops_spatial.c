@@ -866,6 +866,28 @@ static int pool_parse(ampc_op_args *a, const ampc_view *x, int mode, PyObject *k
     return 0;
 }
 
+/* A pool runs channels-last on the GPU where its input is (and is not also
+ * C order: one channel, or 1x1 images), as torch keeps the layout; else
+ * over C-order planes, which the CPU kernels need. */
+static void pool_layout(const ampc_op_args *a, const ampc_view *x, ampc_pool *pl)
+{
+    pl->channels_last = a->device.type == AMPC_DEVICE_CUDA && !is_c_order(x) && is_channels_last(x);
+    pl->channels = x->ndim == 4 ? x->shape[1] : 1;
+}
+
+/* v in the pool's layout: itself, or a copy kept by a. */
+static int pool_operand(ampc_op_args *a, const ampc_pool *pl, ampc_view *v)
+{
+    return pl->channels_last ? make_channels_last(a, v) : ampc_op_dense(a, v);
+}
+
+/* A pool's output of the given shape in the pool's layout. */
+static PyObject *pool_output(ampc_op_args *a, const ampc_pool *pl, ampc_dtype dtype, const ampc_view *x,
+                             const int64_t *shape, ampc_view *out)
+{
+    return pl->channels_last ? output_like(a, dtype, shape, x, out) : ampc_op_output(a, dtype, x->ndim, shape, out);
+}
+
 #define POOL_KWLIST "mode", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "count_include_pad", \
                     "divisor_override", "output_size"
 
@@ -894,16 +916,18 @@ static PyObject *mod_pool(PyObject *module, PyObject *args, PyObject *kwargs)
     ampc_pool pl = {0};
     ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
     if (x == NULL || pool_parse(&a, x, mode, kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor,
-                                output_size, &pl) < 0 ||
-        ampc_op_dense(&a, x) < 0)
+                                output_size, &pl) < 0)
+        goto done;
+    pool_layout(&a, x, &pl);
+    if (pool_operand(&a, &pl, x) < 0)
         goto done;
     int64_t shape[4];
     memcpy(shape, x->shape, sizeof shape);
     shape[x->ndim - 2] = pl.p;
     shape[x->ndim - 1] = pl.q;
     ampc_view y, idx;
-    PyObject *y_obj = ampc_op_output(&a, x->dtype, x->ndim, shape, &y);
-    PyObject *i_obj = y_obj && mode == AMPC_POOL_MAX ? ampc_op_output(&a, AMPC_INT64, x->ndim, shape, &idx) : NULL;
+    PyObject *y_obj = pool_output(&a, &pl, x->dtype, x, shape, &y);
+    PyObject *i_obj = y_obj && mode == AMPC_POOL_MAX ? pool_output(&a, &pl, AMPC_INT64, x, shape, &idx) : NULL;
     if (y_obj == NULL || (mode == AMPC_POOL_MAX && i_obj == NULL))
         goto done;
     pl.x = buf_of(x);
@@ -947,6 +971,7 @@ static PyObject *mod_pool_backward(PyObject *module, PyObject *args, PyObject *k
     if (x == NULL || pool_parse(&a, x, mode, kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor,
                                 output_size, pl) < 0)
         goto done;
+    pool_layout(&a, x, pl);
     if (dy->ndim != x->ndim || dy->shape[x->ndim - 2] != pl->p || dy->shape[x->ndim - 1] != pl->q ||
         dy->numel != pl->planes * pl->p * pl->q) {
         PyErr_Format(PyExc_ValueError, "%s: grad_output must have the pool's output shape (.., %lld, %lld)", name,
@@ -966,14 +991,14 @@ static PyObject *mod_pool_backward(PyObject *module, PyObject *args, PyObject *k
                          ampc_dtype_names[idx->dtype]);
             goto done;
         }
-        if (ampc_op_dense(&a, idx) < 0)
+        if (pool_operand(&a, pl, idx) < 0)
             goto done;
         pl->indices = buf_of(idx);
     }
-    if (ampc_op_dense(&a, dy) < 0)
+    if (pool_operand(&a, pl, dy) < 0)
         goto done;
     ampc_view dx;
-    PyObject *dx_obj = ampc_op_output(&a, dy->dtype, x->ndim, x->shape, &dx);
+    PyObject *dx_obj = pool_output(&a, pl, dy->dtype, x, x->shape, &dx);
     if (dx_obj == NULL)
         goto done;
     pl->x = buf_of(&dx);

@@ -152,8 +152,9 @@ def test_dense_elementwise_in_any_memory_order(dtype):
         against(got, fn, inputs, dtype, what="channels-last")
     a, b = randn(1001, dtype=dtype)[1:], randn(1001, dtype=dtype)[1:]  # 2-, 4- or 8-byte aligned only
     against(F.sub(a, b), torch.sub, [a, b], dtype, what="misaligned")
-    against(F.add(a, x.reshape(-1)[:1000], alpha=0.5), lambda p, q: torch.add(p, q, alpha=0.5),
-            [a, x.reshape(-1)[:1000]], dtype, what="misaligned with aligned")
+    c = randn(1000, dtype=dtype)
+    against(F.add(a, c, alpha=0.5), lambda p, q: torch.add(p, q, alpha=0.5), [a, c], dtype,
+            what="misaligned with aligned")
 
 
 # --------------------------------------------------------------------------------------------

@@ -248,6 +248,37 @@ def test_pool_matches_cpu_bits():
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("shape", [(2, 24, 11, 10), (4, 64, 56, 56)], ids=str)
+def test_pools_keep_channels_last(shape, dtype):
+    """A channels-last input pools channels-last (as torch's, so a channels-last network stays so), with
+    the bits of the NCHW kernels: the same windows, summed in the same order; the backward likewise,
+    and from a grad_output in the other layout."""
+    cl = torch.channels_last
+    x = randn(*shape, dtype=dtype)
+    x_cl = x.to(memory_format=cl)
+    pools = [(lambda a: F.max_pool2d(a, 3, 2, 1, return_indices=True),
+              lambda dy, a, i: F.max_pool2d_backward(dy, a, i, 3, 2, 1)),
+             (lambda a: (F.avg_pool2d(a, (3, 2), 2, 1, count_include_pad=False), None),
+              lambda dy, a, i: F.avg_pool2d_backward(dy, a, (3, 2), 2, 1, count_include_pad=False)),
+             (lambda a: (F.adaptive_avg_pool2d(a, (5, 3)), None),
+              lambda dy, a, i: F.adaptive_avg_pool2d_backward(dy, a))]
+    for forward, backward in pools:
+        y, idx = forward(x)
+        y_cl, idx_cl = forward(x_cl)
+        assert y_cl.is_contiguous(memory_format=cl) and not y_cl.is_contiguous()
+        assert torch.equal(y_cl, y)
+        if idx is not None:
+            assert idx_cl.is_contiguous(memory_format=cl) and torch.equal(idx_cl, idx)
+            assert torch.equal(idx_cl, TF.max_pool2d(x_cl, 3, 2, 1, return_indices=True)[1])
+        dy = randn(*y.shape, dtype=dtype)
+        want = backward(dy, x, idx)
+        for grad in (dy.to(memory_format=cl), dy):
+            got = backward(grad, x_cl, idx_cl)
+            assert got.is_contiguous(memory_format=cl) and not got.is_contiguous()
+            assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("case", [CONVS[0], CONVS[2], CONVS[5]], ids=str)
 def test_conv2d_mixed_layouts(case, dtype):
     """cuDNN's legacy API has no algorithm when the filter's layout differs from the data's (nor for
