@@ -56,7 +56,7 @@ def row(op, shape, dtype, ampc_fn, torch_fn, repeat, *, flops=None, nbytes=None,
 
 def bench_linear(limits, repeat):
     shapes = [("GPT-2 qkv", 8192, 768, 2304), ("GPT-2 fc", 8192, 768, 3072), ("GPT-2 proj", 8192, 3072, 768),
-              ("ResNet-50 fc", 256, 2048, 1000)]
+              ("GPT-2 lm_head", 8192, 768, 50257), ("ResNet-50 fc", 256, 2048, 1000)]
     for name, m, k, n in shapes:
         for dn, dtype in DTYPES.items():
             x = torch.randn(m, k, device="cuda", dtype=dtype)

@@ -335,21 +335,8 @@ static int gemm_locked(int device, void *stream, const ampc_gemm *g, const plan_
     return rc;
 }
 
-int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g)
+static int gemm_planned(int device, void *stream, const ampc_gemm *g)
 {
-    if (device < 0 || device >= MAX_DEVICES)
-        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "device %d is outside 0..%d", device, MAX_DEVICES - 1);
-    if (g->m == 0 || g->n == 0 || g->batch == 0)
-        return AMPC_OK;
-    if (g->batch > INT32_MAX)
-        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "a batch of %lld products is more than cuBLASLt takes",
-                                  (long long)g->batch);
-    if (g->bias.data != NULL && g->bias.dtype != g->d.dtype)
-        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "the bias epilogue needs the output's dtype");
-    if (g->bias_grad.data != NULL &&
-        (g->bias_grad.dtype != g->d.dtype || g->batch != 1 || g->bias.data != NULL || g->c.data != NULL))
-        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "the bias gradient epilogue takes one product of the output's "
-                                  "dtype, without c or bias");
     plan_key key;
     memset(&key, 0, sizeof key);  /* padding too: keys are compared as bytes */
     key.device = device;
@@ -378,4 +365,113 @@ int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g)
     pthread_mutex_unlock(&lock);
     ampc_device_leave(&guard);
     return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Rows off 16-byte boundaries                                               */
+/* ------------------------------------------------------------------------ */
+
+/* cuBLASLt's fast kernels move 16-byte vectors along a matrix's rows: a
+ * matrix whose rows start off 16-byte boundaries (GPT-2's 50257-word
+ * vocabulary in 16 bits) gets only kernels that move an element at a time,
+ * several times slower. A large single product copies such an operand into
+ * scratch with padded rows first, and writes such an output there and
+ * copies it out after: two passes over a matrix against a product that
+ * costs k multiply-adds per element. */
+#define REALIGN_MIN_MACS ((int64_t)1 << 30)
+
+typedef struct {
+    const void *data;
+    int64_t rows, cols, ld;  /* as stored: row-major rows x cols, ld elements apart */
+    size_t size;
+} stored;
+
+static int off_boundary(const stored *m)
+{
+    return ((size_t)m->ld * m->size) % 16 != 0;
+}
+
+static int64_t padded_ld(const stored *m)
+{
+    const int64_t per = 16 / (int64_t)m->size;
+    return (m->cols + per - 1) / per * per;
+}
+
+static int copy_rows(void *dst, int64_t dst_ld, const void *src, int64_t src_ld, const stored *m, void *stream)
+{
+    AMPC_CUDA_TRY(cudaMemcpy2DAsync(dst, (size_t)dst_ld * m->size, src, (size_t)src_ld * m->size,
+                                    (size_t)m->cols * m->size, (size_t)m->rows, cudaMemcpyDeviceToDevice,
+                                    (cudaStream_t)stream),
+                  "cudaMemcpy2DAsync (padding a matrix's rows)");
+    return AMPC_OK;
+}
+
+static int realign_worth_it(const ampc_gemm *g, const stored *a, const stored *b, const stored *d)
+{
+    const int sixteen_bit = a->size == 2;
+    return sixteen_bit && g->batch == 1 && g->c.data == NULL && g->m * g->n * g->k >= REALIGN_MIN_MACS &&
+           (off_boundary(a) || off_boundary(b) || off_boundary(d));
+}
+
+/* g with its off-boundary operands and output in padded scratch. */
+static int gemm_realigned(int device, void *stream, const ampc_gemm *g, const stored *mats)
+{
+    ampc_device_guard guard;  /* the copies go on the device's stream */
+    int rc = ampc_device_enter(device, &guard);
+    if (rc != AMPC_OK)
+        return rc;
+    ampc_gemm padded = *g;
+    ampc_buf *bufs[3] = {&padded.a, &padded.b, &padded.d};
+    int64_t *lds[3] = {&padded.lda, &padded.ldb, &padded.ldd};
+    void *scratch[3] = {NULL, NULL, NULL};
+    size_t nbytes[3] = {0, 0, 0};
+    for (int i = 0; i < 3 && rc == AMPC_OK; i++) {
+        if (!off_boundary(&mats[i]))
+            continue;
+        const int64_t ld = padded_ld(&mats[i]);
+        nbytes[i] = (size_t)(mats[i].rows * ld) * mats[i].size;
+        rc = ampc_cuda_alloc(device, nbytes[i], stream, &scratch[i]);
+        if (rc == AMPC_OK && i < 2)
+            rc = copy_rows(scratch[i], ld, mats[i].data, mats[i].ld, &mats[i], stream);
+        bufs[i]->data = scratch[i];
+        *lds[i] = ld;
+    }
+    if (rc == AMPC_OK)
+        rc = gemm_planned(device, stream, &padded);
+    if (rc == AMPC_OK && scratch[2] != NULL)
+        rc = copy_rows(g->d.data, g->ldd, scratch[2], padded.ldd, &mats[2], stream);
+    for (int i = 0; i < 3; i++)
+        if (scratch[i] != NULL) {
+            const int freed = ampc_cuda_free(device, scratch[i], nbytes[i], stream);
+            if (rc == AMPC_OK)
+                rc = freed;
+        }
+    ampc_device_leave(&guard);
+    return rc;
+}
+
+int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g)
+{
+    if (device < 0 || device >= MAX_DEVICES)
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "device %d is outside 0..%d", device, MAX_DEVICES - 1);
+    if (g->m == 0 || g->n == 0 || g->batch == 0)
+        return AMPC_OK;
+    if (g->batch > INT32_MAX)
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "a batch of %lld products is more than cuBLASLt takes",
+                                  (long long)g->batch);
+    if (g->bias.data != NULL && g->bias.dtype != g->d.dtype)
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "the bias epilogue needs the output's dtype");
+    if (g->bias_grad.data != NULL &&
+        (g->bias_grad.dtype != g->d.dtype || g->batch != 1 || g->bias.data != NULL || g->c.data != NULL))
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "the bias gradient epilogue takes one product of the output's "
+                                  "dtype, without c or bias");
+    const size_t ab_size = (size_t)ampc_dtype_size(g->a.dtype), d_size = (size_t)ampc_dtype_size(g->d.dtype);
+    const stored mats[3] = {
+        {g->a.data, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, ab_size},
+        {g->b.data, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, ab_size},
+        {g->d.data, g->m, g->n, g->ldd, d_size},
+    };
+    if (realign_worth_it(g, &mats[0], &mats[1], &mats[2]))
+        return gemm_realigned(device, stream, g, mats);
+    return gemm_planned(device, stream, g);
 }

@@ -237,38 +237,58 @@ static int matmul_cpu(ampc_op_args *a, const ampc_view *x, const ampc_view *y, c
 /* GPU: the layout cuBLASLt is given                                         */
 /* ------------------------------------------------------------------------ */
 
-/* The batch stride (elements) of v over the broadcast batch shape, if one
- * stride describes it: 1 with *stride set, 0 if v must be copied first. */
-static int batch_stride(const ampc_view *v, int vb, const mm_shape *s, int64_t *stride)
+/* The stride (elements) between v's matrices along the batch dimensions
+ * [from, to) of the broadcast batch shape, if one stride describes it: 1
+ * with *stride set (0 when v is one matrix over all of them), 0 if not. vb:
+ * v's batch dimensions, aligned to the batch shape's last. */
+static int group_stride(const ampc_view *v, int vb, const mm_shape *s, int from, int to, int64_t *stride)
 {
     const int64_t size = ampc_dtype_size(v->dtype);
-    int64_t vcount = 1;
-    for (int d = 0; d < vb; d++)
-        vcount *= v->shape[d];
-    if (vcount == 1) {
-        *stride = 0;  /* one matrix, shared by every batch entry */
-        return 1;
-    }
-    /* v's batch dimensions must be the whole batch shape, laid out evenly */
-    int64_t total = 1;
-    for (int d = 0; d < s->bndim; d++)
-        total *= s->bshape[d];
-    if (vcount != total)
-        return 0;
-    int64_t expect = -1;
-    for (int d = vb - 1; d >= 0; d--) {
-        if (v->shape[d] == 1)
+    int broadcast = 0, stepped = 0;
+    int64_t expect = 0;
+    *stride = 0;
+    for (int d = to - 1; d >= from; d--) {
+        if (s->bshape[d] == 1)
             continue;
-        if (v->strides[d] % size != 0)
+        const int vd = d - (s->bndim - vb);
+        if (vd < 0 || v->shape[vd] == 1) {
+            broadcast = 1;
+            continue;
+        }
+        if (v->strides[vd] % size != 0)
             return 0;
-        const int64_t st = v->strides[d] / size;
-        if (expect < 0)
+        const int64_t st = v->strides[vd] / size;
+        if (!stepped)
             *stride = st;
         else if (st != expect)
             return 0;
-        expect = st * v->shape[d];
+        stepped = 1;
+        expect = st * s->bshape[d];
     }
-    return 1;
+    return !(broadcast && stepped);  /* broadcast over part of the group: no single stride */
+}
+
+static int batch_stride(const ampc_view *v, int vb, const mm_shape *s, int64_t *stride)
+{
+    return group_stride(v, vb, s, 0, s->bndim, stride);
+}
+
+/* A batch that is not one stride in x or y but two, the dimensions before
+ * *split in one and those from it in the other (attention's heads viewed
+ * out of a (batch, sequence, heads, features) array): 1 with *split and the
+ * outer strides set, and cuBLASLt's batch is the inner dimensions, once per
+ * outer index. Saves copying the operands dense. */
+static int two_level_batch(const ampc_view *x, int xb, const ampc_view *y, int yb, const mm_shape *s, int *split,
+                           int64_t *x_outer, int64_t *y_outer)
+{
+    int64_t inner;
+    for (int at = s->bndim - 1; at >= 1; at--)
+        if (group_stride(x, xb, s, at, s->bndim, &inner) && group_stride(y, yb, s, at, s->bndim, &inner) &&
+            group_stride(x, xb, s, 0, at, x_outer) && group_stride(y, yb, s, 0, at, y_outer)) {
+            *split = at;
+            return 1;
+        }
+    return 0;
 }
 
 /* The matrix layout of v's last two dimensions (rows x cols): 1 with
@@ -334,6 +354,28 @@ static int input_column_sums(ampc_op_args *a, ampc_view *x0, const ampc_view *su
     return AMPC_RUN_KERNEL(a, ampc_cpu_reduce, reduce, &r);
 }
 
+/* The products cuBLASLt's strided batch cannot describe alone: `count`
+ * batches of g, the operands' matrices `*_stride` elements further on
+ * each time (two_level_batch). */
+typedef struct {
+    int64_t count, a_stride, b_stride, d_stride;
+} outer_batch;
+
+static int gemm_each(ampc_op_args *a, void *stream, const ampc_gemm *g, const outer_batch *ob)
+{
+    int status = AMPC_OK;
+    for (int64_t i = 0; i < ob->count && status == AMPC_OK; i++) {
+        ampc_gemm part = *g;
+        part.a.data = (char *)g->a.data + i * ob->a_stride * ampc_dtype_size(g->a.dtype);
+        part.b.data = (char *)g->b.data + i * ob->b_stride * ampc_dtype_size(g->b.dtype);
+        part.d.data = (char *)g->d.data + i * ob->d_stride * ampc_dtype_size(g->d.dtype);
+        if (g->c.data != NULL)  /* c is d (the epilogue's broadcast) */
+            part.c.data = part.d.data;
+        status = a->st->cuda->gemm(a->device.index, stream, &part);
+    }
+    return status;
+}
+
 /* sums (when not NULL): linear's bias gradient from the weight gradient's
  * product, fused into it (cuBLASLt's BGRADB epilogue) where it can be, else
  * input_column_sums over x0. */
@@ -356,15 +398,21 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
     }
     const int xb = x->ndim - 2, yb = y->ndim - 2;
     ampc_gemm g = {.m = s->m, .n = s->n, .k = s->k, .batch = 1, .alpha = alpha, .beta = 0.0};
+    outer_batch ob = {.count = 1};
+    int split = 0;
+    if (sums == NULL && matrix_layout(x, s->m, s->k, &g.trans_a, &g.lda) &&
+        matrix_layout(y, s->k, s->n, &g.trans_b, &g.ldb) &&
+        !(batch_stride(x, xb, s, &g.stride_a) && batch_stride(y, yb, s, &g.stride_b)))
+        two_level_batch(x, xb, y, yb, s, &split, &ob.a_stride, &ob.b_stride);
     for (int d = 0; d < s->bndim; d++)
-        g.batch *= s->bshape[d];
-    if (!batch_stride(x, xb, s, &g.stride_a) || !matrix_layout(x, s->m, s->k, &g.trans_a, &g.lda)) {
+        *(d < split ? &ob.count : &g.batch) *= s->bshape[d];
+    if (!group_stride(x, xb, s, split, s->bndim, &g.stride_a) || !matrix_layout(x, s->m, s->k, &g.trans_a, &g.lda)) {
         if (expand_dense(a, x, xb, s) < 0)
             return -1;
         batch_stride(x, s->bndim, s, &g.stride_a);
         matrix_layout(x, s->m, s->k, &g.trans_a, &g.lda);
     }
-    if (!batch_stride(y, yb, s, &g.stride_b) || !matrix_layout(y, s->k, s->n, &g.trans_b, &g.ldb)) {
+    if (!group_stride(y, yb, s, split, s->bndim, &g.stride_b) || !matrix_layout(y, s->k, s->n, &g.trans_b, &g.ldb)) {
         if (expand_dense(a, y, yb, s) < 0)
             return -1;
         batch_stride(y, s->bndim, s, &g.stride_b);
@@ -376,6 +424,7 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
         return -1;
     g.ldd = s->n;
     g.stride_d = s->m * s->n;
+    ob.d_stride = g.batch * g.stride_d;
     /* One product of m * batch rows when b is shared and a's matrices lie end to end. */
     if (g.batch > 1 && g.stride_b == 0 && !g.trans_a && g.stride_a == s->m * g.lda && g.lda == s->k) {
         g.m *= g.batch;
@@ -423,7 +472,7 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
             void *stream;
             if (ampc_op_stream_begin(a, &stream) < 0)
                 return -1;
-            const int status = a->st->cuda->gemm(a->device.index, stream, &g);
+            const int status = gemm_each(a, stream, &g, &ob);
             if (status != AMPC_OK)
                 return ampc_cuda_raise(a->st, status, a->op);
             rc = ampc_op_stream_end(a, stream);
@@ -435,10 +484,10 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
         return -1;
     if (sums != NULL && s->k > 0 && g.batch == 1 && g.c.data == NULL && g.bias.data == NULL)
         g.bias_grad = (ampc_buf){sums->data, sums->dtype};
-    int status = a->st->cuda->gemm(a->device.index, stream, &g);
-    if (status == AMPC_ERR_UNSUPPORTED) {
+    int status = gemm_each(a, stream, &g, &ob);
+    if (status == AMPC_ERR_UNSUPPORTED && g.bias_grad.data != NULL) {
         g.bias_grad = (ampc_buf){NULL, AMPC_FLOAT32};
-        status = a->st->cuda->gemm(a->device.index, stream, &g);
+        status = gemm_each(a, stream, &g, &ob);
     }
     if (status != AMPC_OK)
         return ampc_cuda_raise(a->st, status, a->op);

@@ -381,7 +381,8 @@ def mm_scale(a, b):
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("xshape,features", [((5, 7), 4), ((2, 3, 64), 128), ((1, 7), 4), ((7,), 4),
-                                             ((256, 768), 3072), ((33, 17), 1)], ids=str)
+                                             ((256, 768), 3072), ((33, 17), 1),
+                                             ((256, 1024), 4099)], ids=str)  # 16-bit rows off 16 bytes
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear(xshape, features, bias, dtype):
     x = randn(*xshape, dtype=dtype)
@@ -398,6 +399,21 @@ def test_linear(xshape, features, bias, dtype):
     close(gw, want[1], dtype, scale=mm_scale(g2.t(), x2), what="grad weight")
     if bias:
         close(gb, want[2], dtype, scale=g2.double().abs().sum(0), what="grad bias")
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+def test_matmul_of_heads_viewed_out_of_a_sequence(dtype):
+    """(batch, heads) matrices viewed out of (batch, sequence, heads, features) arrays step by two
+    strides: cuBLASLt's batch takes the heads, once per batch index, with nothing copied."""
+    q, k = (randn(2, 7, 3, 8, dtype=dtype).transpose(1, 2) for _ in range(2))
+    kt = k.transpose(-1, -2)
+    shared = randn(3, 8, 5, dtype=dtype)
+    for a, b in [(q, kt), (q, shared), (q.transpose(-1, -2), q)]:
+        assert not a.is_contiguous()
+        against(F.matmul(a, b), torch.matmul, [a, b], dtype, scale=mm_scale(a, b), what=f"{tuple(b.shape)}")
+    out = F.scaled_dot_product_attention(q, k, q, is_causal=True)
+    want = TF.scaled_dot_product_attention(q.double(), k.double(), q.double(), is_causal=True)
+    close(out, want, dtype, rtol=4 * RTOL[dtype], what="attention")
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
