@@ -35,9 +35,10 @@ __device__ __forceinline__ Acc sign_of(Acc d)
     return d > 0 ? (Acc)1 : d < 0 ? (Acc)-1 : d;
 }
 
-/* f(a, b; p) of one element. */
+/* f(a, b; p) of one element. Inlined, so that a kernel given op as a
+ * constant keeps only its case. */
 template <class Acc>
-__device__ Acc apply(int op, Acc p, Acc a, Acc b)
+__device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
 {
     switch (op) {
     case AMPC_EW_COPY: return a;
@@ -158,10 +159,14 @@ __device__ __forceinline__ void load_values(const ampc_ew &e, int x, int64_t at,
     }
 }
 
-/* Elements at .. at + V - 1. */
-template <class T, int V>
+/* Elements at .. at + V - 1. OP: the op as a constant (a network's
+ * activations' relu, add, mul, relu_grad and copies), or ANY_OP for e.op. */
+constexpr int ANY_OP = -1;
+
+template <class T, int V, int OP>
 __device__ __forceinline__ void dense_values(const ampc_ew &e, int arity, int64_t at)
 {
+    const int op = OP == ANY_OP ? e.op : OP;
     const float p = (float)e.param, scale = (float)e.scale;
     float a[V], b[V], c[V];
     load_values<T, V>(e, 0, at, a);
@@ -170,7 +175,7 @@ __device__ __forceinline__ void dense_values(const ampc_ew &e, int arity, int64_
     if (e.nin > 2)
         load_values<T, V>(e, 2, at, c);
     for (int k = 0; k < V; k++) {
-        a[k] = apply<float>(e.op, p, a[k], arity > 1 ? b[k] : 0.0f);
+        a[k] = apply<float>(op, p, a[k], arity > 1 ? b[k] : 0.0f);
         if (e.nin > 2)
             a[k] *= c[k] * scale;
         else if (scale != 1.0f)
@@ -188,15 +193,15 @@ __device__ __forceinline__ void dense_values(const ampc_ew &e, int arity, int64_
     }
 }
 
-template <class T, int V>
+template <class T, int V, int OP>
 __global__ void elementwise_dense_kernel(ampc_ew e, int arity)
 {
     const int64_t packs = e.numel / V, stride = (int64_t)gridDim.x * blockDim.x;
     const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     for (int64_t i = first; i < packs; i += stride)
-        dense_values<T, V>(e, arity, i * V);
+        dense_values<T, V, OP>(e, arity, i * V);
     if (V > 1 && first < e.numel - packs * V)
-        dense_values<T, 1>(e, arity, packs * V + first);  /* the tail */
+        dense_values<T, 1, OP>(e, arity, packs * V + first);  /* the tail */
 }
 
 /* 1 if every array operand of the coalesced c is dense in the output's
@@ -219,15 +224,31 @@ bool is_aligned(const ampc_ew &c)
     return aligned;
 }
 
-template <class T>
-int launch_dense(const ampc_ew &c, int arity, cudaStream_t stream)
+template <class T, int OP>
+int launch_dense_op(const ampc_ew &c, int arity, cudaStream_t stream)
 {
     constexpr int V = Pack<T>::VEC;
     if (is_aligned(c))
-        elementwise_dense_kernel<T, V><<<grid_for((c.numel + V - 1) / V, 256), 256, 0, stream>>>(c, arity);
+        elementwise_dense_kernel<T, V, OP><<<grid_for((c.numel + V - 1) / V, 256), 256, 0, stream>>>(c, arity);
     else
-        elementwise_dense_kernel<T, 1><<<grid_for(c.numel, 256), 256, 0, stream>>>(c, arity);
+        elementwise_dense_kernel<T, 1, OP><<<grid_for(c.numel, 256), 256, 0, stream>>>(c, arity);
     return ampc_cuda_launched("elementwise kernel");
+}
+
+/* The ops a network's activations and gradients go through most get a
+ * kernel of their own: with every op's case inside the loop (erf, pow,
+ * tanh ...) the kernel ran at half torch's bandwidth. */
+template <class T>
+int launch_dense(const ampc_ew &c, int arity, cudaStream_t stream)
+{
+    switch (c.op) {
+    case AMPC_EW_RELU: return launch_dense_op<T, AMPC_EW_RELU>(c, arity, stream);
+    case AMPC_EW_RELU_GRAD: return launch_dense_op<T, AMPC_EW_RELU_GRAD>(c, arity, stream);
+    case AMPC_EW_ADD: return launch_dense_op<T, AMPC_EW_ADD>(c, arity, stream);
+    case AMPC_EW_MUL: return launch_dense_op<T, AMPC_EW_MUL>(c, arity, stream);
+    case AMPC_EW_COPY: return launch_dense_op<T, AMPC_EW_COPY>(c, arity, stream);
+    default: return launch_dense_op<T, ANY_OP>(c, arity, stream);
+    }
 }
 
 }  // namespace

@@ -368,17 +368,19 @@ static int gemm_planned(int device, void *stream, const ampc_gemm *g)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Rows off 16-byte boundaries                                               */
+/* Matrices off 16-byte vectors                                              */
 /* ------------------------------------------------------------------------ */
 
-/* cuBLASLt's fast kernels move 16-byte vectors along a matrix's rows: a
- * matrix whose rows start off 16-byte boundaries (GPT-2's 50257-word
- * vocabulary in 16 bits) gets only kernels that move an element at a time,
- * several times slower. A large single product copies such an operand into
- * scratch with padded rows first, and writes such an output there and
- * copies it out after: two passes over a matrix against a product that
- * costs k multiply-adds per element. */
+/* cuBLASLt's fast kernels move 16-byte vectors along a matrix's contiguous
+ * dimension, and take a matrix only when that dimension's extent and its
+ * leading dimension are whole vectors: GPT-2's 50257-word vocabulary in 16
+ * bits gets kernels that move an element at a time, 3-4x slower (torch's
+ * too). A large single product copies such operands into scratch padded
+ * with zeros to whole vectors (zeros along k add nothing), runs there, and
+ * copies the output's m x n out: passes over the matrices against k
+ * multiply-adds an output element. */
 #define REALIGN_MIN_MACS ((int64_t)1 << 30)
+#define VECTOR_ELEMENTS 8  /* 16 bytes of 16-bit values */
 
 typedef struct {
     const void *data;
@@ -386,63 +388,126 @@ typedef struct {
     size_t size;
 } stored;
 
-static int off_boundary(const stored *m)
+static int64_t whole_vectors(int64_t n)
+{
+    return (n + VECTOR_ELEMENTS - 1) / VECTOR_ELEMENTS * VECTOR_ELEMENTS;
+}
+
+/* The product's padded sizes: m where a is stored transposed (m is then
+ * its contiguous extent), n (d's, and b's unless transposed), k where a or
+ * b runs along it. */
+typedef struct {
+    int64_t m, n, k;
+} sizes;
+
+static sizes padded_sizes(const ampc_gemm *g)
+{
+    return (sizes){g->trans_a ? whole_vectors(g->m) : g->m, whole_vectors(g->n),
+                   !g->trans_a || g->trans_b ? whole_vectors(g->k) : g->k};
+}
+
+static int off_vectors(const stored *m)
 {
     return ((size_t)m->ld * m->size) % 16 != 0;
 }
 
-static int64_t padded_ld(const stored *m)
+static int realign_worth_it(const ampc_gemm *g, const stored *mats)
 {
-    const int64_t per = 16 / (int64_t)m->size;
-    return (m->cols + per - 1) / per * per;
+    if (mats[0].size != 2 || g->batch != 1 || g->c.data != NULL || g->bias_grad.data != NULL ||
+        g->m * g->n * g->k < REALIGN_MIN_MACS)
+        return 0;
+    const sizes p = padded_sizes(g);
+    return p.m != g->m || p.n != g->n || p.k != g->k || off_vectors(&mats[0]) || off_vectors(&mats[1]) ||
+           off_vectors(&mats[2]);
 }
 
-static int copy_rows(void *dst, int64_t dst_ld, const void *src, int64_t src_ld, const stored *m, void *stream)
+/* *out: scratch of rows x cols (ld cols) holding m, zeros around it. */
+static int pad_copy(int device, void *stream, const stored *m, int64_t rows, int64_t cols, void **out,
+                    size_t *nbytes)
 {
-    AMPC_CUDA_TRY(cudaMemcpy2DAsync(dst, (size_t)dst_ld * m->size, src, (size_t)src_ld * m->size,
-                                    (size_t)m->cols * m->size, (size_t)m->rows, cudaMemcpyDeviceToDevice,
-                                    (cudaStream_t)stream),
-                  "cudaMemcpy2DAsync (padding a matrix's rows)");
+    const size_t row_bytes = (size_t)cols * m->size;
+    *nbytes = (size_t)rows * row_bytes;
+    *out = NULL;
+    int rc = ampc_cuda_alloc(device, *nbytes, stream, out);
+    if (rc != AMPC_OK)
+        return rc;
+    char *dst = (char *)*out;
+    const cudaStream_t s = (cudaStream_t)stream;
+    AMPC_CUDA_TRY(cudaMemcpy2DAsync(dst, row_bytes, m->data, (size_t)m->ld * m->size, (size_t)m->cols * m->size,
+                                    (size_t)m->rows, cudaMemcpyDeviceToDevice, s),
+                  "cudaMemcpy2DAsync (padding a matrix)");
+    if (cols > m->cols)
+        AMPC_CUDA_TRY(cudaMemset2DAsync(dst + (size_t)m->cols * m->size, row_bytes, 0,
+                                        (size_t)(cols - m->cols) * m->size, (size_t)m->rows, s),
+                      "cudaMemset2DAsync (padding a matrix)");
+    if (rows > m->rows)
+        AMPC_CUDA_TRY(cudaMemsetAsync(dst + (size_t)m->rows * row_bytes, 0, (size_t)(rows - m->rows) * row_bytes, s),
+                      "cudaMemsetAsync (padding a matrix)");
     return AMPC_OK;
 }
 
-static int realign_worth_it(const ampc_gemm *g, const stored *a, const stored *b, const stored *d)
+typedef struct {
+    void *ptr[4];  /* a, b, d, bias */
+    size_t nbytes[4];
+} pads;
+
+/* An operand as the padded product reads it: itself where it already
+ * is whole vectors, else a padded copy in scratch slot i. */
+static int operand(int device, void *stream, const stored *m, int64_t rows, int64_t cols, void **data,
+                   int64_t *ld, pads *scratch, int i)
 {
-    const int sixteen_bit = a->size == 2;
-    return sixteen_bit && g->batch == 1 && g->c.data == NULL && g->m * g->n * g->k >= REALIGN_MIN_MACS &&
-           (off_boundary(a) || off_boundary(b) || off_boundary(d));
+    if (rows == m->rows && cols == m->cols && !off_vectors(m))
+        return AMPC_OK;
+    *ld = cols;
+    const int rc = pad_copy(device, stream, m, rows, cols, &scratch->ptr[i], &scratch->nbytes[i]);
+    *data = scratch->ptr[i];
+    return rc;
 }
 
-/* g with its off-boundary operands and output in padded scratch. */
+static int realigned_into(int device, void *stream, const ampc_gemm *g, const stored *mats, pads *scratch)
+{
+    const sizes p = padded_sizes(g);
+    ampc_gemm padded = *g;
+    padded.m = p.m, padded.n = p.n, padded.k = p.k;
+    const int64_t a_rows = g->trans_a ? p.k : p.m, a_cols = g->trans_a ? p.m : p.k;
+    const int64_t b_rows = g->trans_b ? p.n : p.k, b_cols = g->trans_b ? p.k : p.n;
+    int rc = operand(device, stream, &mats[0], a_rows, a_cols, &padded.a.data, &padded.lda, scratch, 0);
+    if (rc == AMPC_OK)
+        rc = operand(device, stream, &mats[1], b_rows, b_cols, &padded.b.data, &padded.ldb, scratch, 1);
+    const int d_direct = p.m == g->m && p.n == g->n && !off_vectors(&mats[2]);
+    if (rc == AMPC_OK && !d_direct) {
+        scratch->nbytes[2] = (size_t)(p.m * p.n) * mats[2].size;
+        rc = ampc_cuda_alloc(device, scratch->nbytes[2], stream, &scratch->ptr[2]);
+        padded.d.data = scratch->ptr[2], padded.ldd = p.n;
+    }
+    if (rc == AMPC_OK && g->bias.data != NULL && p.n != g->n) {
+        const stored bias = {g->bias.data, 1, g->n, g->n, mats[2].size};
+        rc = pad_copy(device, stream, &bias, 1, p.n, &scratch->ptr[3], &scratch->nbytes[3]);
+        padded.bias.data = scratch->ptr[3];
+    }
+    if (rc != AMPC_OK)
+        return rc;
+    padded.stride_a = padded.stride_b = padded.stride_d = 0;  /* one product */
+    rc = gemm_planned(device, stream, &padded);
+    if (rc == AMPC_OK && !d_direct)
+        AMPC_CUDA_TRY(cudaMemcpy2DAsync(g->d.data, (size_t)g->ldd * mats[2].size, scratch->ptr[2],
+                                        (size_t)p.n * mats[2].size, (size_t)g->n * mats[2].size, (size_t)g->m,
+                                        cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
+                      "cudaMemcpy2DAsync (the padded product's output)");
+    return rc;
+}
+
 static int gemm_realigned(int device, void *stream, const ampc_gemm *g, const stored *mats)
 {
     ampc_device_guard guard;  /* the copies go on the device's stream */
     int rc = ampc_device_enter(device, &guard);
     if (rc != AMPC_OK)
         return rc;
-    ampc_gemm padded = *g;
-    ampc_buf *bufs[3] = {&padded.a, &padded.b, &padded.d};
-    int64_t *lds[3] = {&padded.lda, &padded.ldb, &padded.ldd};
-    void *scratch[3] = {NULL, NULL, NULL};
-    size_t nbytes[3] = {0, 0, 0};
-    for (int i = 0; i < 3 && rc == AMPC_OK; i++) {
-        if (!off_boundary(&mats[i]))
-            continue;
-        const int64_t ld = padded_ld(&mats[i]);
-        nbytes[i] = (size_t)(mats[i].rows * ld) * mats[i].size;
-        rc = ampc_cuda_alloc(device, nbytes[i], stream, &scratch[i]);
-        if (rc == AMPC_OK && i < 2)
-            rc = copy_rows(scratch[i], ld, mats[i].data, mats[i].ld, &mats[i], stream);
-        bufs[i]->data = scratch[i];
-        *lds[i] = ld;
-    }
-    if (rc == AMPC_OK)
-        rc = gemm_planned(device, stream, &padded);
-    if (rc == AMPC_OK && scratch[2] != NULL)
-        rc = copy_rows(g->d.data, g->ldd, scratch[2], padded.ldd, &mats[2], stream);
-    for (int i = 0; i < 3; i++)
-        if (scratch[i] != NULL) {
-            const int freed = ampc_cuda_free(device, scratch[i], nbytes[i], stream);
+    pads scratch = {{NULL}, {0}};
+    rc = realigned_into(device, stream, g, mats, &scratch);
+    for (int i = 0; i < 4; i++)
+        if (scratch.ptr[i] != NULL) {
+            const int freed = ampc_cuda_free(device, scratch.ptr[i], scratch.nbytes[i], stream);
             if (rc == AMPC_OK)
                 rc = freed;
         }
@@ -471,7 +536,7 @@ int ampc_cuda_gemm(int device, void *stream, const ampc_gemm *g)
         {g->b.data, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, ab_size},
         {g->d.data, g->m, g->n, g->ldd, d_size},
     };
-    if (realign_worth_it(g, &mats[0], &mats[1], &mats[2]))
+    if (realign_worth_it(g, mats))
         return gemm_realigned(device, stream, g, mats);
     return gemm_planned(device, stream, g);
 }
