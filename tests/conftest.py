@@ -2,6 +2,7 @@
 markers, and a fixture that runs a test once per CPU instruction set."""
 
 import os
+import zlib
 
 # JAX must not take three quarters of the GPU when a test first imports it.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -42,6 +43,21 @@ class Rng(np.random.Generator):
 
     def __repr__(self):
         return f"Rng(seed={self.seed})"
+
+
+# The session's seed, printed after the results: AMPC_TEST_SEED=<it> draws the same data again.
+SESSION_SEED = int(os.environ.get("AMPC_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(f"test data: AMPC_TEST_SEED={SESSION_SEED} draws it again")
+
+
+@pytest.fixture
+def test_seed(request):
+    """This test's seed: the session's mixed with the test's id (each test draws its own data, the
+    same again under the same AMPC_TEST_SEED; Python's hash() of the id would differ per process)."""
+    return (SESSION_SEED ^ zlib.crc32(request.node.nodeid.encode())) % 2**32
 
 
 @pytest.fixture

@@ -18,9 +18,9 @@ SHAPES = [(1,), (7,), (3, 5), (2, 3, 17), (1, 1)]
 
 
 @pytest.fixture
-def rng(request):
-    # a fresh seed per test, reported on failure through the test id
-    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+def rng(test_seed):
+    # each test its own data, drawn again under the same AMPC_TEST_SEED (conftest.py)
+    return np.random.default_rng(test_seed)
 
 
 def bits(a):

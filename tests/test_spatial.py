@@ -15,8 +15,8 @@ F = ampc.nn.functional
 
 
 @pytest.fixture
-def rng(request):
-    return np.random.default_rng(abs(hash(request.node.nodeid)) % 2**32)
+def rng(test_seed):
+    return np.random.default_rng(test_seed)
 
 
 def strided(x):

@@ -9,7 +9,7 @@ import ampc
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
-from test_ops_gpu import FLOATS, ID, RTOL, autograd, close, randn, strided  # noqa: E402
+from test_ops_gpu import FLOATS, ID, RTOL, autograd, close, randn, seed, strided  # noqa: E402,F401 (seed: the autouse fixture)
 
 TF = torch.nn.functional
 F = ampc.nn.functional
