@@ -2,6 +2,7 @@
 the same way in the same process. torch's float32 runs without TF32, as ampc's always do (torch's
 convolutions default to TF32: the anchors' 117.7 ms float32 step is TF32)."""
 
+import math
 import time
 
 import numpy as np
@@ -10,7 +11,8 @@ from ampc import _demo
 
 
 def _torch_gpt(torch, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768):
-    """nanoGPT's GPT-2 in torch: the layout ampc.models.gpt has."""
+    """nanoGPT's GPT-2 in torch: the layout and initialisation ampc.models.gpt has (torch's default
+    initialisation of the tied N(0, 1) embedding starts the loss near 85 instead of ln 50257)."""
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
@@ -44,7 +46,15 @@ def _torch_gpt(torch, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768
             logits = self.lm_head(self.ln_f(x))
             return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
-    return GPT()
+    model = GPT()
+    for name, p in model.named_parameters():  # ampc.models.gpt's initialisation (GPT-2's)
+        if name.endswith(("c_proj.weight", "mlp_proj.weight")):
+            nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * n_layer))
+        elif name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif p.ndim == 2:
+            nn.init.normal_(p, 0.0, 0.02)
+    return model
 
 
 def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024,
