@@ -18,6 +18,12 @@
  * stats(), overflow_report(), and unscale_(..., max_norm=) which clips in the
  * same pass, or with defer=True leaves the division to the optimizer's fused
  * step.
+ *
+ * A scaler's methods run one at a time: each holds the scaler's own lock,
+ * taken again freely by the thread holding it (step() runs the optimizer,
+ * whose code may call the scaler). The kernels release the GIL and step()
+ * runs Python code, so without the lock a second thread could enter midway
+ * and reuse the gradient list being read.
  */
 #include "ampc.h"
 
@@ -70,6 +76,9 @@ typedef struct {
     int nmemory;                /* 0 until the first scale() */
     scaler_memory memory[AMPC_GRADS_MAX_DEVICES];  /* [0]: the scale's own device */
     PyObject *states;           /* dict: id(optimizer) -> capsule of opt_state */
+    PyThread_type_lock lock;    /* held by the thread running a method */
+    unsigned long owner;        /* that thread's ident (read and written with the GIL held) */
+    int depth;                  /* its calls in progress */
 } ScalerObject;
 
 #define SCALER(o) ((ScalerObject *)(o))
@@ -540,7 +549,10 @@ static PyObject *Scaler_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObj
         return NULL;
     set_defaults(self);
     self->states = PyDict_New();
-    if (self->states == NULL) {
+    self->lock = PyThread_allocate_lock();
+    if (self->states == NULL || self->lock == NULL) {
+        if (self->lock == NULL && !PyErr_Occurred())
+            PyErr_NoMemory();
         Py_DECREF(self);
         return NULL;
     }
@@ -730,6 +742,8 @@ static void Scaler_dealloc(PyObject *op)
     PyTypeObject *type = Py_TYPE(op);
     PyObject_GC_UnTrack(op);
     Scaler_clear(op);
+    if (SCALER(op)->lock != NULL)
+        PyThread_free_lock(SCALER(op)->lock);
     type->tp_free(op);
     Py_DECREF(type);
 }
@@ -1779,6 +1793,91 @@ static PyObject *Scaler_check_inf_per_device(PyObject *op, PyObject *optimizer)
 }
 
 /* ------------------------------------------------------------------------ */
+/* One method at a time                                                      */
+/* ------------------------------------------------------------------------ */
+
+static void scaler_enter(ScalerObject *self)
+{
+    const unsigned long me = PyThread_get_thread_ident();
+    if (self->depth > 0 && self->owner == me) {
+        self->depth++;
+        return;
+    }
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS  /* the holder may need the GIL to finish */
+        PyThread_acquire_lock(self->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    self->owner = me;
+    self->depth = 1;
+}
+
+static void scaler_leave(ScalerObject *self)
+{
+    if (--self->depth == 0) {
+        self->owner = 0;
+        PyThread_release_lock(self->lock);
+    }
+}
+
+static PyObject *serialised(PyObject *op, PyObject *arg, PyObject *(*method)(PyObject *, PyObject *))
+{
+    scaler_enter(SCALER(op));
+    PyObject *result = method(op, arg);
+    scaler_leave(SCALER(op));
+    return result;
+}
+
+static PyObject *serialised_kw(PyObject *op, PyObject *args, PyObject *kwargs,
+                               PyObject *(*method)(PyObject *, PyObject *, PyObject *))
+{
+    scaler_enter(SCALER(op));
+    PyObject *result = method(op, args, kwargs);
+    scaler_leave(SCALER(op));
+    return result;
+}
+
+/* NAME_serialised: NAME holding the scaler's lock (METH_O and METH_NOARGS
+ * methods share a signature; SERIALISED_KW for METH_VARARGS | METH_KEYWORDS). */
+#define SERIALISED(name) \
+    static PyObject *name##_serialised(PyObject *op, PyObject *arg) { return serialised(op, arg, name); }
+#define SERIALISED_KW(name)                                                       \
+    static PyObject *name##_serialised(PyObject *op, PyObject *args, PyObject *kwargs) \
+    {                                                                             \
+        return serialised_kw(op, args, kwargs, name);                             \
+    }
+
+SERIALISED(Scaler_scale)
+SERIALISED_KW(Scaler_unscale_)
+SERIALISED_KW(Scaler_step)
+SERIALISED_KW(Scaler_update)
+SERIALISED(Scaler_get_scale)
+SERIALISED(Scaler_get_growth_factor)
+SERIALISED(Scaler_set_growth_factor)
+SERIALISED(Scaler_get_backoff_factor)
+SERIALISED(Scaler_set_backoff_factor)
+SERIALISED(Scaler_get_growth_interval)
+SERIALISED(Scaler_set_growth_interval)
+SERIALISED(Scaler_get_growth_tracker)
+SERIALISED(Scaler_is_enabled)
+SERIALISED(Scaler_state_dict)
+SERIALISED(Scaler_load_state_dict)
+SERIALISED(Scaler_stats)
+SERIALISED_KW(Scaler_overflow_report)
+SERIALISED(Scaler_check_inf_per_device)
+SERIALISED(Scaler_found_inf_per_device)
+SERIALISED(Scaler_getstate)
+SERIALISED(Scaler_setstate)
+
+static int Scaler_init_serialised(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    scaler_enter(SCALER(op));
+    const int rc = Scaler_init(op, args, kwargs);
+    scaler_leave(SCALER(op));
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The type                                                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -1792,47 +1891,47 @@ PyDoc_STRVAR(Scaler_doc,
 "unscale_(optimizer, max_norm=..., norm_type=2.0), which clips in the same pass and returns the norm.");
 
 static PyMethodDef Scaler_methods[] = {
-    {"scale", Scaler_scale, METH_O, "scale($self, outputs, /)\n--\n\noutputs times the scale (nested lists, tuples and iterables too)."},
-    {"unscale_", (PyCFunction)(void (*)(void))Scaler_unscale_, METH_VARARGS | METH_KEYWORDS,
+    {"scale", Scaler_scale_serialised, METH_O, "scale($self, outputs, /)\n--\n\noutputs times the scale (nested lists, tuples and iterables too)."},
+    {"unscale_", (PyCFunction)(void (*)(void))Scaler_unscale__serialised, METH_VARARGS | METH_KEYWORDS,
      "unscale_($self, optimizer, /, *, max_norm=None, norm_type=2.0, defer=False)\n--\n\n"
      "Divide the optimizer's gradients by the scale in place and check them for inf/NaN; with max_norm, also clip\n"
      "them to that total norm in the same pass and return the norm. With defer=True, for an optimizer that takes\n"
      "grad_scale itself (ampc.optim, torch's fused optimizers), only read the gradients for the check and the\n"
      "norm; step() then hands the optimizer scale / clip coefficient as its grad_scale, and its fused step\n"
      "writes the unscaled, clipped gradients back. Until then .grad still holds the scaled gradients."},
-    {"step", (PyCFunction)(void (*)(void))Scaler_step, METH_VARARGS | METH_KEYWORDS,
+    {"step", (PyCFunction)(void (*)(void))Scaler_step_serialised, METH_VARARGS | METH_KEYWORDS,
      "step($self, optimizer, /, *args, return_found_inf=False, **kwargs)\n--\n\n"
      "optimizer.step(*args, **kwargs) unless an inf or NaN was found."},
-    {"update", (PyCFunction)(void (*)(void))Scaler_update, METH_VARARGS | METH_KEYWORDS,
+    {"update", (PyCFunction)(void (*)(void))Scaler_update_serialised, METH_VARARGS | METH_KEYWORDS,
      "update($self, /, new_scale=None)\n--\n\nGrow or back off the scale (or set it to new_scale)."},
-    {"get_scale", Scaler_get_scale, METH_NOARGS, "get_scale($self, /)\n--\n\nThe current scale, as a float."},
-    {"get_growth_factor", Scaler_get_growth_factor, METH_NOARGS, NULL},
-    {"set_growth_factor", Scaler_set_growth_factor, METH_O, NULL},
-    {"get_backoff_factor", Scaler_get_backoff_factor, METH_NOARGS, NULL},
-    {"set_backoff_factor", Scaler_set_backoff_factor, METH_O, NULL},
-    {"get_growth_interval", Scaler_get_growth_interval, METH_NOARGS, NULL},
-    {"set_growth_interval", Scaler_set_growth_interval, METH_O, NULL},
-    {"_get_growth_tracker", Scaler_get_growth_tracker, METH_NOARGS, NULL},
-    {"is_enabled", Scaler_is_enabled, METH_NOARGS, NULL},
-    {"state_dict", Scaler_state_dict, METH_NOARGS,
+    {"get_scale", Scaler_get_scale_serialised, METH_NOARGS, "get_scale($self, /)\n--\n\nThe current scale, as a float."},
+    {"get_growth_factor", Scaler_get_growth_factor_serialised, METH_NOARGS, NULL},
+    {"set_growth_factor", Scaler_set_growth_factor_serialised, METH_O, NULL},
+    {"get_backoff_factor", Scaler_get_backoff_factor_serialised, METH_NOARGS, NULL},
+    {"set_backoff_factor", Scaler_set_backoff_factor_serialised, METH_O, NULL},
+    {"get_growth_interval", Scaler_get_growth_interval_serialised, METH_NOARGS, NULL},
+    {"set_growth_interval", Scaler_set_growth_interval_serialised, METH_O, NULL},
+    {"_get_growth_tracker", Scaler_get_growth_tracker_serialised, METH_NOARGS, NULL},
+    {"is_enabled", Scaler_is_enabled_serialised, METH_NOARGS, NULL},
+    {"state_dict", Scaler_state_dict_serialised, METH_NOARGS,
      "state_dict($self, /)\n--\n\ntorch's five keys (plus ampc's options where they are used)."},
-    {"load_state_dict", Scaler_load_state_dict, METH_O, "load_state_dict($self, state_dict, /)\n--\n\n"},
-    {"stats", Scaler_stats, METH_NOARGS,
+    {"load_state_dict", Scaler_load_state_dict_serialised, METH_O, "load_state_dict($self, state_dict, /)\n--\n\n"},
+    {"stats", Scaler_stats_serialised, METH_NOARGS,
      "stats($self, /)\n--\n\nsteps, skipped_steps, scale, growth_tracker, hysteresis_left, last_step_skipped."},
-    {"overflow_report", (PyCFunction)(void (*)(void))Scaler_overflow_report, METH_VARARGS | METH_KEYWORDS,
+    {"overflow_report", (PyCFunction)(void (*)(void))Scaler_overflow_report_serialised, METH_VARARGS | METH_KEYWORDS,
      "overflow_report($self, optimizer, /, names=None)\n--\n\n"
      "The gradients holding inf or NaN now, with how many; names: (name, param) pairs such as\n"
      "model.named_parameters()."},
-    {"_check_inf_per_device", Scaler_check_inf_per_device, METH_O, NULL},
-    {"_found_inf_per_device", Scaler_found_inf_per_device, METH_O, NULL},
-    {"__getstate__", Scaler_getstate, METH_NOARGS, NULL},
-    {"__setstate__", Scaler_setstate, METH_O, NULL},
+    {"_check_inf_per_device", Scaler_check_inf_per_device_serialised, METH_O, NULL},
+    {"_found_inf_per_device", Scaler_found_inf_per_device_serialised, METH_O, NULL},
+    {"__getstate__", Scaler_getstate_serialised, METH_NOARGS, NULL},
+    {"__setstate__", Scaler_setstate_serialised, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 static PyType_Slot Scaler_slots[] = {
     {Py_tp_new, Scaler_new},
-    {Py_tp_init, Scaler_init},
+    {Py_tp_init, Scaler_init_serialised},
     {Py_tp_dealloc, Scaler_dealloc},
     {Py_tp_traverse, Scaler_traverse},
     {Py_tp_clear, Scaler_clear},

@@ -3,8 +3,11 @@ ported, its error texts and state machine, the update rule bit for bit, and
 what ampc adds (bounds, hysteresis, stats, overflow reports, fused clipping)."""
 
 import json
+import math
 import pickle
 import sys
+import threading
+import time
 import warnings
 
 import ml_dtypes
@@ -253,6 +256,70 @@ def test_threads_give_identical_results(rng):
         ampc.set_num_threads(before)
     np.testing.assert_array_equal(results[0], results[1])
     np.testing.assert_array_equal(results[0], x * np.float32(1 / 3.0))
+
+
+def test_a_scaler_runs_one_method_at_a_time():
+    """step() runs the optimizer's Python code (where the GIL passes to other threads): an update()
+    from another thread waits for it, while the stepping thread may call the scaler again."""
+    s = cpu_scaler()
+    entered, order = threading.Event(), []
+
+    class SlowSGD(SGD):
+        def step(self):
+            entered.set()
+            time.sleep(0.2)  # the GIL is free: another thread runs meanwhile
+            order.append(("scale inside step", s.get_scale()))  # the same thread enters again
+            super().step()
+            order.append("step done")
+
+    opt = SlowSGD([Param(np.zeros(3, np.float32))])
+    opt.param_groups[0]["params"][0].grad = np.ones(3, np.float32)
+
+    def other():
+        entered.wait()
+        s.update(new_scale=4.0)
+        order.append("update done")
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    s.step(opt)
+    thread.join()
+    assert order == [("scale inside step", 128.0), "step done", "update done"]
+    assert s.get_scale() == 4.0
+
+
+def test_a_scaler_shared_by_threads_stays_sound():
+    """Threads sharing one scaler (each with its own optimizer) while its kernels release the GIL:
+    every call either works or raises torch's state error; the gradients each thread unscales come
+    out divided by the scale exactly once, and the scaler ends in a state a scaler can have."""
+    s = cpu_scaler(init_scale=2.0**10, growth_interval=3)
+    errors, wrong = [], []
+
+    def worker(k):
+        grad = np.empty(100_003, np.float32)  # long enough for the unscale kernel to take a while
+        opt = opt_with(grad)
+        for i in range(60):
+            grad[:] = k + 1
+            try:
+                scale = s.get_scale()
+                s.unscale_(opt)
+                if not (grad == np.float32(k + 1) / np.float32(scale)).all() and scale == s.get_scale():
+                    wrong.append((k, i))
+                s.update()
+            except (RuntimeError, AssertionError) as error:  # torch's texts for another thread's turn:
+                known = ("unscale_() has already been called", "No inf checks were recorded prior to update")
+                if not str(error).startswith(known):  # its unscale_ after our update(), its update() first
+                    errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and wrong == []
+    state = s.state_dict()
+    assert math.log2(state["scale"]).is_integer() and 2.0**10 <= state["scale"] <= 2.0**(10 + 240 // 3)
+    assert 0 <= state["_growth_tracker"] < 3
 
 
 def test_unscale_multiplies_by_the_float64_reciprocal():
