@@ -110,6 +110,9 @@ static int cuda_exec(PyObject *module)
 
 static PyModuleDef_Slot cuda_slots[] = {
     {Py_mod_exec, cuda_exec},
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_USED},  /* as ampc._C, whose table of functions this is */
+#endif
     {0, NULL},
 };
 

@@ -282,6 +282,13 @@ static PyModuleDef_Slot module_slots[] = {
     /* NumPy and the CUDA runtime are process-wide: one interpreter only. */
     {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
 #endif
+#if PY_VERSION_HEX >= 0x030D0000
+    /* Not free-threaded: the module's state, the weight-cast cache, the
+     * scalers' owner counts and the objects the ops build assume the GIL. On
+     * a free-threaded build CPython turns the GIL back on at import (with a
+     * warning that says so). */
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
     {0, NULL},
 };
 

@@ -3,6 +3,10 @@ compiler does not catch."""
 
 import pathlib
 import re
+import sys
+import sysconfig
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCES = sorted([*ROOT.glob("src/*.c"), *ROOT.glob("cuda/*.c"), *ROOT.glob("cuda/*.cu")])
@@ -52,3 +56,17 @@ def test_gil_released_and_reacquired_in_pairs():
     for path in ROOT.glob("src/*.c"):
         text = path.read_text()
         assert text.count("Py_BEGIN_ALLOW_THREADS") == text.count("Py_END_ALLOW_THREADS"), path.name
+
+
+def test_every_module_declares_its_free_threading_support():
+    """Each extension module says whether it runs without the GIL (Py_mod_gil, CPython 3.13+)."""
+    for path in (ROOT / "src/module.c", ROOT / "cuda/api.c"):
+        slots = re.findall(r"PyModuleDef_Slot \w+\[\] = \{(.*?)\};", path.read_text(), re.S)
+        assert slots and all("{Py_mod_gil, Py_MOD_GIL_USED}" in s for s in slots), path.name
+
+
+@pytest.mark.skipif(not sysconfig.get_config_var("Py_GIL_DISABLED"), reason="needs a free-threaded CPython")
+def test_a_free_threaded_build_runs_ampc_with_the_gil():
+    import ampc  # noqa: F401
+
+    assert sys._is_gil_enabled()
