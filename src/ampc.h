@@ -158,6 +158,9 @@ void ampc_shape_str(const ampc_view *v, char *buf, size_t size);
 int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allow_negative);
 /* "cpu" or "cuda:N" */
 const char *ampc_device_str(ampc_device device, char *buf, size_t size);
+/* repr(obj) for an error message, or "<T object>" where that repr raises
+ * (the message must not turn into the object's own exception). */
+PyObject *ampc_safe_repr(PyObject *obj);
 /* Hand a result (an ndarray or ampc.Array, stolen) back as the type the
  * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out. */
 PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source);

@@ -102,10 +102,13 @@ static int is_torch_dtype(PyObject *obj)
 
 static int unsupported(PyObject *obj, const char *argname)
 {
-    PyErr_Format(PyExc_TypeError,
-                 "%s: ampc does not support dtype %R; it knows float32, float16, bfloat16, "
-                 "float64, bool and the integer types",
-                 argname, obj);
+    PyObject *r = ampc_safe_repr(obj);
+    if (r != NULL)
+        PyErr_Format(PyExc_TypeError,
+                     "%s: ampc does not support dtype %U; it knows float32, float16, bfloat16, "
+                     "float64, bool and the integer types",
+                     argname, r);
+    Py_XDECREF(r);
     return -1;
 }
 
@@ -120,7 +123,8 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
         return 0;
     }
     if (PyUnicode_Check(obj) || is_torch_dtype(obj)) {
-        PyObject *text = PyObject_Str(obj);
+        /* a str's own characters (a subclass's __str__ may do anything); torch's dtype's name */
+        PyObject *text = PyUnicode_Check(obj) ? Py_NewRef(obj) : PyObject_Str(obj);
         if (text == NULL)
             return -1;
         const char *name = PyUnicode_AsUTF8(text);
@@ -156,10 +160,13 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
     PyArray_Descr *descr = NULL;
     if (PyArray_DescrConverter(obj, &descr) != NPY_SUCCEED) {
         PyErr_Clear();
-        PyErr_Format(PyExc_TypeError,
-                     "%s: %R is not a dtype; expected a NumPy or torch dtype, or a name such as "
-                     "'float16', 'bfloat16', 'float32'",
-                     argname, obj);
+        PyObject *r = ampc_safe_repr(obj);
+        if (r != NULL)
+            PyErr_Format(PyExc_TypeError,
+                         "%s: %U is not a dtype; expected a NumPy or torch dtype, or a name such as "
+                         "'float16', 'bfloat16', 'float32'",
+                         argname, r);
+        Py_XDECREF(r);
         return -1;
     }
     d = ampc_dtype_from_descr(st, descr);

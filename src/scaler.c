@@ -294,6 +294,16 @@ static PyObject *float32_scalar(ampc_state *st, ampc_device device, float value)
     return a;
 }
 
+/* ValueError "<what>, got <value>" (the value as a float: the object's own
+ * repr may raise). */
+static void bad_number(const char *what, double value)
+{
+    PyObject *v = PyFloat_FromDouble(value);
+    if (v != NULL)
+        PyErr_Format(PyExc_ValueError, "%s, got %R", what, v);
+    Py_XDECREF(v);
+}
+
 /* unscale_(max_norm=...): how to clip, and what comes back. */
 typedef struct {
     double max_norm;
@@ -666,7 +676,10 @@ static int Scaler_init(PyObject *op, PyObject *args, PyObject *kwargs)
         if (PyUnicode_CompareWithASCIIString(device, "cpu") == 0)
             c.cuda = 0;
         else if (PyUnicode_CompareWithASCIIString(device, "cuda") != 0) {
-            PyErr_Format(PyExc_ValueError, "GradScaler: device must be 'cuda' or 'cpu', got %R", device);
+            PyObject *r = ampc_safe_repr(device);
+            if (r != NULL)
+                PyErr_Format(PyExc_ValueError, "GradScaler: device must be 'cuda' or 'cpu', got %U", r);
+            Py_XDECREF(r);
             return -1;
         }
     }
@@ -960,7 +973,7 @@ static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
         if (as_double(max_norm_obj, "max_norm", &max_norm) < 0)
             return NULL;
         if (!(max_norm > 0) || !isfinite(max_norm)) {
-            PyErr_Format(PyExc_ValueError, "unscale_: max_norm must be positive and finite, got %R", max_norm_obj);
+            bad_number("unscale_: max_norm must be positive and finite", max_norm);
             return NULL;
         }
     }
@@ -968,7 +981,7 @@ static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
         if (as_double(norm_type_obj, "norm_type", &norm_type) < 0)
             return NULL;
         if (!(norm_type > 0)) {
-            PyErr_Format(PyExc_ValueError, "unscale_: norm_type must be positive (or inf), got %R", norm_type_obj);
+            bad_number("unscale_: norm_type must be positive (or inf)", norm_type);
             return NULL;
         }
     }

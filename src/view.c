@@ -23,6 +23,15 @@ const char *ampc_device_str(ampc_device device, char *buf, size_t size)
     return buf;
 }
 
+PyObject *ampc_safe_repr(PyObject *obj)
+{
+    PyObject *r = PyObject_Repr(obj);
+    if (r != NULL || PyErr_ExceptionMatches(PyExc_MemoryError))
+        return r;
+    PyErr_Clear();
+    return PyUnicode_FromFormat("<%.200s object>", Py_TYPE(obj)->tp_name);
+}
+
 int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *v)
 {
     const int dtype = ampc_dtype_from_descr(st, PyArray_DESCR(a));

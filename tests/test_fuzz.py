@@ -12,7 +12,9 @@ and dtypes)."""
 
 import gc
 import os
+import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -183,3 +185,108 @@ def test_module_load_state_dict_takes_a_payload_whole_or_not_at_all(case):
         assert after[key].dtype == value.dtype and after[key].shape == value.shape  # the model's own
         if key not in sd:
             np.testing.assert_array_equal(after[key], value)
+
+
+# ---------------------------------------------------------------------------------------------
+# dtype and device arguments
+# ---------------------------------------------------------------------------------------------
+
+
+class Hostile:
+    """An argument whose every hook raises: str, repr, ==, hash, index, float, dtype lookups."""
+
+    def _boom(self, *args):
+        raise KeyError("hostile")
+
+    __str__ = __repr__ = __eq__ = __hash__ = __index__ = __float__ = __len__ = __iter__ = _boom
+
+    @property
+    def dtype(self):
+        raise KeyError("hostile dtype")
+
+
+class HostileStr(str):
+    """A str (so it passes type checks) whose methods raise."""
+
+    def _boom(self, *args):
+        raise KeyError("hostile str")
+
+    __repr__ = __eq__ = __hash__ = __str__ = _boom
+
+
+NAMES = ["float16", "torch.float16", "bfloat16", "float32", "float64", "float", "half", "bf16", "f2", "<f2", ">f4",
+         "=f8", "e", "V3", "int8", "bool", "complex64", "S5", "U3", "O", "M8[s]", "cpu", "cuda", "cuda:0", "cuda:1",
+         "cpu:0", "cuda:-1", "cuda:99999999999999999999", "cuda:0x", "mps", "xpu", "meta", "", " cuda", "CUDA",
+         "float16\x00", "cuda\x00"]
+NP_DTYPES = [np.dtype(d) for d in ("f2", ">f2", ">f4", "f8", "V2", "i1", "u8", "?", "c8", "S3", "U2", "O", "M8[ns]")]
+NP_DTYPES += [np.dtype([("a", "f4")]), np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn)]
+TYPES = [np.float16, np.float32, np.int64, np.bool_, float, int, bool, complex, object, str, ml_dtypes.bfloat16,
+         ml_dtypes.float8_e5m2, ampc.Array]
+SCALARS = (st.sampled_from(NAMES) | st.text(max_size=12) | st.integers() | st.floats() | st.none() | st.booleans()
+           | st.binary(max_size=6) | st.sampled_from(NP_DTYPES + TYPES) | st.builds(Hostile)
+           | st.sampled_from(NAMES).map(HostileStr))
+ARGUMENTS = SCALARS | st.tuples(SCALARS) | st.lists(SCALARS, max_size=2)
+REFUSED = (TypeError, ValueError, RuntimeError)
+DTYPES = {np.dtype(d) for d in ("f2", "f4", "f8", "?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8")}
+DTYPES.add(np.dtype(ml_dtypes.bfloat16))
+ARGUMENT_OUTCOMES = {"taken": 0, "refused": 0}
+
+
+def autocast_state():
+    return [(ampc.is_autocast_enabled(d), ampc.get_autocast_dtype(d), ampc.is_autocast_cache_enabled())
+            for d in ("cpu", "cuda")]
+
+
+def targets(x, model):
+    """Each parser of a dtype or device argument, as a function of the argument."""
+    return [
+        ("as_dtype", lambda a: ampc.as_dtype(a)),
+        ("cast", lambda a: ampc.cast(x, a)),
+        ("softmax dtype", lambda a: ampc.nn.functional.softmax(x, 0, dtype=a)),
+        ("autocast device_type", lambda a: ampc.autocast(a)),
+        ("autocast dtype", lambda a: ampc.autocast("cpu", dtype=a)),
+        ("autocast region", lambda a: ampc.autocast("cpu", dtype=a).__enter__() or ampc.autocast("cpu").__exit__(
+            None, None, None)),
+        ("is_autocast_enabled", lambda a: ampc.is_autocast_enabled(a)),
+        ("get_autocast_dtype", lambda a: ampc.get_autocast_dtype(a)),
+        ("is_autocast_available", lambda a: ampc.is_autocast_available(a)),
+        ("GradScaler", lambda a: ampc.GradScaler(a)),
+        ("Module.to", lambda a: model.to(a)),
+        ("custom_fwd", lambda a: ampc.custom_fwd(device_type=a)),
+        ("custom_fwd cast_inputs", lambda a: ampc.custom_fwd(device_type="cpu", cast_inputs=a)),
+    ]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="AMPC_FUZZ_EXAMPLES" not in os.environ)
+@given(ARGUMENTS)
+def test_dtype_and_device_arguments_are_taken_or_refused_cleanly(argument):
+    """Whatever is passed where a dtype or a device goes: a result, or a TypeError, ValueError or
+    RuntimeError with a message (never the argument's own exception, a SystemError or a crash),
+    with the input array, the model and the autocast state as they were."""
+    x = np.linspace(-2, 2, 5, dtype=np.float32)
+    model = ampc.nn.Linear(3, 2)
+    weights = {k: np.array(v, copy=True) for k, v in model.state_dict().items()}
+    state = autocast_state()
+    for name, call in targets(x, model):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # autocast's "CUDA is not available", as torch's
+            try:
+                result = call(argument)
+            except REFUSED as error:
+                assert str(error), name
+                ARGUMENT_OUTCOMES["refused"] += 1
+            else:
+                ARGUMENT_OUTCOMES["taken"] += 1
+                if name == "as_dtype":
+                    assert result in DTYPES and ampc.as_dtype(result) == result
+        np.testing.assert_array_equal(x, np.linspace(-2, 2, 5, dtype=np.float32))
+        assert autocast_state() == state, name
+        for key, value in model.state_dict().items():  # a failed .to() moved nothing
+            assert isinstance(value, np.ndarray), (name, key)
+            np.testing.assert_array_equal(value, weights[key])
+
+
+def test_the_argument_fuzzer_reaches_both_outcomes():
+    if not ARGUMENT_OUTCOMES["taken"]:
+        pytest.skip("runs after the fuzz test above")
+    assert ARGUMENT_OUTCOMES["taken"] > 0 and ARGUMENT_OUTCOMES["refused"] > 0

@@ -209,6 +209,36 @@ def test_module_to():
     assert m.to("cpu") is m
     with pytest.raises(ValueError, match="Expected one of cpu, cuda device type at start of device string: tpu"):
         m.to("tpu")
+    for bad, error in [(-1, ValueError), (2**31, ValueError), ("cuda:99999999999999999999", ValueError),
+                       ("cuda:١", ValueError), (1.0, TypeError), (object(), TypeError)]:
+        with pytest.raises(error, match="device"):
+            m.to(bad)
+
+
+def test_module_to_moves_everything_or_nothing(monkeypatch):
+    """A move that fails part way (the GPU's memory running out) leaves every array where it was;
+    a tied parameter is moved once."""
+    from ampc.nn import modules
+
+    m = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 3))
+    m[1].weight = m[0].weight  # tied, (2, 3) and (3, 2) aside: only its identity matters here
+    before = {name: p.data for name, p in m.named_parameters()}
+    calls, moved = [], modules._moved
+
+    def fails_third(x, *args):
+        calls.append(x)
+        if len(calls) == 3:
+            raise MemoryError("out of memory")
+        return moved(x, *args)
+
+    monkeypatch.setattr(modules, "_moved", fails_third)
+    with pytest.raises(MemoryError):
+        m.to(dtype=ampc.float64)
+    assert all(p.data is before[name] for name, p in m.named_parameters())
+    calls.clear()
+    monkeypatch.setattr(modules, "_moved", lambda x, *args: (calls.append(x), moved(x, *args))[1])
+    m.to(dtype=ampc.float64)
+    assert len(calls) == 3 and m[1].weight is m[0].weight and m[0].weight.data.dtype == np.float64
 
 
 def test_the_resnet50_demo_runs_on_the_cpu(capsys):

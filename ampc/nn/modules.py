@@ -161,15 +161,24 @@ class Module:
         index = None if device is None else _device_index(device)
         if memory_format not in (None, "channels_last", "contiguous_format"):
             raise ValueError(f"to: memory_format must be 'channels_last' or 'contiguous_format', got {memory_format!r}")
+        # every array moved first, then all of them put in place: a failure (a bad dtype, the GPU's
+        # memory running out) leaves the model as it was, not half moved
+        moves, seen = [], set()
         for module in self.modules():
             for p in module._parameters.values():
-                if p is not None:
-                    p.data = _moved(p.data, index, dtype, memory_format)
+                if p is not None and id(p) not in seen:  # a shared (tied) parameter once
+                    seen.add(id(p))
+                    moves.append((p, "data", _moved(p.data, index, dtype, memory_format)))
                     if p.grad is not None:
-                        p.grad = _moved(p.grad, index, dtype, memory_format)
+                        moves.append((p, "grad", _moved(p.grad, index, dtype, memory_format)))
             for name, b in module._buffers.items():
                 if b is not None and name != "num_batches_tracked":
-                    module._buffers[name] = _moved(b, index, dtype, memory_format)
+                    moves.append((module._buffers, name, _moved(b, index, dtype, memory_format)))
+        for owner, name, value in moves:
+            if isinstance(owner, dict):
+                owner[name] = value
+            else:
+                setattr(owner, name, value)
         return self
 
     def cuda(self, device=0):
@@ -245,18 +254,30 @@ class Module:
         return ""
 
 
+_MAX_DEVICE = 2**31 - 1  # CUDA ordinals are C ints
+
+
 def _device_index(device):
-    """-1 for the host, else the CUDA ordinal."""
+    """-1 for the host, else the CUDA ordinal, from "cpu", "cuda", "cuda:N", an int N or a torch.device."""
     if isinstance(device, int) and not isinstance(device, bool):
-        return device
-    text = str(device)
-    if text == "cpu":
-        return -1
-    if text == "cuda":
-        return 0
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return int(text[5:])
-    raise ValueError(f"Expected one of cpu, cuda device type at start of device string: {text}")
+        index = int(device)
+    else:
+        if isinstance(device, str):
+            text = str.__str__(device)  # the characters, whatever a subclass's __str__ does
+        elif type(device).__module__ == "torch" and type(device).__name__ == "device":
+            text = str(device)
+        else:
+            raise TypeError(f"to: device must be a str, an int or a torch.device, got {type(device).__name__}")
+        if text == "cpu":
+            return -1
+        if text == "cuda":
+            return 0
+        if not (text.startswith("cuda:") and text[5:].isascii() and text[5:].isdigit()):
+            raise ValueError(f"Expected one of cpu, cuda device type at start of device string: {text}")
+        index = int(text[5:])
+    if not 0 <= index < _MAX_DEVICE:
+        raise ValueError(f"to: a CUDA device ordinal is 0 or more and below 2**31 - 1, got {index}")
+    return index
 
 
 def _array_device(x):
