@@ -8,7 +8,9 @@ then its shape and strides are the capsule's, reading it touches only its memory
 runs exactly once. GradScaler and Module state dicts with keys dropped, replaced by any value (arrays
 of other shapes and dtypes, strings, non-contiguous) or added: a payload is refused with a clear
 exception and the scaler or model unchanged, or taken (as given; a model's arrays keep their shapes
-and dtypes)."""
+and dtypes). dtype and device arguments (as_dtype, cast, softmax's dtype, autocast's device_type and
+dtype, the autocast queries, GradScaler's device, Module.to, custom_fwd) given any object: a result,
+or a TypeError, ValueError or RuntimeError, with the inputs, the model and autocast's state kept."""
 
 import gc
 import os
