@@ -2,6 +2,8 @@
 of a storage dtype, element counts. Its own module so that functional.py and the modules it
 re-exports (_attention, _embedding) import it without importing each other."""
 
+import functools
+import inspect
 import math
 
 import numpy as np
@@ -20,3 +22,58 @@ def acc_dtype(dtype):
 
 def numel(x):
     return math.prod(int(s) for s in x.shape)
+
+
+def not_an_array(op, name, x):
+    """The TypeError the C entry points raise for an argument that is no array."""
+    return TypeError(f"{op}: {name} must be an array (a NumPy ndarray, or an object with __dlpack__ such as a "
+                     f"CuPy array, torch tensor or JAX array), got {type(x).__name__}")
+
+
+def shape_of(x, op, name="input"):
+    """x's shape as a tuple, or not_an_array's TypeError."""
+    shape = None if isinstance(x, (str, bytes)) else getattr(x, "shape", None)
+    if shape is None:
+        raise not_an_array(op, name, x)
+    return tuple(shape)
+
+
+_ARRAY_ATTRIBUTES = frozenset({"shape", "dtype", "ndim", "strides", "T", "__dlpack__", "__dlpack_device__"})
+_NOTHING = object()
+
+
+def names_non_arrays(fn):
+    """fn, where an argument that is no array (a list, None, a string) answers with not_an_array's
+    TypeError naming it, not with the AttributeError of the first line of Python that read its .shape
+    or .dtype. Only the failure path pays: it binds the arguments to find whose attribute was missing
+    (the AttributeError's obj, Python 3.10+), an element of a list argument included."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except AttributeError as error:
+            culprit = getattr(error, "obj", _NOTHING) if getattr(error, "name", None) in _ARRAY_ATTRIBUTES else _NOTHING
+            name = None if culprit is _NOTHING else _holding(signature, args, kwargs, culprit)
+            if name is None:
+                raise
+            raise not_an_array(fn.__name__, name, culprit) from None
+
+    return call
+
+
+def _holding(signature, args, kwargs, culprit):
+    """The name of the argument that is (or lists) culprit, or None."""
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return None
+    for name, value in bound.arguments.items():
+        if value is culprit:
+            return name
+        if isinstance(value, (list, tuple)) and any(v is culprit for v in value):
+            return f"each of {name}"
+        if isinstance(value, str) and isinstance(culprit, str) and culprit in value:  # its characters
+            return name
+    return None

@@ -2,7 +2,7 @@
 (torch's autocast lists neither)."""
 
 from ampc import _C, random
-from ampc.nn._common import numel as _numel
+from ampc.nn._common import numel as _numel, shape_of as _shape_of
 
 
 def _padding_index(op, padding_idx, num):
@@ -74,6 +74,7 @@ def _dropout_forward(input, p=0.5, training=True):
     """(output, state): dropout, and the (seed, offset) of its mask for dropout_backward (None when
     nothing was dropped: evaluation)."""
     p = _check_p(p)
+    _shape_of(input, "dropout")
     if not training:
         return input, None
     state = random._draw(_numel(input))

@@ -7,6 +7,8 @@ keeps them. On the GPU the convolutions and batch norm are cuDNN's, and a channe
 (torch.channels_last) stays channels-last.
 """
 
+import operator
+
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
@@ -16,10 +18,18 @@ _OPS = _C._ew_ops()
 _MAX, _AVG, _ADAPTIVE_AVG = 0, 1, 2
 
 
+def _int(op, name, value):
+    """An int (or what __index__ makes one: NumPy's integers), never a float truncated or a string
+    parsed, as torch's int arguments."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {type(value).__name__}")
+    return operator.index(value)
+
+
 def _pair(op, name, value):
-    if isinstance(value, int):
-        return (value, value)
-    value = tuple(int(v) for v in value)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        return (_int(op, name, value),) * 2
+    value = tuple(_int(op, name, v) for v in value)
     if len(value) == 1:
         return value * 2
     if len(value) != 2:
@@ -28,9 +38,9 @@ def _pair(op, name, value):
 
 
 def _single(op, name, value):
-    if isinstance(value, int):
-        return value
-    value = tuple(int(v) for v in value)
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        return _int(op, name, value)
+    value = tuple(_int(op, name, v) for v in value)
     if len(value) != 1:
         raise ValueError(f"{op}: {name} must be an int or a 1-tuple, got {value}")
     return value[0]
@@ -283,13 +293,15 @@ def avg_pool2d_backward(grad_output, input, kernel_size, stride=None, padding=0,
 
 
 def _adaptive_size(op, input, output_size):
-    if isinstance(output_size, int):
+    if output_size is None:  # None is for one side (keep the input's), not for both
+        raise TypeError(f"{op}: output_size must be an int or a pair, got None")
+    if isinstance(output_size, (str, bytes)) or not hasattr(output_size, "__iter__"):
         output_size = (output_size, output_size)
     output_size = tuple(output_size)
     if len(output_size) != 2:
         raise ValueError(f"{op}: output_size must be an int or a pair, got {output_size}")
     shape = tuple(input.shape)
-    return tuple(shape[len(shape) - 2 + i] if s is None else int(s) for i, s in enumerate(output_size))
+    return tuple(shape[len(shape) - 2 + i] if s is None else _int(op, "output_size", s) for i, s in enumerate(output_size))
 
 
 _UNUSED = (1, 1)

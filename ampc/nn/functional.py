@@ -17,7 +17,7 @@ import math
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
-from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, numel as _numel
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, numel as _numel, shape_of as _shape_of
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -223,7 +223,7 @@ def _normalized_size(op, input, normalized_shape):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     normalized_shape = tuple(int(s) for s in normalized_shape)
-    shape = tuple(input.shape)
+    shape = _shape_of(input, op)
     if len(normalized_shape) == 0 or shape[len(shape) - len(normalized_shape):] != normalized_shape:
         raise ValueError(f"{op}: Given normalized_shape={list(normalized_shape)}, expected input with shape "
                          f"[*, {', '.join(str(s) for s in normalized_shape)}], but got input of size {list(shape)}")
@@ -378,7 +378,7 @@ def _legacy_reduction(size_average, reduce, reduction):
 
 def _pointwise_loss(name, op, input, target, reduction):
     _check_reduction(name, reduction)
-    if tuple(input.shape) != tuple(target.shape):
+    if _shape_of(input, name) != _shape_of(target, name, "target"):
         raise ValueError(f"{name}: target has shape {tuple(target.shape)} but input has shape "
                          f"{tuple(input.shape)}; give them the same shape")
     dtype = _promote(_dtype(input), _dtype(target))
@@ -388,6 +388,8 @@ def _pointwise_loss(name, op, input, target, reduction):
 
 def _pointwise_loss_backward(name, op, grad_output, input, target, reduction, scale=1.0):
     _check_reduction(name, reduction)
+    if grad_output is None:  # the kernel reads a missing third operand as 1: say so instead
+        raise TypeError(f"{name}_backward: grad_output must be an array or a number, got None")
     dtype = _dtype(input)
     grad_output, factor = _reduction_grad(grad_output, tuple(input.shape), reduction)
     return _ew(op, input, target, grad_output, scale=factor * scale, dtype=dtype)
@@ -469,7 +471,7 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001 - torch's 
 
 def mean(input, dim=None, keepdim=False, *, dtype=None):
     dims = _dims(dim)
-    shape = tuple(input.shape)
+    shape = _shape_of(input, "mean")
     count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
     return _C._sum(input, dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype)
 
@@ -591,3 +593,12 @@ def div(input, other):
 from ampc.nn._differentiable import OPS as _DIFFERENTIABLE  # noqa: E402
 
 globals().update(_DIFFERENTIABLE)
+
+# Arguments that are no arrays: the TypeError naming them, from every public function.
+from ampc.nn._common import names_non_arrays as _names_non_arrays  # noqa: E402
+
+for _name, _value in list(globals().items()):
+    if (not _name.startswith("_") and callable(_value) and not isinstance(_value, type)
+            and getattr(_value, "__module__", "").startswith("ampc.nn")):
+        globals()[_name] = _names_non_arrays(_value)
+del _name, _value

@@ -1,0 +1,132 @@
+"""The bad-input matrix over ampc.nn.functional: every public function, each of its required
+arguments given each class of bad input, and the array layouts a caller may hand over.
+
+- What is no array (a list, a string, None, a dict, a plain object) where an argument is required:
+  a TypeError, ValueError or RuntimeError with a message, never the AttributeError of the Python
+  line that first read .shape, and every array passed along unchanged.
+- Integer, bool and complex arrays anywhere: taken (the glue ops move any dtype; indices are
+  integers) or refused with those exceptions, never anything else.
+- Reversed (negative strides), strided, transposed, read-only and empty arrays: the same bits as
+  the contiguous copy gives, the input untouched (ops.c makes what a kernel cannot walk dense).
+"""
+
+import inspect
+import warnings
+
+import numpy as np
+import pytest
+
+import ampc
+
+F = ampc.nn.functional
+REFUSED = (TypeError, ValueError, RuntimeError)
+SHAPE = (2, 3, 4, 4)
+
+
+def _public_functions():
+    for name in sorted(dir(F)):
+        fn = getattr(F, name)
+        if name.startswith("_") or not callable(fn) or isinstance(fn, type):
+            continue
+        if not getattr(fn, "__module__", "").startswith("ampc.nn"):
+            continue
+        required = [p for p in inspect.signature(fn).parameters.values()
+                    if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        yield name, len(required)
+
+
+FUNCTIONS = list(_public_functions())
+CASES = [(name, position, count) for name, count in FUNCTIONS for position in range(count)]
+NOT_ARRAYS = {"list": [1.0, 2.0], "str": "abc", "None": None, "dict": {}, "object": object()}
+TAKEN = {("dropout_backward", 1, "None")}  # documented: the state of a dropout that dropped nothing
+OTHER_DTYPES = {"int64": np.int64, "bool": np.bool_, "complex64": np.complex64}
+
+
+def arguments(count, rng):
+    return [rng.standard_normal(SHAPE).astype(np.float32) for _ in range(count)]
+
+
+def test_the_matrix_covers_the_api():
+    assert len(FUNCTIONS) > 60 and len(CASES) > 100
+
+
+@pytest.mark.parametrize("name,position,count", CASES, ids=lambda v: str(v))
+def test_what_is_no_array_is_refused_by_name(name, position, count, rng):
+    fn = getattr(F, name)
+    for kind, bad in NOT_ARRAYS.items():
+        if (name, position, kind) in TAKEN:
+            continue
+        args = arguments(count, rng)
+        before = [a.copy() for a in args]
+        args[position] = bad
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(REFUSED) as info:
+                fn(*args)
+        assert str(info.value), (name, kind)
+        for i, (a, b) in enumerate(zip(args, before)):
+            if i != position:
+                np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name,position,count", CASES, ids=lambda v: str(v))
+def test_other_dtypes_are_taken_or_refused_cleanly(name, position, count, rng):
+    fn = getattr(F, name)
+    for kind, dtype in OTHER_DTYPES.items():
+        args = arguments(count, rng)
+        args[position] = (args[position] * 3).astype(dtype)
+        before = [a.copy() for a in args]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                fn(*args)
+            except REFUSED as error:
+                assert str(error), (name, kind)
+        for a, b in zip(args, before):
+            np.testing.assert_array_equal(a, b)
+
+
+W = np.linspace(-1, 1, 20, dtype=np.float32).reshape(5, 4)
+LAYOUT_OPS = {
+    "relu": lambda x: F.relu(x), "gelu": lambda x: F.gelu(x), "silu": lambda x: F.silu(x), "exp": lambda x: F.exp(x),
+    "log": lambda x: F.log(F.add(F.relu(x), 1.0)), "softmax": lambda x: F.softmax(x, -1),
+    "log_softmax": lambda x: F.log_softmax(x, 0), "layer_norm": lambda x: F.layer_norm(x, (4,)),
+    "sum": lambda x: F.sum(x, 0), "mean": lambda x: F.mean(x), "add": lambda x: F.add(x, x, alpha=0.5),
+    "mul": lambda x: F.mul(x, 3.0), "linear": lambda x: F.linear(x, W), "matmul": lambda x: F.matmul(x, W.T),
+    "mse_loss": lambda x: F.mse_loss(x, F.relu(x)), "l1_loss": lambda x: F.l1_loss(x, x * 0, reduction="sum"),
+    "cross_entropy": lambda x: F.cross_entropy(x, np.arange(x.shape[0]) % 4),
+}
+LAYOUTS = {
+    "reversed": lambda a: a[::-1, ::-1],
+    "strided": lambda a: a[::2],
+    "transposed": lambda a: np.ascontiguousarray(a.T).T,
+    "read-only": lambda a: _read_only(a),
+    "empty rows": lambda a: a[:0],
+}
+
+
+def _read_only(a):
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+def _bits(a):
+    a = np.ascontiguousarray(np.atleast_1d(np.asarray(a)))
+    return a.view(f"u{a.dtype.itemsize}") if a.dtype.kind == "f" else a
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("op", LAYOUT_OPS)
+def test_any_layout_gives_the_contiguous_bits(op, layout, rng):
+    fn = LAYOUT_OPS[op]
+    base = rng.standard_normal((8, 4)).astype(np.float32)
+    x = LAYOUTS[layout](base)
+    before = x.copy()
+    if layout == "empty rows" and op == "cross_entropy":
+        assert np.isnan(fn(x))  # torch's mean over no targets
+        return
+    got, want = fn(x), fn(np.ascontiguousarray(x))
+    assert np.asarray(got).shape == np.asarray(want).shape and np.asarray(got).dtype == np.asarray(want).dtype
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    np.testing.assert_array_equal(x, before)
