@@ -60,6 +60,26 @@ def test_seed(request):
     return (SESSION_SEED ^ zlib.crc32(request.node.nodeid.encode())) % 2**32
 
 
+def _autocast_state():
+    return {d: (ampc.is_autocast_enabled(d), ampc.get_autocast_dtype(d)) for d in ("cpu", "cuda")}, \
+        ampc.is_autocast_cache_enabled()
+
+
+@pytest.fixture(autouse=True)
+def autocast_left_as_found():
+    """A test that leaves autocast on (a region entered and never left) fails itself, and the flags
+    are put back, rather than changing the dtypes of every test after it."""
+    before = _autocast_state()
+    yield
+    after = _autocast_state()
+    if after != before:
+        for device, (enabled, dtype) in before[0].items():
+            ampc.set_autocast_enabled(device, enabled)
+            ampc.set_autocast_dtype(device, dtype)
+        ampc.set_autocast_cache_enabled(before[1])
+        pytest.fail(f"the test left autocast's state changed: {before} -> {after}")
+
+
 @pytest.fixture
 def rng():
     seed = int(os.environ.get("AMPC_TEST_SEED", np.random.SeedSequence().entropy % 2**32))

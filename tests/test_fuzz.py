@@ -239,6 +239,11 @@ def autocast_state():
             for d in ("cpu", "cuda")]
 
 
+def autocast_region(dtype):
+    with ampc.autocast("cpu", dtype=dtype):
+        assert ampc.is_autocast_enabled("cpu") == (ampc.get_autocast_dtype("cpu") in (ampc.float16, ampc.bfloat16))
+
+
 def targets(x, model):
     """Each parser of a dtype or device argument, as a function of the argument."""
     return [
@@ -247,8 +252,7 @@ def targets(x, model):
         ("softmax dtype", lambda a: ampc.nn.functional.softmax(x, 0, dtype=a)),
         ("autocast device_type", lambda a: ampc.autocast(a)),
         ("autocast dtype", lambda a: ampc.autocast("cpu", dtype=a)),
-        ("autocast region", lambda a: ampc.autocast("cpu", dtype=a).__enter__() or ampc.autocast("cpu").__exit__(
-            None, None, None)),
+        ("autocast region", autocast_region),
         ("is_autocast_enabled", lambda a: ampc.is_autocast_enabled(a)),
         ("get_autocast_dtype", lambda a: ampc.get_autocast_dtype(a)),
         ("is_autocast_available", lambda a: ampc.is_autocast_available(a)),
