@@ -100,16 +100,20 @@ static int is_torch_dtype(PyObject *obj)
     return strcmp(Py_TYPE(obj)->tp_name, "torch.dtype") == 0;
 }
 
-static int unsupported(PyObject *obj, const char *argname)
+/* TypeError(format % (argname, repr(obj))); format takes %s then %U. */
+static int refuse(PyObject *obj, const char *argname, const char *format)
 {
     PyObject *r = ampc_safe_repr(obj);
     if (r != NULL)
-        PyErr_Format(PyExc_TypeError,
-                     "%s: ampc does not support dtype %U; it knows float32, float16, bfloat16, "
-                     "float64, bool and the integer types",
-                     argname, r);
+        PyErr_Format(PyExc_TypeError, format, argname, r);
     Py_XDECREF(r);
     return -1;
+}
+
+static int unsupported(PyObject *obj, const char *argname)
+{
+    return refuse(obj, argname, "%s: ampc does not support dtype %U; it knows float32, float16, bfloat16, "
+                                "float64, bool and the integer types");
 }
 
 int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dtype *out)
@@ -160,14 +164,8 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
     PyArray_Descr *descr = NULL;
     if (PyArray_DescrConverter(obj, &descr) != NPY_SUCCEED) {
         PyErr_Clear();
-        PyObject *r = ampc_safe_repr(obj);
-        if (r != NULL)
-            PyErr_Format(PyExc_TypeError,
-                         "%s: %U is not a dtype; expected a NumPy or torch dtype, or a name such as "
-                         "'float16', 'bfloat16', 'float32'",
-                         argname, r);
-        Py_XDECREF(r);
-        return -1;
+        return refuse(obj, argname, "%s: %U is not a dtype; expected a NumPy or torch dtype, or a name such as "
+                                    "'float16', 'bfloat16', 'float32'");
     }
     d = ampc_dtype_from_descr(st, descr);
     Py_DECREF(descr);
