@@ -3,7 +3,7 @@ time to enqueue it (a gap means the GPU is the bound), the peak memory, and ampc
 GPU time. torch's profiler traces every kernel of the process through CUPTI, ampc's included, so it
 needs torch; with --torch it ranks torch's own step of the same model and recipe beside it.
 
-    python benchmarks/profile_step.py --model resnet50 --channels-last [--torch]
+    python benchmarks/profile_step.py --model resnet50 --channels-last [--torch] [--host]
 """
 
 import argparse
@@ -30,6 +30,22 @@ def top_kernels(step, synchronize, steps=2, top=25):
     print(f"kernel time per step {total / 1e3:.1f} ms, {sum(e.count for e in events) // steps} launches")
     for e in sorted(events, key=lambda e: -e.device_time_total)[:top]:
         print(f"{e.device_time_total / steps / 1e3:8.2f} ms {e.count // steps:5d}x  {e.key[:140]}")
+
+
+def host_profile(step, synchronize, steps=3, top=30):
+    """The Python functions (and C entry points) the host spends a step's enqueue in, by own time:
+    when the host's time nears the step's, this is the list to shorten."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    synchronize()
+    print(f"host time per step by function ({steps} steps):")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
 def ampc_step(args):
@@ -73,6 +89,8 @@ def main():
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
     parser.add_argument("--torch", action="store_true", help="torch's ResNet-50 step too (torchvision)")
+    parser.add_argument("--host", action="store_true",
+                        help="also where the host's time to enqueue a step goes (cProfile, by own time)")
     args = parser.parse_args()
     args.batch_size = args.batch_size or (256 if args.model == "resnet50" else 8)
     torch.cuda.init()
@@ -94,6 +112,8 @@ def main():
           f"{1e3 * np.median(walls):.1f} ms, host enqueue {1e3 * np.median(hosts):.1f} ms, peak "
           f"{ampc.cuda.max_memory_allocated(0) / 2**20:.0f} MiB")
     top_kernels(step, sync)
+    if args.host:
+        host_profile(step, sync)
     if args.torch and args.model == "resnet50":
         step = torch_step(args)
         for _ in range(4):
