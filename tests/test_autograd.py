@@ -259,3 +259,22 @@ def test_relu_and_add_let_go_of_what_their_backward_does_not_read():
     gs, gd = rd * (s > 0), rs * (d > 0)
     np.testing.assert_allclose(p.grad, 3 * (gs + gd), rtol=1e-12)
     np.testing.assert_allclose(q.grad, -2 * (gs - gd).sum(axis=0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.3])
+def test_attention_keeps_no_probabilities_between_the_passes(dropout_p):
+    """The tape keeps q, k and v and dropout's seed, not the (B, H, L, S) probabilities: the backward
+    recomputes them, bit for bit, so the gradients are those of the probabilities the forward used."""
+    rng = np.random.default_rng(12)
+    q, k, v = (ampc.nn.Parameter(rng.standard_normal((2, 3, 5, 4)).astype(np.float32)) for _ in range(3))
+    g = rng.standard_normal((2, 3, 5, 4)).astype(np.float32)
+    ampc.manual_seed(3)
+    out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    saved = out.grad_fn.saved
+    assert saved is None or (isinstance(saved, tuple) and all(isinstance(s, int) for s in saved))
+    out.backward(g)
+    ampc.manual_seed(3)
+    _, probs, state = F._scaled_dot_product_attention_forward(q.data, k.data, v.data, None, dropout_p, True)
+    want = F.scaled_dot_product_attention_backward(g, q.data, k.data, v.data, probs, dropout_p, None, state)
+    for p, w in zip((q, k, v), want):
+        np.testing.assert_array_equal(p.grad, w)

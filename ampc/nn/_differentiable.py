@@ -271,14 +271,16 @@ def _embedding_backward(a, saved, g, needs):
 
 
 def _attention_forward(a):
-    out, probs, state = _attention._forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
-                                            a["is_causal"], a["scale"], a["enable_gqa"])
-    return out, (probs, state)
+    """The output, keeping only dropout's (seed, offset): the probabilities are recomputed."""
+    out, _, state = _attention._forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
+                                        a["is_causal"], a["scale"], a["enable_gqa"])
+    return out, state
 
 
-def _attention_backward(a, saved, g, needs):
-    return _attention.scaled_dot_product_attention_backward(g, a["query"], a["key"], a["value"], saved[0],
-                                                            a["dropout_p"], a["scale"], saved[1])
+def _attention_backward(a, state, g, needs):
+    probs = _attention.probabilities(a["query"], a["key"], a["attn_mask"], a["is_causal"], a["scale"], a["enable_gqa"])
+    return _attention.scaled_dot_product_attention_backward(g, a["query"], a["key"], a["value"], probs,
+                                                            a["dropout_p"], a["scale"], state)
 
 
 def _to_shape_of_input(a, saved, g, needs):
