@@ -182,6 +182,7 @@ def test_autocast_dtypes_on_the_tape():
         logits = F.linear(x, w)
         loss = F.cross_entropy(logits, y)
     assert logits.dtype == ampc.bfloat16 and loss.dtype == F32
+    assert loss.grad_fn.args["input"] is logits.data  # the 16-bit logits kept, not autocast's float32 copy
     loss.backward()
     assert w.grad.dtype == F32
     # the same arithmetic by hand: cross_entropy's gradient (float32, from bfloat16 logits), cast to
