@@ -37,11 +37,34 @@ static int status_of(cudaError_t err)
     }
 }
 
+/* The errors after which the context is unusable: a kernel faulted, and
+ * every later call in the process answers the same error. */
+static int is_sticky(cudaError_t err)
+{
+    switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 int ampc_cuda_fail(cudaError_t err, const char *what)
 {
     (void)cudaGetLastError();  /* a sticky error stays; a plain one is reported once */
-    return ampc_cuda_fail_msg(status_of(err), "%s: %s (%s)", what, cudaGetErrorString(err),
-                              cudaGetErrorName(err));
+    return ampc_cuda_fail_msg(status_of(err), "%s: %s (%s)%s", what, cudaGetErrorString(err), cudaGetErrorName(err),
+                              is_sticky(err) ? "; the CUDA context is unusable from now on (a kernel faulted): "
+                                               "every later GPU call in this process fails the same way, so "
+                                               "restart the process" : "");
 }
 
 int ampc_cuda_launched(const char *what)

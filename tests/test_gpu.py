@@ -237,3 +237,32 @@ def test_synchronize_and_zero_size():
     y = ampc.cast(torch.empty(0, 5, device="cuda"), np.float16)
     assert isinstance(y, torch.Tensor) and tuple(y.shape) == (0, 5)
     ampc.cuda.synchronize()
+
+
+def test_a_faulted_context_is_an_exception_that_says_so():
+    """A kernel that faults (here CuPy's, writing to address 16) leaves the process's CUDA context
+    unusable: ampc's next GPU call raises an error saying so, and the process does not crash. In a
+    process of its own, since the fault is the whole process's."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("cupy")
+    code = """
+import cupy, numpy as np, ampc
+fault = cupy.RawKernel(r'extern "C" __global__ void fault() { *(volatile int *)16 = 1; }', "fault")
+x = ampc._C._to_device(np.ones(8, np.float32), 0)
+fault((1,), (1,), ())
+try:
+    cupy.cuda.runtime.deviceSynchronize()
+except Exception:
+    pass
+try:
+    ampc.cast(x, ampc.float16)
+    ampc.cuda.synchronize(0)
+except Exception as error:
+    print(type(error).__name__, "|", error)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    kind, message = result.stdout.strip().split(" | ", 1)
+    assert kind in ("RuntimeError", "CudaError") and "the CUDA context is unusable" in message, result.stdout
