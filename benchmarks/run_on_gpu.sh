@@ -3,7 +3,7 @@
 # whole test suite with the GPU required, run the kernels under
 # compute-sanitizer, the benchmarks, then the demo's training tables against
 # torch. Logs go to $OUT (or ./out); the summary is printed last.
-# SKIP="tests memcheck" (any of tests, memcheck, benchmarks, ops, demo) leaves
+# SKIP="tests memcheck" (any of tests, memcheck, racecheck, initcheck, benchmarks, ops, demo) leaves
 # steps out, to split the work over calls of 10 minutes; AMPC_CUDA_ARCH=90
 # builds for the H200 alone, three times faster.
 #
@@ -34,12 +34,16 @@ if ! skipped tests; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
-if ! skipped memcheck && command -v compute-sanitizer >/dev/null; then
-    step memcheck
-    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 1 python3 tests/gpu_memcheck.py \
-        >"$OUT/memcheck.log" 2>&1 || status=1
-    tail -3 "$OUT/memcheck.log"
-fi
+# compute-sanitizer's three tools over the kernels' tour (tests/gpu_memcheck.py): out-of-bounds and
+# misaligned accesses, shared-memory races, reads of memory never written.
+for tool in memcheck racecheck initcheck; do
+    if ! skipped "$tool" && command -v compute-sanitizer >/dev/null; then
+        step "$tool"
+        timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 1 python3 tests/gpu_memcheck.py \
+            >"$OUT/$tool.log" 2>&1 || status=1
+        tail -3 "$OUT/$tool.log"
+    fi
+done
 
 if ! skipped benchmarks; then
     step benchmarks
