@@ -21,6 +21,20 @@
 
 #define MAX_CONFIGS 64   /* engine configurations considered */
 #define TIMED_RUNS 3
+/* Plans timed at most, the heuristic's ranking first, as torch's
+ * torch.backends.cudnn.benchmark_limit (10): timing all of up to 64 made a
+ * ResNet-50's first steps take minutes. AMPC_CONV_BENCHMARK_LIMIT=N
+ * changes it (0: every one). */
+#define DEFAULT_BENCHMARK_LIMIT 10
+
+static int benchmark_limit(void)
+{
+    const char *text = getenv("AMPC_CONV_BENCHMARK_LIMIT");
+    if (text == NULL || *text == '\0')
+        return DEFAULT_BENCHMARK_LIMIT;
+    const long n = strtol(text, NULL, 10);
+    return n <= 0 || n > MAX_CONFIGS ? MAX_CONFIGS : (int)n;
+}
 #define UID_X 1
 #define UID_W 2
 #define UID_Y 3
@@ -317,7 +331,8 @@ int ampc_conv_graph_find(cudnnHandle_t handle, void *stream, const conv_key *key
         indices[i] = -1;
     }
     int live[MAX_CONFIGS], nlive = 0;
-    for (int i = 0; i < count && rc == AMPC_OK; i++) {
+    const int limit = benchmark_limit();
+    for (int i = 0; i < count && rc == AMPC_OK && nlive < limit; i++) {
         int allowed = 0;
         if (engine_notes(configs[i], key->dtype, &allowed, &indices[i], &deterministic[i]) != AMPC_OK)
             continue;
