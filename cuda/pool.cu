@@ -168,9 +168,12 @@ __global__ void pool_backward_kernel(ampc_pool pl)
 template <class Launch>
 int with_types(const ampc_pool *p, Launch launch)
 {
-    const int64_t limit = INT32_MAX;
-    const bool narrow = p->planes * p->h * p->w < limit && p->planes * p->p * p->q < limit &&
-                        (p->h + 1) * p->p < limit && (p->w + 1) * p->q < limit;
+    const int64_t limit = INT32_MAX / 2;  /* sums of two of these stay in 32 bits too */
+    bool narrow = p->planes * p->h * p->w < limit && p->planes * p->p * p->q < limit &&
+                  (p->h + 1) * p->p < limit && (p->w + 1) * p->q < limit;
+    for (int axis = 0; axis < 2; axis++)  /* a window's reach, for candidates() */
+        narrow = narrow && p->stride[axis] < limit && p->pad[axis] < limit && p->dilation[axis] < limit &&
+                 p->kernel[axis] < limit && (p->kernel[axis] - 1) * p->dilation[axis] < limit;
     if (p->x.dtype == AMPC_FLOAT64)
         return narrow ? launch(double{}, int32_t{}) : launch(double{}, int64_t{});
     return narrow ? launch(float{}, int32_t{}) : launch(float{}, int64_t{});
