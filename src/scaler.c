@@ -1809,20 +1809,28 @@ static PyObject *Scaler_check_inf_per_device(PyObject *op, PyObject *optimizer)
 /* One method at a time                                                      */
 /* ------------------------------------------------------------------------ */
 
-static void scaler_enter(ScalerObject *self)
+/* 0 with the lock held, or -1 when a signal handler raised while waiting
+ * (Ctrl-C reaches a thread waiting for a long step). */
+static int scaler_enter(ScalerObject *self)
 {
     const unsigned long me = PyThread_get_thread_ident();
     if (self->depth > 0 && self->owner == me) {
         self->depth++;
-        return;
+        return 0;
     }
     if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS  /* the holder may need the GIL to finish */
-        PyThread_acquire_lock(self->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
+        PyLockStatus got;
+        do {
+            Py_BEGIN_ALLOW_THREADS  /* the holder may need the GIL to finish */
+            got = PyThread_acquire_lock_timed(self->lock, 100000, 1);  /* 0.1 s, interruptible */
+            Py_END_ALLOW_THREADS
+            if (got != PY_LOCK_ACQUIRED && PyErr_CheckSignals() < 0)
+                return -1;
+        } while (got != PY_LOCK_ACQUIRED);
     }
     self->owner = me;
     self->depth = 1;
+    return 0;
 }
 
 static void scaler_leave(ScalerObject *self)
@@ -1835,7 +1843,8 @@ static void scaler_leave(ScalerObject *self)
 
 static PyObject *serialised(PyObject *op, PyObject *arg, PyObject *(*method)(PyObject *, PyObject *))
 {
-    scaler_enter(SCALER(op));
+    if (scaler_enter(SCALER(op)) < 0)
+        return NULL;
     PyObject *result = method(op, arg);
     scaler_leave(SCALER(op));
     return result;
@@ -1844,7 +1853,8 @@ static PyObject *serialised(PyObject *op, PyObject *arg, PyObject *(*method)(PyO
 static PyObject *serialised_kw(PyObject *op, PyObject *args, PyObject *kwargs,
                                PyObject *(*method)(PyObject *, PyObject *, PyObject *))
 {
-    scaler_enter(SCALER(op));
+    if (scaler_enter(SCALER(op)) < 0)
+        return NULL;
     PyObject *result = method(op, args, kwargs);
     scaler_leave(SCALER(op));
     return result;
@@ -1884,7 +1894,8 @@ SERIALISED(Scaler_setstate)
 
 static int Scaler_init_serialised(PyObject *op, PyObject *args, PyObject *kwargs)
 {
-    scaler_enter(SCALER(op));
+    if (scaler_enter(SCALER(op)) < 0)
+        return -1;
     const int rc = Scaler_init(op, args, kwargs);
     scaler_leave(SCALER(op));
     return rc;

@@ -288,6 +288,34 @@ def test_a_scaler_runs_one_method_at_a_time():
     assert s.get_scale() == 4.0
 
 
+def test_a_thread_waiting_for_the_scaler_can_be_interrupted():
+    """Ctrl-C reaches a thread waiting for another thread's long step(), then, not after it."""
+    import _thread
+
+    s = cpu_scaler()
+    entered = threading.Event()
+
+    class SlowSGD(SGD):
+        def step(self):
+            entered.set()
+            time.sleep(1.5)
+            super().step()
+
+    opt = SlowSGD([Param(np.zeros(3, np.float32))])
+    opt.param_groups[0]["params"][0].grad = np.ones(3, np.float32)
+    stepping = threading.Thread(target=s.step, args=(opt,))
+    stepping.start()
+    entered.wait()
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    began = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        s.update()
+    assert time.perf_counter() - began < 1.0  # interrupted while waiting, not once the step ended
+    stepping.join()
+    s.update()
+    assert opt.steps == 1
+
+
 def test_a_scaler_shared_by_threads_stays_sound():
     """Threads sharing one scaler (each with its own optimizer) while its kernels release the GIL:
     every call either works or raises torch's state error; the gradients each thread unscales come
