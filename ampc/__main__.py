@@ -25,7 +25,8 @@ def main(argv=None):
     demo.add_argument("--channels-last", action="store_true", help="resnet50: NHWC images and weights (both libraries)")
     demo.add_argument("--compare-torch", action="store_true", help="add torch's AMP rows, measured in this run")
     demo.add_argument("--distributed", action="store_true",
-                      help="under mpirun -n N: the MLP data-parallel over MPI, the ranks' agreement and speed-up")
+                      help="under mpirun -n N (MPI, the CPU) or torchrun --nproc_per_node=N (NCCL on the GPUs): "
+                           "the MLP data-parallel, the ranks' agreement and speed-up")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--plot", metavar="FILE", help="mlp: save a PNG of loss and loss scale against the step")
     args = parser.parse_args(argv)

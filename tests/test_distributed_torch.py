@@ -99,3 +99,29 @@ def test_one_gpu_nccl():
         assert np.isfinite(float(loss))
     finally:
         dist.destroy_process_group()
+
+
+def torchrun_demo(ranks, *extra):
+    """python -m ampc demo --distributed under torchrun (standalone: its own rendezvous)."""
+    root = os.path.dirname(os.path.dirname(ampc.__file__))
+    env = dict(os.environ, AMPC_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NCCL_NVLS_ENABLE="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+                          "-m", "ampc", "demo", "--distributed", "--epochs", "1", *extra],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r[0].strip() for r in rows] == ["rank"] + [str(r) for r in range(ranks)], run.stdout
+    assert {tuple(c.strip() for c in r[1:]) for r in rows[1:]} == {tuple(c.strip() for c in rows[1][1:])}
+    assert rows[1][2].strip() == "1"  # the one injected overflow, skipped on every rank
+    assert "ranks agree: yes" in run.stdout
+    return run.stdout
+
+
+def test_the_distributed_demo_under_torchrun_on_the_cpu():
+    assert "over gloo" in torchrun_demo(2, "--device", "cpu")
+
+
+@pytest.mark.gpu
+def test_the_distributed_demo_under_torchrun_on_a_gpu():
+    assert "over NCCL" in torchrun_demo(1)
