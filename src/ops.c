@@ -138,8 +138,13 @@ int ampc_op_dense(ampc_op_args *a, ampc_view *v)
 {
     if (ampc_layout_is_c_contiguous(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype)))
         return 0;
+    return ampc_op_relayout(a, v, NULL);
+}
+
+int ampc_op_relayout(ampc_op_args *a, ampc_view *v, const int64_t *strides)
+{
     ampc_view copy;
-    PyObject *obj = ampc_array_empty(a->st, v->device, v->dtype, v->ndim, v->shape, NULL, &copy);
+    PyObject *obj = ampc_array_empty(a->st, v->device, v->dtype, v->ndim, v->shape, strides, &copy);
     if (obj == NULL || ampc_op_keep(a, obj) < 0)
         return -1;
     if ((AMPC_DTYPE_IS_FLOAT(v->dtype) ? ampc_cast_views(a->st, &copy, v, 1) : copy_bits(a, &copy, v)) < 0)
@@ -154,7 +159,13 @@ int ampc_op_dense(ampc_op_args *a, ampc_view *v)
 
 PyObject *ampc_op_output(ampc_op_args *a, ampc_dtype dtype, int ndim, const int64_t *shape, ampc_view *out)
 {
-    PyObject *obj = ampc_array_empty(a->st, a->device, dtype, ndim, shape, NULL, out);
+    return ampc_op_output_strided(a, dtype, ndim, shape, NULL, out);
+}
+
+PyObject *ampc_op_output_strided(ampc_op_args *a, ampc_dtype dtype, int ndim, const int64_t *shape,
+                                 const int64_t *strides, ampc_view *out)
+{
+    PyObject *obj = ampc_array_empty(a->st, a->device, dtype, ndim, shape, strides, out);
     if (obj == NULL)
         return NULL;
     if (ampc_op_keep(a, obj) < 0)
@@ -427,9 +438,9 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
     const int follow = ew_layout_source(&e, in);
     if (follow >= 0)
         ampc_layout_korder_strides(e.ndim, e.shape, in[follow]->strides, ampc_dtype_size(e.out.dtype), out_strides);
-    PyObject *out_obj = follow >= 0 ? ampc_array_empty(st, a.device, e.out.dtype, e.ndim, e.shape, out_strides, &out)
-                                    : ampc_op_output(&a, e.out.dtype, e.ndim, e.shape, &out);
-    if (out_obj == NULL || (follow >= 0 && ampc_op_keep(&a, out_obj) < 0))
+    PyObject *out_obj = ampc_op_output_strided(&a, e.out.dtype, e.ndim, e.shape, follow >= 0 ? out_strides : NULL,
+                                               &out);
+    if (out_obj == NULL)
         goto done;
     if (follow >= 0)
         ew_in_memory_order(&e, out_strides);

@@ -40,8 +40,14 @@ ampc_view *ampc_op_arg(ampc_op_args *a, PyObject *obj, const char *name, int kin
 int ampc_op_keep(ampc_op_args *a, PyObject *obj);
 /* Make v C-contiguous (a copy in ampc's memory when it is not). */
 int ampc_op_dense(ampc_op_args *a, ampc_view *v);
+/* Make v a copy of itself laid out with these byte strides (NULL: C
+ * order), in ampc's memory on v's device, kept by `a`. */
+int ampc_op_relayout(ampc_op_args *a, ampc_view *v, const int64_t *strides);
 /* A new C-order output on the arguments' device (borrowed; kept by `a`). */
 PyObject *ampc_op_output(ampc_op_args *a, ampc_dtype dtype, int ndim, const int64_t *shape, ampc_view *out);
+/* The same laid out with these byte strides (NULL: C order). */
+PyObject *ampc_op_output_strided(ampc_op_args *a, ampc_dtype dtype, int ndim, const int64_t *shape,
+                                 const int64_t *strides, ampc_view *out);
 /* A new reference to an output, as the caller's array type. */
 PyObject *ampc_op_result(ampc_op_args *a, PyObject *out);
 /* GPU: the stream to run on, after every argument's stream; and after the

@@ -68,14 +68,7 @@ static int make_channels_last(ampc_op_args *a, ampc_view *v)
     dense_strides(v->shape, 1, strides);
     for (int d = 0; d < 4; d++)
         strides[d] *= ampc_dtype_size(v->dtype);
-    ampc_view copy;
-    PyObject *obj = ampc_array_empty(a->st, v->device, v->dtype, 4, v->shape, strides, &copy);
-    if (obj == NULL || ampc_op_keep(a, obj) < 0 || ampc_cast_views(a->st, &copy, v, 1) < 0)
-        return -1;
-    v->data = copy.data;
-    memcpy(v->strides, copy.strides, sizeof v->strides[0] * 4);
-    v->stream = copy.stream;
-    return 0;
+    return ampc_op_relayout(a, v, strides);
 }
 
 /* cuDNN's legacy convolutions want one layout for every operand (a filter
@@ -112,10 +105,7 @@ static PyObject *output_like(ampc_op_args *a, ampc_dtype dtype, const int64_t *s
         const int64_t size = ampc_dtype_size(dtype);
         const int64_t strides[4] = {shape[1] * shape[2] * shape[3] * size, size, shape[3] * shape[1] * size,
                                     shape[1] * size};
-        PyObject *obj = ampc_array_empty(a->st, a->device, dtype, 4, shape, strides, out);
-        if (obj == NULL || ampc_op_keep(a, obj) < 0)
-            return NULL;
-        return obj;
+        return ampc_op_output_strided(a, dtype, 4, shape, strides, out);
     }
     return ampc_op_output(a, dtype, 4, shape, out);
 }
