@@ -17,7 +17,7 @@ import math
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
-from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, numel as _numel, shape_of as _shape_of
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, numel as _numel
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -223,7 +223,7 @@ def _normalized_size(op, input, normalized_shape):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
     normalized_shape = tuple(int(s) for s in normalized_shape)
-    shape = _shape_of(input, op)
+    shape = tuple(input.shape)
     if len(normalized_shape) == 0 or shape[len(shape) - len(normalized_shape):] != normalized_shape:
         raise ValueError(f"{op}: Given normalized_shape={list(normalized_shape)}, expected input with shape "
                          f"[*, {', '.join(str(s) for s in normalized_shape)}], but got input of size {list(shape)}")
@@ -378,7 +378,7 @@ def _legacy_reduction(size_average, reduce, reduction):
 
 def _pointwise_loss(name, op, input, target, reduction):
     _check_reduction(name, reduction)
-    if _shape_of(input, name) != _shape_of(target, name, "target"):
+    if tuple(input.shape) != tuple(target.shape):
         raise ValueError(f"{name}: target has shape {tuple(target.shape)} but input has shape "
                          f"{tuple(input.shape)}; give them the same shape")
     dtype = _promote(_dtype(input), _dtype(target))
@@ -471,7 +471,7 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001 - torch's 
 
 def mean(input, dim=None, keepdim=False, *, dtype=None):
     dims = _dims(dim)
-    shape = _shape_of(input, "mean")
+    shape = tuple(input.shape)
     count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
     return _C._sum(input, dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype)
 
