@@ -34,15 +34,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 class Rng(np.random.Generator):
-    """numpy's Generator whose repr names the seed, so a failure says how to rerun it
-    (AMPC_TEST_SEED=<seed>)."""
+    """numpy's Generator whose repr says how to draw its data again, so a failure does."""
 
     def __init__(self, seed):
         super().__init__(np.random.PCG64(seed))
         self.seed = seed
 
     def __repr__(self):
-        return f"Rng(seed={self.seed})"
+        return f"Rng(seed={self.seed}: AMPC_TEST_SEED={SESSION_SEED} draws it again)"
 
 
 # The session's seed, printed after the results: AMPC_TEST_SEED=<it> draws the same data again.
@@ -81,9 +80,8 @@ def autocast_left_as_found():
 
 
 @pytest.fixture
-def rng():
-    seed = int(os.environ.get("AMPC_TEST_SEED", np.random.SeedSequence().entropy % 2**32))
-    return Rng(seed)
+def rng(test_seed):
+    return Rng(test_seed)
 
 
 @pytest.fixture(params=_C._cpu_isas())
