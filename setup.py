@@ -13,6 +13,7 @@ Environment knobs:
                    CPU suite on such a build)
 """
 
+import concurrent.futures
 import glob
 import os
 import platform
@@ -120,6 +121,11 @@ def gencode_flags():
 class BuildExt(build_ext):
     """Compiles .cu sources with nvcc; everything else goes through setuptools as usual."""
 
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:  # the C sources too, one a core (pip install passes no -j)
+            self.parallel = os.cpu_count() or 1
+
     def run(self):
         if not any(ext.name == "ampc._cuda" for ext in self.extensions):
             # An ampc._cuda left by an earlier build of this tree must not ship (the source tree's
@@ -134,7 +140,10 @@ class BuildExt(build_ext):
         cu = [s for s in ext.sources if s.endswith(".cu")]
         if cu:
             ext.sources = [s for s in ext.sources if not s.endswith(".cu")]
-            ext.extra_objects = list(ext.extra_objects) + [self.nvcc(src, ext) for src in cu]
+            # nvcc takes most of the build and compiles one file on one core: run the files at once.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                objects = list(pool.map(lambda src: self.nvcc(src, ext), cu))
+            ext.extra_objects = list(ext.extra_objects) + objects
         super().build_extension(ext)
 
     def nvcc(self, src, ext):
