@@ -278,6 +278,47 @@ def test_pools_keep_channels_last(shape, dtype):
             assert torch.equal(got, want)
 
 
+POOL_VARIANTS = {
+    "max dilated ceil": (lambda a: F.max_pool2d(a, (3, 2), (2, 1), (1, 0), (2, 1), True, return_indices=True),
+                         lambda dy, a, i: F.max_pool2d_backward(dy, a, i, (3, 2), (2, 1), (1, 0), (2, 1), True)),
+    "avg padding counted": (lambda a: (F.avg_pool2d(a, 3, 2, 1), None),
+                            lambda dy, a, i: F.avg_pool2d_backward(dy, a, 3, 2, 1)),
+    "avg ceil divisor": (lambda a: (F.avg_pool2d(a, 3, 2, 1, ceil_mode=True, divisor_override=5), None),
+                         lambda dy, a, i: F.avg_pool2d_backward(dy, a, 3, 2, 1, ceil_mode=True, divisor_override=5)),
+    "adaptive": (lambda a: (F.adaptive_avg_pool2d(a, (4, 3)), None),
+                 lambda dy, a, i: F.adaptive_avg_pool2d_backward(dy, a)),
+}
+
+
+def same_bits(a, b):
+    """Equal bit for bit, NaN included (torch.equal calls NaN unequal)."""
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.shape == b.shape and torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("channels", [8, 12, 16])
+@pytest.mark.parametrize("variant", POOL_VARIANTS)
+def test_channels_last_pools_match_nchw_bits(variant, channels, dtype):
+    """Channels in whole 16-byte packs take a thread per pack of channels (12 float32 channels do, 12
+    16-bit ones do not): the NCHW kernels' windows in their order, so their bits, with NaN (the first in
+    a window is the maximum) and -inf in the data, dilation, ceil mode, counted padding and a divisor."""
+    forward, backward = POOL_VARIANTS[variant]
+    cl = torch.channels_last
+    x = randn(3, channels, 9, 11, dtype=dtype)
+    x[0, 1, 2, 3] = x[0, 1, 2, 5] = float("nan")
+    x[1, 5, 4:7, 4:6] = float("nan")
+    x[2, :, :2, :2] = float("-inf")
+    y, idx = forward(x)
+    y_cl, idx_cl = forward(x.to(memory_format=cl))
+    assert y_cl.is_contiguous(memory_format=cl) and same_bits(y_cl, y)
+    if idx is not None:
+        assert idx_cl.is_contiguous(memory_format=cl) and torch.equal(idx_cl, idx)
+    dy = randn(*y.shape, dtype=dtype)
+    got = backward(dy.to(memory_format=cl), x.to(memory_format=cl), idx_cl)
+    assert got.is_contiguous(memory_format=cl) and same_bits(got, backward(dy, x, idx))
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("case", [CONVS[0], CONVS[2], CONVS[5]], ids=str)
 def test_conv2d_mixed_layouts(case, dtype):
