@@ -10,12 +10,14 @@
  * pairs run fp_formats.h itself, which rounds float64 straight to 16 bits
  * (through float32 would round twice).
  *
- * Two kernels:
+ * Three kernels:
  *   - contiguous: each thread converts 8 elements with 16-byte loads and
  *     stores; a few scalar threads cover the unaligned head and the tail.
  *     This is the path every dense array takes, since ampc_loop_init merges
  *     dense layouts into one run. It is memory-bound: 6 bytes per element for
  *     float32 -> float16, against the device's copy bandwidth.
+ *   - strided rows: a strided layout whose innermost dimension is dense
+ *     and whole 16-byte vectors long takes a thread per vector of it;
  *   - strided: one thread per element, index decomposed over up to
  *     AMPC_MAX_NDIM dimensions; for views that no merging can make dense.
  * Indices are 64-bit throughout: arrays of more than 2^31 elements are fine.
@@ -150,6 +152,28 @@ template <class T> struct alignas(16) Vec { T v[VEC]; };
 
 constexpr int BLOCK = 256;
 
+/* One vector: the fast conversion, or the exact one where a NaN needs it. */
+template <class D, class S>
+__device__ __forceinline__ Vec<typename D::bits> convert_vec(const Vec<typename S::bits> &in)
+{
+    Vec<typename D::bits> out;
+#pragma unroll
+    for (int k = 0; k < VEC; k += 2)
+        Convert<D, S>::fast2(in.v[k], in.v[k + 1], out.v[k], out.v[k + 1]);
+    if (Convert<D, S>::fix_nan) {
+        bool any_nan = false;
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            any_nan |= is_nan(S(), in.v[k]);
+        if (any_nan) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++)
+                out.v[k] = Convert<D, S>::exact(in.v[k]);
+        }
+    }
+    return out;
+}
+
 /* Threads [0, nvec) convert vector k = elements head + 8k ...; the next
  * `head` threads the elements before it, the rest the tail after it. */
 template <class D, class S>
@@ -160,23 +184,8 @@ __global__ void cast_contiguous_kernel(typename D::bits *__restrict__ dst,
     const int64_t t = (int64_t)blockIdx.x * BLOCK + threadIdx.x;
     if (t < nvec) {
         const int64_t base = head + t * VEC;
-        const Vec<typename S::bits> in = *reinterpret_cast<const Vec<typename S::bits> *>(src + base);
-        Vec<typename D::bits> out;
-#pragma unroll
-        for (int k = 0; k < VEC; k += 2)
-            Convert<D, S>::fast2(in.v[k], in.v[k + 1], out.v[k], out.v[k + 1]);
-        if (Convert<D, S>::fix_nan) {
-            bool any_nan = false;
-#pragma unroll
-            for (int k = 0; k < VEC; k++)
-                any_nan |= is_nan(S(), in.v[k]);
-            if (any_nan) {
-#pragma unroll
-                for (int k = 0; k < VEC; k++)
-                    out.v[k] = Convert<D, S>::exact(in.v[k]);
-            }
-        }
-        *reinterpret_cast<Vec<typename D::bits> *>(dst + base) = out;
+        *reinterpret_cast<Vec<typename D::bits> *>(dst + base) =
+            convert_vec<D, S>(*reinterpret_cast<const Vec<typename S::bits> *>(src + base));
         return;
     }
     int64_t i = t - nvec;  /* a scalar thread */
@@ -198,6 +207,38 @@ __global__ void cast_strided_kernel(char *dst, const char *src, int64_t n, const
         const typename D::bits y = Convert<D, S>::exact(x);
         memcpy(dst + dst_off, &y, sizeof y);
     }
+}
+
+/* A strided layout whose innermost dimension is dense in both operands and
+ * whole vectors long, every vector on a 16-byte boundary (attention's
+ * heads moved between (B, H, T, D) and (B, T, H, D), a channels-last
+ * relayout): a thread per vector, the outer offsets worked out once for 8
+ * elements instead of once for each. */
+template <class D, class S>
+__global__ void cast_strided_rows_kernel(char *dst, const char *src, int64_t nvec, const StridedLayout layout)
+{
+    for (int64_t t = (int64_t)blockIdx.x * BLOCK + threadIdx.x; t < nvec; t += (int64_t)gridDim.x * BLOCK) {
+        int64_t dst_off, src_off;
+        strided_offsets(layout, t * VEC, dst_off, src_off);
+        *reinterpret_cast<Vec<typename D::bits> *>(dst + dst_off) =
+            convert_vec<D, S>(*reinterpret_cast<const Vec<typename S::bits> *>(src + src_off));
+    }
+}
+
+/* Whether loop (two operands: dst of dsize-byte elements, src of ssize)
+ * takes cast_strided_rows_kernel. */
+bool strided_rows(const ampc_loop *loop, int64_t dsize, int64_t ssize)
+{
+    const int inner = loop->ndim - 1;
+    if (inner < 0 || loop->strides[0][inner] != dsize || loop->strides[1][inner] != ssize ||
+        loop->shape[inner] % VEC != 0)
+        return false;
+    if ((uintptr_t)loop->data[0] % 16 != 0 || (uintptr_t)loop->data[1] % 16 != 0)
+        return false;
+    for (int d = 0; d < inner; d++)
+        if (loop->strides[0][d] % 16 != 0 || loop->strides[1][d] % 16 != 0)
+            return false;
+    return true;
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -232,6 +273,10 @@ int launch(const ampc_loop *loop, cudaStream_t stream)
         const int64_t threads = nvec + (n - nvec * VEC);
         cast_contiguous_kernel<D, S><<<(unsigned)ceil_div(threads, BLOCK), BLOCK, 0, stream>>>(
             dst, src, n, head, nvec);
+    }
+    else if (strided_rows(loop, sizeof(DT), sizeof(ST))) {
+        cast_strided_rows_kernel<D, S><<<strided_blocks(n / VEC, BLOCK), BLOCK, 0, stream>>>(
+            loop->data[0], loop->data[1], n / VEC, strided_layout(loop));
     }
     else {
         cast_strided_kernel<D, S><<<strided_blocks(n, BLOCK), BLOCK, 0, stream>>>(

@@ -82,6 +82,24 @@ def test_layouts(rng):
     assert y.stride() == t.permute(2, 0, 1).stride()  # keeps the input's order: one contiguous pass
 
 
+@pytest.mark.parametrize("src,dst", PAIRS, ids=PAIR_IDS)
+def test_strided_rows_bits_equal_the_cpu(src, dst, rng):
+    """A strided copy whose innermost dimension is dense and whole 16-byte vectors long (attention
+    heads between (B, H, T, D) and (B, T, H, D)) takes a thread per vector; rows of 12, and rows off a
+    16-byte boundary, take the element kernel: the bits of the CPU's cast, NaN and subnormals included,
+    every element of the output written and nothing else."""
+    for rows, offset in ((16, 0), (64, 0), (12, 0), (16, 1)):
+        x = samples(src, rng, 2 * 3 * 5 * rows + offset)[offset:].reshape(2, 3, 5, rows)
+        t = to_torch(samples(src, rng, x.size + offset))[offset:]  # a misaligned base where offset > 0
+        t.copy_(to_torch(x).reshape(-1))
+        heads = t.reshape(2, 3, 5, rows).permute(0, 2, 1, 3)  # (2, 5, 3, rows): the inner rows stay dense
+        out = torch.full((2, 5, 3, rows + 16), float("nan"), device="cuda", dtype=TORCH_DTYPES[np.dtype(dst)])
+        view = out[..., 8:8 + rows]  # on 16-byte boundaries; the poison either side of each row must survive
+        assert ampc.cast(heads, out=view) is view
+        assert_bits_equal(from_torch(view), ref.cast(x.transpose(0, 2, 1, 3).copy(), dst))
+        assert out[..., :8].isnan().all() and out[..., 8 + rows:].isnan().all()
+
+
 def test_cupy_in_cupy_out(rng):
     cupy = pytest.importorskip("cupy")
     x = rng.standard_normal(1001).astype(np.float32)
