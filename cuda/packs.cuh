@@ -120,11 +120,13 @@ struct CachedRow {
     static constexpr int VEC = Pack<T>::VEC;
     Pack<T> p[NV];
 
-    __device__ __forceinline__ void load(const T *row, int64_t packs, int lane)
+    /* The lane's packs, those wholly from element live on left unread (a
+     * causal row's masked end, which each() and cached_map() never read). */
+    __device__ __forceinline__ void load(const T *row, int64_t packs, int lane, int64_t live = INT64_MAX)
     {
 #pragma unroll
         for (int k = 0; k < NV; k++)
-            if (lane + (int64_t)k * G < packs)
+            if (lane + (int64_t)k * G < packs && (lane + (int64_t)k * G) * VEC < live)
                 p[k].load(row + (lane + (int64_t)k * G) * VEC);
     }
 
@@ -166,11 +168,27 @@ __device__ __forceinline__ void cached_each2(const CachedRow<T, G, NV> &a, const
         }
 }
 
+/* N values rounded to O and stored at p with one access (N * sizeof(O)
+ * bytes, at most 16, on a boundary of that size). */
+template <class O, int N>
+__device__ __forceinline__ void store_rounded(O *p, const float (&v)[N])
+{
+    struct alignas(N * sizeof(O)) Values {
+        O e[N];
+    } out;
+    static_assert(sizeof(Values) <= 16, "one access");
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        out.e[i] = from_float<O>(v[i]);
+    *reinterpret_cast<Values *>(p) = out;
+}
+
 /* out[j] = fn(j, a[j], b[j]) over the lane's elements of two cached rows
- * (b may be a: a single-row map), stored a pack at a time; `dead` from
+ * (b may be a: a single-row map), stored a pack at a time in out's type O
+ * (T's, or 16 bits from float32: attention's probabilities); `dead` from
  * element live on (a causal mask). */
-template <class T, int G, int NV, class Fn>
-__device__ __forceinline__ void cached_map(const CachedRow<T, G, NV> &a, const CachedRow<T, G, NV> &b, T *out,
+template <class T, class O, int G, int NV, class Fn>
+__device__ __forceinline__ void cached_map(const CachedRow<T, G, NV> &a, const CachedRow<T, G, NV> &b, O *out,
                                            int64_t packs, int lane, Fn fn, int64_t live = INT64_MAX,
                                            float dead = 0.0f)
 {
@@ -179,18 +197,18 @@ __device__ __forceinline__ void cached_map(const CachedRow<T, G, NV> &a, const C
     for (int k = 0; k < NV; k++)
         if (lane + (int64_t)k * G < packs) {
             const int64_t j0 = (lane + (int64_t)k * G) * VEC;
-            Pack<T> o;
+            float o[VEC];
             if (j0 + VEC <= live) {
 #pragma unroll
                 for (int i = 0; i < VEC; i++)
-                    o.set(i, fn(j0 + i, a.p[k][i], b.p[k][i]));
+                    o[i] = fn(j0 + i, a.p[k][i], b.p[k][i]);
             }
             else {
 #pragma unroll
                 for (int i = 0; i < VEC; i++)
-                    o.set(i, j0 + i < live ? fn(j0 + i, a.p[k][i], b.p[k][i]) : dead);
+                    o[i] = j0 + i < live ? fn(j0 + i, a.p[k][i], b.p[k][i]) : dead;
             }
-            o.store(out + j0);
+            store_rounded<O, VEC>(out + j0, o);
         }
 }
 

@@ -77,24 +77,38 @@ __global__ void __launch_bounds__(BLOCK) softmax_cached(ampc_softmax s)
     const int lane = Group::lane();
     for (int64_t first = Group::block_first(); first < rows; first += Group::step()) {
         const int64_t row = first + Group::in_block(), packs = row < rows ? n / vec_of<T>() : 0;
-        CachedRow<T, G, NV> x;
-        x.load(static_cast<const T *>(s.x.data) + row * n, packs, lane);
         const int64_t live = ampc_softmax_live(&s, row);
+        CachedRow<T, G, NV> x;
+        x.load(static_cast<const T *>(s.x.data) + row * n, packs, lane, live);
         float m = -INFINITY;
         x.each(packs, lane, [&](int64_t, float v) { m = nan_max(m, v); }, live);
         const float M = Group::max(m, scratch);
         float e = 0.0f;
         x.each(packs, lane, [&](int64_t, float v) { e += m_exp(v - M); }, live);
         const float S = Group::sum(e, scratch);
-        T *y = static_cast<T *>(s.y.data) + row * n;
-        if (s.log) {
-            const float shift = M + m_log(S);
-            cached_map(x, x, y, packs, lane, [&](int64_t, float v, float) { return v - shift; }, live, -INFINITY);
+        auto write = [&](auto *y) {
+            if (s.log) {
+                const float shift = M + m_log(S);
+                cached_map(x, x, y + row * n, packs, lane, [&](int64_t, float v, float) { return v - shift; }, live,
+                           -INFINITY);
+            }
+            else {
+                const float inv = 1.0f / S;
+                cached_map(x, x, y + row * n, packs, lane, [&](int64_t, float v, float) { return m_exp(v - M) * inv; },
+                           live);
+            }
+        };
+        if constexpr (std::is_same<T, float>::value) {  /* float32 scores to 16-bit probabilities */
+            if (s.y.dtype == AMPC_FLOAT16) {
+                write(static_cast<__half *>(s.y.data));
+                continue;
+            }
+            if (s.y.dtype == AMPC_BFLOAT16) {
+                write(static_cast<__nv_bfloat16 *>(s.y.data));
+                continue;
+            }
         }
-        else {
-            const float inv = 1.0f / S;
-            cached_map(x, x, y, packs, lane, [&](int64_t, float v, float) { return m_exp(v - M) * inv; }, live);
-        }
+        write(static_cast<T *>(s.y.data));
     }
 }
 
@@ -168,10 +182,24 @@ __global__ void __launch_bounds__(BLOCK) softmax_backward_streamed(ampc_softmax_
     }
 }
 
+/* float32 scores rounded to 16-bit probabilities (attention's), rows a
+ * cached tier holds: softmax_cached<float> writes the 16-bit output. */
+int softmax_rounding_fast(const ampc_softmax *s, cudaStream_t stream)
+{
+    if (s->x.dtype != AMPC_FLOAT32 || (s->y.dtype != AMPC_FLOAT16 && s->y.dtype != AMPC_BFLOAT16) ||
+        s->rows.inner != 1 || !packs_fit(AMPC_FLOAT32, s->rows.n, s->x.data, s->y.data))
+        return NOT_FAST;
+    const int tier = cached_tier(s->rows.n, vec_of<float>());
+    if (tier < 0)
+        return NOT_FAST;
+    AMPC_LAUNCH_CACHED(softmax_cached, float, tier, tier_grid(s->rows.outer, tier), stream, *s);
+    return ampc_cuda_launched("softmax kernel");
+}
+
 int softmax_fast(const ampc_softmax *s, cudaStream_t stream)
 {
     if (s->x.dtype != s->y.dtype)
-        return NOT_FAST;
+        return softmax_rounding_fast(s, stream);
     const void *ptrs[2] = {s->x.data, s->y.data};
     return with_storage(s->x.dtype, [&](auto type) {
         using T = decltype(type);

@@ -2,6 +2,8 @@
 mask for one seed), group_norm and scaled_dot_product_attention against torch and float64
 references, causal softmax, the dtypes torch's CUDA autocast gives them, bad input."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -117,6 +119,25 @@ def test_sdpa(L, S, E, causal, dtype):
     want = autograd(fn, [q, k, v], g)
     for name, a, b in zip("qkv", got, want):
         close(a, b, dtype, rtol=8 * rtol, scale=b.abs().max().item(), what=f"grad_{name}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L,S", [(40, 64), (6, 1024), (3, 5000), (5, 70)], ids=str)
+def test_attention_probabilities_round_once_from_float32_scores(L, S, causal, dtype):
+    """The float32 scores' softmax rounded once to the 16-bit probabilities (a warp's registers hold a
+    row of 64 or 1024, a block's 5000; 70 is no whole number of 16-byte packs), a causal row's masked
+    end exactly zero whether or not it was read."""
+    from ampc.nn import _attention
+
+    q, k = randn(2, 3, L, 32, dtype=dtype), randn(2, 3, S, 32, dtype=dtype)
+    got = _attention.probabilities(q, k, is_causal=causal)
+    scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(32)
+    if causal:
+        scores = scores.masked_fill(~torch.ones(L, S, device="cuda", dtype=torch.bool).tril(), -math.inf)
+    close(got, torch.softmax(scores, -1), dtype, rtol=RTOL[dtype], scale=0.0, what="probabilities")
+    if causal:
+        assert torch.equal(got.triu(1), torch.zeros_like(got))
 
 
 def test_sdpa_mask_and_autocast():
