@@ -89,8 +89,10 @@ def test_strided_rows_bits_equal_the_cpu(src, dst, rng):
     16-byte boundary, take the element kernel: the bits of the CPU's cast, NaN and subnormals included,
     every element of the output written and nothing else."""
     for rows, offset in ((16, 0), (64, 0), (12, 0), (16, 1)):
-        x = samples(src, rng, 2 * 3 * 5 * rows + offset)[offset:].reshape(2, 3, 5, rows)
-        t = to_torch(samples(src, rng, x.size + offset))[offset:]  # a misaligned base where offset > 0
+        size = 2 * 3 * 5 * rows
+        pool = samples(src, rng, size)  # the special values first, then the rest shuffled in
+        x = np.concatenate([pool[:32], rng.permutation(pool[32:])])[:size].reshape(2, 3, 5, rows)
+        t = to_torch(np.zeros(size + offset, dtype=src))[offset:]  # a misaligned base where offset > 0
         t.copy_(to_torch(x).reshape(-1))
         heads = t.reshape(2, 3, 5, rows).permute(0, 2, 1, 3)  # (2, 5, 3, rows): the inner rows stay dense
         out = torch.full((2, 5, 3, rows + 16), float("nan"), device="cuda", dtype=TORCH_DTYPES[np.dtype(dst)])
