@@ -154,6 +154,30 @@ for dt in DTYPES:
             stats = [torch.randn(c, device="cuda", dtype=acc) for _ in range(2)]
             y, sm, sr = F._batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
             F.batch_norm_backward(y, x, stats[0], training=True, save_mean=sm, save_rstd=sr)
+# Pools, NCHW and channels-last (a thread per 16-byte pack of channels where they come whole:
+# 8, 16 and 24 in 16 bits, 12 in float32; 12 16-bit channels take the element kernels), forward
+# and backward; relayouts of attention heads (the strided-rows cast); float32 scores to 16-bit
+# probabilities, causal, at the warp, block and generic row lengths.
+from ampc.nn import _attention  # noqa: E402
+
+for dt in DTYPES:
+    for c in (8, 12, 16, 24):
+        for layout in (torch.contiguous_format, torch.channels_last):
+            x = torch.randn(2, c, 9, 11, device="cuda", dtype=dt).contiguous(memory_format=layout)
+            y, idx = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+            F.max_pool2d_backward(torch.randn_like(y), x, idx, 3, 2, 1)
+            y = F.avg_pool2d(x, (3, 2), 2, 1, ceil_mode=True, count_include_pad=False)
+            F.avg_pool2d_backward(torch.randn_like(y), x, (3, 2), 2, 1, ceil_mode=True, count_include_pad=False)
+            y = F.adaptive_avg_pool2d(x, (4, 3))
+            F.adaptive_avg_pool2d_backward(torch.randn_like(y), x)
+    heads = torch.randn(2, 5, 3, 64, device="cuda", dtype=dt).transpose(1, 2)
+    for out_dt in DTYPES:
+        ampc.cast(heads, out=torch.empty(2, 3, 5, 64, device="cuda", dtype=out_dt))
+for dt in (torch.float16, torch.bfloat16):
+    for s_len in (64, 1024, 5000, 70):
+        q, k = torch.randn(1, 2, 3, 32, device="cuda", dtype=dt), torch.randn(1, 2, s_len, 32, device="cuda", dtype=dt)
+        for causal in (False, True):
+            _attention.probabilities(q, k, is_causal=causal)
 torch.cuda.synchronize()
 print("layer ops done", flush=True)
 # Convolutions: the first call of each shape times cuDNN's legacy algorithms and graph API engines
