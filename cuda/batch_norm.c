@@ -2,9 +2,10 @@
  * batch_norm.c: ampc_batch_norm and ampc_batch_norm_backward (ops.h) on
  * cuDNN's batch normalisation, per channel ("spatial"): float32 statistics,
  * weights and running averages for float32 and 16-bit data, float64 for
- * float64. Channels-last training takes ampc's kernels (batch_norm_nhwc.cu)
- * where its channels come in whole 16-byte packs, else cuDNN's persistent
- * mode.
+ * float64. Training takes ampc's kernels (batch_norm_kernels.cu) where
+ * they serve the layout: channels-last in whole 16-byte packs of channels,
+ * dense NCHW planes of 16 elements or more; the rest takes cuDNN (its
+ * persistent mode for channels-last).
  *
  * cuDNN wants every per-channel operand: an absent weight is ones, an
  * absent bias zeros, a gradient nobody asked for a scratch buffer, all from
@@ -14,11 +15,13 @@
 
 #include <string.h>
 
-/* Defined in elementwise.cu and batch_norm_nhwc.cu (channels-last training,
- * or AMPC_NOT_TAKEN). */
+/* Defined in elementwise.cu and batch_norm_kernels.cu (training over
+ * channels-last data or NCHW planes, or AMPC_NOT_TAKEN). */
 int ampc_cuda_elementwise(int device, void *stream, const ampc_ew *e);
 int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_batch_norm *b);
 int ampc_cuda_batch_norm_nhwc_backward(int device, void *stream, const ampc_batch_norm_backward *b);
+int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_batch_norm *b);
+int ampc_cuda_batch_norm_planes_backward(int device, void *stream, const ampc_batch_norm_backward *b);
 
 /* cuDNN's scaling factors: double for double data, float otherwise. */
 typedef struct {
@@ -210,9 +213,11 @@ int ampc_cuda_batch_norm(int device, void *stream, const ampc_batch_norm *b)
 {
     if (b->n * b->c * b->h * b->w == 0)
         return AMPC_OK;
-    const int nhwc = ampc_cuda_batch_norm_nhwc(device, stream, b);
-    if (nhwc != AMPC_NOT_TAKEN)
-        return nhwc;
+    int own = ampc_cuda_batch_norm_nhwc(device, stream, b);
+    if (own == AMPC_NOT_TAKEN)
+        own = ampc_cuda_batch_norm_planes(device, stream, b);
+    if (own != AMPC_NOT_TAKEN)
+        return own;
     WITH_DNN(device, stream, forward_descs(handle, device, stream, b));
 }
 
@@ -220,8 +225,10 @@ int ampc_cuda_batch_norm_backward(int device, void *stream, const ampc_batch_nor
 {
     if (b->n * b->c * b->h * b->w == 0)
         return AMPC_OK;
-    const int nhwc = ampc_cuda_batch_norm_nhwc_backward(device, stream, b);
-    if (nhwc != AMPC_NOT_TAKEN)
-        return nhwc;
+    int own = ampc_cuda_batch_norm_nhwc_backward(device, stream, b);
+    if (own == AMPC_NOT_TAKEN)
+        own = ampc_cuda_batch_norm_planes_backward(device, stream, b);
+    if (own != AMPC_NOT_TAKEN)
+        return own;
     WITH_DNN(device, stream, backward_descs(handle, device, stream, b));
 }

@@ -154,6 +154,13 @@ for dt in DTYPES:
             stats = [torch.randn(c, device="cuda", dtype=acc) for _ in range(2)]
             y, sm, sr = F._batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
             F.batch_norm_backward(y, x, stats[0], training=True, save_mean=sm, save_rstd=sr)
+    # NCHW planes: off 16-byte boundaries (5 x 6, 7 x 7), a warp's (14 x 14), a block's (64 x 70)
+    for c, n, h, w in ((3, 4, 5, 6), (8, 3, 7, 7), (5, 2, 14, 14), (3, 2, 64, 70)):
+        if dt != torch.float64:
+            x = torch.randn(n, c, h, w, device="cuda", dtype=dt)
+            stats = [torch.randn(c, device="cuda") for _ in range(2)]
+            y, sm, sr = F._batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
+            F.batch_norm_backward(y, x, stats[0], training=True, save_mean=sm, save_rstd=sr)
 # Pools, NCHW and channels-last (a thread per 16-byte pack of channels where they come whole:
 # 8, 16 and 24 in 16 bits, 12 in float32; 12 16-bit channels take the element kernels), forward
 # and backward; relayouts of attention heads (the strided-rows cast); float32 scores to 16-bit

@@ -124,9 +124,11 @@ def test_conv_bad_input():
 # Batch norm
 # --------------------------------------------------------------------------------------------
 
-# channels-last training with channels in whole 16-byte packs takes ampc's kernels (64, 256; 12 in
-# float32), other shapes cuDNN
-BN_SHAPES = [(4, 3, 5, 6), (7, 5), (3, 4, 9), (8, 64, 14, 14), (2, 1, 3, 3), (3, 12, 3, 3), (32, 256, 7, 7)]
+# Training takes ampc's kernels channels-last with channels in whole 16-byte packs (64, 256; 12 in
+# float32) and NCHW with planes of 16 elements or more (30 and 49 off 16-byte boundaries, 196 a warp's,
+# 4480 a block's); other shapes take cuDNN.
+BN_SHAPES = [(4, 3, 5, 6), (7, 5), (3, 4, 9), (8, 64, 14, 14), (2, 1, 3, 3), (3, 12, 3, 3), (32, 256, 7, 7),
+             (2, 3, 64, 70)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)

@@ -1,7 +1,8 @@
 /*
- * batch_norm_nhwc.cu: training batch norm over channels-last data, ampc's
- * own kernels (cuDNN's legacy persistent mode measured 20-60 times slower
- * than torch's channels-last kernels on the H200).
+ * batch_norm_kernels.cu: training batch norm, ampc's own kernels, over
+ * channels-last data and over dense NCHW data (cuDNN's legacy persistent
+ * mode measured 20-60 times slower than torch's channels-last kernels on
+ * the H200, and its NCHW kernels took 40 of a ResNet-50 step's 87 ms).
  *
  * Channels-last data is a (rows = n * h * w, c) matrix, so every per-channel
  * statistic is a column reduction, a pack of channels per thread in two
@@ -10,9 +11,17 @@
  * of x fewer than a mean pass then a deviations pass), merged by Chan's
  * formula, then writes (x - mean) * rstd * w + b; the backward takes sum(dy)
  * and sum(dy * xhat) in one pass and writes dx (the CPU kernel's formulas,
- * spatial_real.inc). Channels must come in whole 16-byte packs; other shapes
- * go to cuDNN.
+ * spatial_real.inc). Channels must come in whole 16-byte packs.
+ *
+ * NCHW data is n * c planes of h * w contiguous elements: a row group per
+ * plane takes the plane's mean and sum of squared deviations about it (two
+ * passes, the second from cache), or its two gradient sums, with the row
+ * kernels' 16-byte streaming (packs.cuh); the planes of a channel are then
+ * merged in image order, by Chan's formula for the moments, so the
+ * results repeat bit for bit. Planes of fewer than 16 elements go to cuDNN.
  */
+#include <type_traits>
+
 #include "packs.cuh"
 
 namespace {
@@ -228,6 +237,138 @@ __global__ void input_gradient(ampc_batch_norm_backward b, GradTerms terms, int6
     }
 }
 
+/* ------------------------------------------------------------------------ */
+/* NCHW: a row group per plane                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Each plane's mean and sum of squared deviations about it, at
+ * part_mean[plane] and part_m2[plane] (plane = image * c + channel: the
+ * chunk-major layout welford_finish merges, a chunk an image). */
+template <class T, int G>
+__global__ void __launch_bounds__(BLOCK)
+    plane_moments(const T *x, int64_t planes, int64_t hw, float *part_mean, float *part_m2)
+{
+    typedef RowGroup<G> Group;
+    __shared__ float scratch[BLOCK / 32];
+    const int lane = Group::lane();
+    for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
+        const T *row = x + plane * hw;
+        float s = 0.0f;
+        stream_reduce<T, G>(row, nullptr, hw, lane, [&](int64_t, const float *v, const float *, auto count) {
+            for (int i = 0; i < decltype(count)::value; i++)
+                s += v[i];
+        });
+        const float mean = Group::sum(s, scratch) / (float)hw;
+        float q = 0.0f;
+        stream_reduce<T, G>(row, nullptr, hw, lane, [&](int64_t, const float *v, const float *, auto count) {
+            for (int i = 0; i < decltype(count)::value; i++)
+                q += (v[i] - mean) * (v[i] - mean);
+        });
+        const float m2 = Group::sum(q, scratch);
+        if (lane == 0) {
+            part_mean[plane] = mean;
+            part_m2[plane] = m2;
+        }
+    }
+}
+
+/* y = x * scale + shift, the plane's channel's. */
+template <class T, int G>
+__global__ void __launch_bounds__(BLOCK)
+    normalize_planes(ampc_batch_norm b, int64_t planes, int64_t hw, const float *scale, const float *shift)
+{
+    typedef RowGroup<G> Group;
+    const int lane = Group::lane();
+    for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
+        const float k = scale[plane % b.c], m = shift[plane % b.c];
+        stream_map<T, G>(static_cast<const T *>(b.x.data) + plane * hw, nullptr,
+                         static_cast<T *>(b.y.data) + plane * hw, hw, lane,
+                         [&](int64_t, float v, float) { return v * k + m; });
+    }
+}
+
+/* Each plane's sum(dy) and sum(dy * (x - mean)), the channel's mean. */
+template <class T, int G>
+__global__ void __launch_bounds__(BLOCK)
+    plane_gradient_sums(ampc_batch_norm_backward b, int64_t planes, int64_t hw, float *part_dy, float *part_dy_xc)
+{
+    typedef RowGroup<G> Group;
+    __shared__ float scratch[BLOCK / 32];
+    const int lane = Group::lane();
+    for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
+        const float mean = static_cast<const float *>(b.save_mean.data)[plane % b.c];
+        float s = 0.0f, t = 0.0f;
+        stream_reduce<T, G>(static_cast<const T *>(b.dy.data) + plane * hw, static_cast<const T *>(b.x.data) + plane * hw,
+                            hw, lane, [&](int64_t, const float *d, const float *v, auto count) {
+                                for (int i = 0; i < decltype(count)::value; i++) {
+                                    s += d[i];
+                                    t += d[i] * (v[i] - mean);
+                                }
+                            });
+        s = Group::sum(s, scratch);
+        t = Group::sum(t, scratch);
+        if (lane == 0) {
+            part_dy[plane] = s;
+            part_dy_xc[plane] = t;
+        }
+    }
+}
+
+/* Per channel, the planes' sums added in image order. */
+__global__ void channel_sums(int64_t images, int64_t c, const float *part_dy, const float *part_dy_xc, float *sum_dy,
+                             float *sum_dy_xc)
+{
+    for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f, t = 0.0f;
+        for (int64_t image = 0; image < images; image++) {
+            s += part_dy[image * c + ch];
+            t += part_dy_xc[image * c + ch];
+        }
+        sum_dy[ch] = s;
+        sum_dy_xc[ch] = t;
+    }
+}
+
+/* dx = k * (dy - mean_dy - (x - mean) * proj), the plane's channel's terms. */
+template <class T, int G>
+__global__ void __launch_bounds__(BLOCK)
+    input_gradient_planes(ampc_batch_norm_backward b, GradTerms terms, int64_t planes, int64_t hw)
+{
+    typedef RowGroup<G> Group;
+    const int lane = Group::lane();
+    for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
+        const int64_t ch = plane % b.c;
+        const float k = terms.k[ch], mean_dy = terms.mean_dy[ch], proj = terms.proj[ch], mean = terms.mean[ch];
+        stream_map<T, G>(static_cast<const T *>(b.dy.data) + plane * hw, static_cast<const T *>(b.x.data) + plane * hw,
+                         static_cast<T *>(b.dx.data) + plane * hw, hw, lane,
+                         [&](int64_t, float d, float v) { return k * (d - mean_dy - (v - mean) * proj); });
+    }
+}
+
+/* launch(G, grid) for `planes` planes of hw elements with G lanes a plane
+ * (a std::integral_constant): a warp for short planes, a block for long. */
+template <class Launch>
+int launch_planes(int64_t planes, int64_t hw, Launch launch)
+{
+    if (hw < STREAM_BLOCK_FROM)
+        return launch(std::integral_constant<int, 32>(), rows_grid(planes, 32));
+    return launch(std::integral_constant<int, BLOCK>(), rows_grid(planes, BLOCK));
+}
+
+/* Dense NCHW data of a storage type the row kernels stream, every pointer
+ * on a 16-byte boundary (so every array's planes meet those boundaries at
+ * the same element), planes of 16 elements or more. */
+bool planes_fit(int dtype, int64_t n, int64_t c, int64_t h, int64_t w, const int64_t *s, const void *const *ptrs,
+                int nptrs)
+{
+    if (dtype == AMPC_FLOAT64 || h * w < 16 || s[3] != 1 || s[2] != w || s[1] != h * w || (n > 1 && s[0] != c * h * w))
+        return false;
+    for (int i = 0; i < nptrs; i++)
+        if (ptrs[i] != nullptr && (uintptr_t)ptrs[i] % 16 != 0)
+            return false;
+    return true;
+}
+
 /* Dense channels-last data of a storage type packs serve, channels in whole packs. */
 bool fits(int dtype, int64_t n, int64_t c, int64_t h, int64_t w, const int64_t *s, const void *const *ptrs, int nptrs)
 {
@@ -307,6 +448,89 @@ extern "C" int ampc_cuda_batch_norm_nhwc_backward(int device, void *stream, cons
             const int64_t packs = rows * b->c / Pack<T>::VEC;
             input_gradient<T><<<grid_for(packs, 256), 256, 0, as_stream(stream)>>>(*b, terms, packs);
             return ampc_cuda_launched("batch_norm backward kernel");
+        });
+    });
+}
+
+extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_batch_norm *b)
+{
+    const void *ptrs[2] = {b->x.data, b->y.data};
+    if (!b->training || !planes_fit(b->x.dtype, b->n, b->c, b->h, b->w, b->x_strides, ptrs, 2) ||
+        b->y.dtype != b->x.dtype)
+        return AMPC_NOT_TAKEN;
+    const int64_t hw = b->h * b->w, planes = b->n * b->c;
+    return ampc_on_device(device, [&] {
+        /* scale, shift, then each plane's mean and m2 */
+        Scratch scratch(device, stream);
+        int rc = scratch.get((2 * (size_t)b->c + 2 * (size_t)planes) * sizeof(float));
+        if (rc != AMPC_OK)
+            return rc;
+        float *scale = static_cast<float *>(scratch.ptr), *shift = scale + b->c;
+        float *part_mean = shift + b->c, *part_m2 = part_mean + planes;
+        return with_storage(b->x.dtype, [&](auto type) {
+            using T = decltype(type);
+            int status = launch_planes(planes, hw, [&](auto g, unsigned grid) {
+                plane_moments<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(
+                    static_cast<const T *>(b->x.data), planes, hw, part_mean, part_m2);
+                return ampc_cuda_launched("batch_norm statistics kernel");
+            });
+            if (status != AMPC_OK)
+                return status;
+            /* the images are welford_finish's chunks: n of h * w rows each */
+            welford_finish<<<grid_for(b->c, FINISH_X), dim3(FINISH_X, FINISH_Y), 0, as_stream(stream)>>>(
+                *b, part_mean, part_m2, b->n * hw, b->n, scale, shift);
+            status = ampc_cuda_launched("batch_norm statistics kernel");
+            if (status != AMPC_OK)
+                return status;
+            return launch_planes(planes, hw, [&](auto g, unsigned grid) {
+                normalize_planes<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(*b, planes, hw, scale,
+                                                                                               shift);
+                return ampc_cuda_launched("batch_norm kernel");
+            });
+        });
+    });
+}
+
+extern "C" int ampc_cuda_batch_norm_planes_backward(int device, void *stream, const ampc_batch_norm_backward *b)
+{
+    const void *ptrs[3] = {b->x.data, b->dy.data, b->dx.data};
+    if (!planes_fit(b->x.dtype, b->n, b->c, b->h, b->w, b->x_strides, ptrs, 3) || b->dy.dtype != b->x.dtype ||
+        (b->dx.data != nullptr && b->dx.dtype != b->x.dtype))
+        return AMPC_NOT_TAKEN;
+    const int64_t hw = b->h * b->w, planes = b->n * b->c;
+    return ampc_on_device(device, [&] {
+        /* the two sums, GradTerms, then each plane's two sums */
+        Scratch sums(device, stream);
+        int rc = sums.get((6 * (size_t)b->c + 2 * (size_t)planes) * sizeof(float));
+        if (rc != AMPC_OK)
+            return rc;
+        float *sum_dy = static_cast<float *>(sums.ptr), *sum_dy_xc = sum_dy + b->c;
+        const GradTerms terms{sum_dy + 2 * b->c, sum_dy + 3 * b->c, sum_dy + 4 * b->c, sum_dy + 5 * b->c};
+        float *part_dy = sum_dy + 6 * b->c, *part_dy_xc = part_dy + planes;
+        return with_storage(b->x.dtype, [&](auto type) {
+            using T = decltype(type);
+            int status = launch_planes(planes, hw, [&](auto g, unsigned grid) {
+                plane_gradient_sums<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(*b, planes, hw,
+                                                                                                  part_dy, part_dy_xc);
+                return ampc_cuda_launched("batch_norm backward sums");
+            });
+            if (status != AMPC_OK)
+                return status;
+            channel_sums<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(b->n, b->c, part_dy, part_dy_xc, sum_dy,
+                                                                             sum_dy_xc);
+            status = ampc_cuda_launched("batch_norm backward sums");
+            if (status != AMPC_OK)
+                return status;
+            channel_gradients<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(*b, sum_dy, sum_dy_xc, b->n * hw,
+                                                                                  terms);
+            status = ampc_cuda_launched("batch_norm weight gradient kernel");
+            if (status != AMPC_OK || b->dx.data == nullptr)
+                return status;
+            return launch_planes(planes, hw, [&](auto g, unsigned grid) {
+                input_gradient_planes<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(*b, terms, planes,
+                                                                                                    hw);
+                return ampc_cuda_launched("batch_norm backward kernel");
+            });
         });
     });
 }
