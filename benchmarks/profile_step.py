@@ -48,6 +48,24 @@ def host_profile(step, synchronize, steps=3, top=30):
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
+def timed(step, synchronize, reset_peak, warmup=4, steps=5):
+    """The median wall time of a step and of its enqueue on the host (ms), after warm-up steps (the
+    first runs tune the convolutions), with the peak memory counted from the warm-up's end."""
+    for _ in range(warmup):
+        step()
+    synchronize()
+    reset_peak()
+    walls, hosts = [], []
+    for _ in range(steps):
+        began = time.perf_counter()
+        step()
+        enqueued = time.perf_counter()
+        synchronize()
+        walls.append(time.perf_counter() - began)
+        hosts.append(enqueued - began)
+    return 1e3 * np.median(walls), 1e3 * np.median(hosts)
+
+
 def ampc_step(args):
     ampc.manual_seed(0)
     model = ampc.models.resnet50() if args.model == "resnet50" else ampc.models.gpt(block_size=1024)
@@ -95,30 +113,19 @@ def main():
     args.batch_size = args.batch_size or (256 if args.model == "resnet50" else 8)
     torch.cuda.init()
     sync = lambda: ampc.cuda.synchronize(0)  # noqa: E731
+    what = f"{args.model}{' channels-last' if args.channels_last else ''} AMP {args.dtype}"
     step = ampc_step(args)
-    for _ in range(4):
-        step()
-    sync()
-    ampc.cuda.reset_peak_memory_stats(0)
-    walls, hosts = [], []
-    for _ in range(5):
-        began = time.perf_counter()
-        step()
-        enqueued = time.perf_counter()
-        sync()
-        walls.append(time.perf_counter() - began)
-        hosts.append(enqueued - began)
-    print(f"ampc {args.model}{' channels-last' if args.channels_last else ''} AMP {args.dtype}: step "
-          f"{1e3 * np.median(walls):.1f} ms, host enqueue {1e3 * np.median(hosts):.1f} ms, peak "
+    wall, host = timed(step, sync, lambda: ampc.cuda.reset_peak_memory_stats(0))
+    print(f"ampc {what}: step {wall:.1f} ms, host enqueue {host:.1f} ms, peak "
           f"{ampc.cuda.max_memory_allocated(0) / 2**20:.0f} MiB")
     top_kernels(step, sync)
     if args.host:
         host_profile(step, sync)
     if args.torch and args.model == "resnet50":
         step = torch_step(args)
-        for _ in range(4):
-            step()
-        print("torch:")
+        wall, host = timed(step, torch.cuda.synchronize, torch.cuda.reset_peak_memory_stats)
+        print(f"torch {what}: step {wall:.1f} ms, host enqueue {host:.1f} ms, peak "
+              f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
         top_kernels(step, torch.cuda.synchronize)
 
 
