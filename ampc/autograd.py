@@ -347,6 +347,19 @@ _F32 = np.dtype(np.float32)
 _SIXTEEN_BIT = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
+def _off_tape_in_place(op, binder, first, args, kwargs):
+    """An in-place form off the tape (no_grad, or nothing needing a gradient): a plain array is
+    written in place; a Tensor's array may be kept by nodes of its graph, so the Tensor is given the
+    result instead and the array it held is left as they saw it."""
+    arguments = binder.bind(args, kwargs)
+    target = arguments[first]
+    if not isinstance(target, Tensor):
+        return op(**{k: _plain(v) for k, v in arguments.items()})
+    arguments["inplace"] = False
+    target.data = op(**{k: _plain(v) for k, v in arguments.items()})
+    return target
+
+
 def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
     """op, recorded on the tape when grad mode is on and an argument needs a gradient.
 
@@ -364,11 +377,23 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
     capture = _capture(op)
     first = binder.names[0]
 
+    inplace_at = binder.positional.index("inplace") if "inplace" in binder.positional else None
+
     @functools.wraps(op)
     def call(*args, **kwargs):
         if not is_grad_enabled() or not (_needs_grad(args) or _needs_grad(tuple(kwargs.values()))):
+            if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at and args[inplace_at]):
+                return _off_tape_in_place(op, binder, first, args, kwargs)
             return op(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
         arguments = binder.bind(args, kwargs)
+        # an in-place form (relu(x, inplace=True)) runs out of place on the tape, so that what other
+        # nodes kept of x stays as they saw it; x, a Tensor, is then rebound to the result, as torch
+        # moves a tensor's grad_fn to the in-place op
+        in_place = arguments[first] if arguments.get("inplace") else None
+        if in_place is not None:
+            arguments["inplace"] = False
+            if isinstance(in_place, _C.Parameter) and in_place.requires_grad:
+                raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         # one source per differentiable array: a list argument (cat's tensors) gives one each
         values = [v for n in grad_args for v in (arguments[n] if isinstance(arguments[n], (list, tuple))
                                                  else (arguments[n],))]
@@ -393,6 +418,9 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
         node = Node(name, backward, arguments, saved, sources, dtypes, len(output) if isinstance(output, tuple) else 1)
         if isinstance(output, tuple):
             return tuple(Tensor(o, node, i) for i, o in enumerate(output))
+        if isinstance(in_place, Tensor):
+            in_place.data, in_place.grad_fn, in_place._index = output, node, 0
+            return in_place
         return Tensor(output, node)
 
     call.raw = op

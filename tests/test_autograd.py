@@ -279,3 +279,54 @@ def test_attention_keeps_no_probabilities_between_the_passes(dropout_p):
     want = F.scaled_dot_product_attention_backward(g, q.data, k.data, v.data, probs, dropout_p, None, state)
     for p, w in zip((q, k, v), want):
         np.testing.assert_array_equal(p.grad, w)
+
+
+def test_in_place_forms_write_the_callers_array():
+    """relu, silu and dropout with inplace=True change the array given and return it, as torch's do
+    (they returned a new array and left the input as it was); so do the modules."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    for fn, want in ((lambda a: F.relu(a, inplace=True), F.relu(x)), (lambda a: F.silu(a, inplace=True), F.silu(x)),
+                     (lambda a: F.dropout(a, 0.0, inplace=True), x), (ampc.nn.ReLU(inplace=True), F.relu(x))):
+        a = x.copy()
+        assert fn(a) is a
+        np.testing.assert_array_equal(a, want)
+    a = x.copy()
+    assert ampc.nn.ReLU()(a) is not a and np.array_equal(a, x)
+    assert repr(ampc.nn.ReLU(inplace=True)) == "ReLU(inplace=True)" and repr(ampc.nn.ReLU()) == "ReLU()"
+    assert repr(ampc.nn.Dropout(0.2)) == "Dropout(p=0.2, inplace=False)"
+
+
+@pytest.mark.parametrize("grad_mode", [True, False], ids=["on the tape", "under no_grad"])
+def test_in_place_on_a_tensor_keeps_what_other_nodes_saw(grad_mode):
+    """relu(t, inplace=True) on a Tensor whose array another node kept for its backward (mul keeps
+    its inputs): the Tensor takes the result (on the tape, the relu node too, as torch moves its
+    grad_fn), the kept array is not written, and the gradients are those of the out-of-place graph."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((3, 4))
+    w = ampc.nn.Parameter(rng.standard_normal((5, 4)))
+
+    def run(in_place):
+        w.grad = None
+        t = F.linear(x, w)
+        h = F.mul(t, t)
+        if in_place:
+            with ampc.autograd.set_grad_enabled(grad_mode):
+                assert F.relu(t, inplace=True) is t
+            u = t
+        else:
+            u = F.relu(t) if grad_mode else Tensor(F.relu(t.data), t.grad_fn, t._index)
+        (F.sum(h) + F.sum(u)).backward()
+        return w.grad.copy(), np.asarray(u.data).copy()
+
+    (g_in_place, u_in_place), (g_copy, u_copy) = run(True), run(False)
+    np.testing.assert_array_equal(u_in_place, np.maximum(x @ w.data.T, 0))
+    np.testing.assert_array_equal(u_in_place, u_copy)
+    np.testing.assert_array_equal(g_in_place, g_copy)
+
+
+def test_in_place_on_a_parameter_that_needs_a_gradient_is_refused():
+    p = ampc.nn.Parameter(np.array([-1.0, 2.0]))
+    with pytest.raises(RuntimeError, match="a leaf Variable that requires grad is being used in an in-place operation"):
+        F.relu(p, inplace=True)
+    np.testing.assert_array_equal(p.data, [-1.0, 2.0])

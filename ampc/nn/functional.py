@@ -533,8 +533,17 @@ def log_backward(grad_output, input):
 # --------------------------------------------------------------------------------------------
 
 
+def _in_place(input, out, inplace):
+    """out, or with inplace input holding out's values (torch's in-place forms: the caller's array
+    changes and is returned)."""
+    if not inplace or out is input:
+        return out
+    _C.cast(out, out=input)
+    return input
+
+
 def relu(input, inplace=False):
-    return _ew("relu", input)
+    return _in_place(input, _ew("relu", input), inplace)
 
 
 def relu_backward(grad_output, input):
@@ -554,7 +563,7 @@ def gelu_backward(grad_output, input, approximate="none"):
 
 
 def silu(input, inplace=False):
-    return _ew("silu", input)
+    return _in_place(input, _ew("silu", input), inplace)
 
 
 def silu_backward(grad_output, input):
