@@ -58,6 +58,24 @@ def capsules(draw):
         null_data=draw(mostly(False, True)), null_shape=draw(mostly(False, True)))
 
 
+def element(view, index):
+    """view's element at index, as a 1-element array (no copy of the rest)."""
+    return view[tuple(slice(i, i + 1) for i in index)].reshape(-1)
+
+
+def read_all(a):
+    """Read every element of a (AddressSanitizer sees a read outside the buffer) and return the
+    first byte of element [0, ..., 0]; a broadcast view of billions (strides 0) is read at its
+    lowest- and highest-addressed elements, which bound all the others."""
+    view = np.asarray(a)
+    if view.size <= 1 << 20:
+        np.copy(view)
+    else:
+        for toward in (-1, 1):
+            element(view, [n - 1 if s * toward > 0 else 0 for n, s in zip(view.shape, view.strides)]).copy()
+    return element(view, [0] * view.ndim).view(np.uint8)[0]
+
+
 def extent(shape, strides, itemsize):
     """(lowest, one past the highest) byte an array of this layout touches from its first element."""
     lo = hi = 0
@@ -84,9 +102,7 @@ def test_dlpack_import_takes_a_capsule_whole_or_not_at_all(fields):
     assert a.shape == fields["shape"][:len(a.shape)] and a.ndim == len(a.shape)
     lo, hi = extent(a.shape, a.strides, a.itemsize)
     if a.size and 0 <= fields["byte_offset"] + lo and fields["byte_offset"] + hi <= BUFFER and not null_data:
-        first = np.asarray(a).reshape(-1)[:1].view(np.uint8)[0]  # element [0, ..., 0]'s first byte
-        assert first == buffer[fields["byte_offset"]]  # where data + byte_offset says
-        np.copy(np.asarray(a))  # every element read: inside the buffer (AddressSanitizer would see otherwise)
+        assert read_all(a) == buffer[fields["byte_offset"]]  # element [0, ..., 0] where data + byte_offset says
     del a
     gc.collect()
     assert fake.deleted == 1

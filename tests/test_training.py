@@ -85,6 +85,26 @@ def test_load_state_dict_round_trip_and_errors():
     assert result.missing_keys == ["5.bias"] and result.unexpected_keys == []
 
 
+def test_load_state_dict_refuses_values_that_are_not_numbers_before_writing_any():
+    """A None or a string array after valid keys: the error names the key (torch's text) and nothing
+    is half-loaded (the fuzz target found 0.bias written before num_batches_tracked's None failed).
+    NaN into the integer counter converts without a warning, as torch's copy_."""
+    a, b = model(), model()
+    for p in a.parameters():
+        p.data[...] = np.random.default_rng(1).standard_normal(p.data.shape)
+    before = {k: np.array(v, copy=True) for k, v in b.state_dict().items()}
+    for key, value in (("1.num_batches_tracked", None), ("5.bias", np.array(["a", "b"]))):
+        bad = dict(a.state_dict())
+        bad[key] = value
+        with pytest.raises(RuntimeError, match=f'While copying the parameter named "{key}", expected torch.Tensor '
+                                               "or Tensor-like object from checkpoint but received"):
+            b.load_state_dict(bad)
+        for k, v in b.state_dict().items():
+            np.testing.assert_array_equal(v, before[k], err_msg=k)
+    b.load_state_dict({**a.state_dict(), "1.num_batches_tracked": np.array(np.nan)})
+    np.testing.assert_array_equal(b.state_dict()["0.weight"], a.state_dict()["0.weight"])
+
+
 def test_train_eval_and_batch_norm_statistics():
     m = model()
     x = np.random.default_rng(2).standard_normal((5, 3, 4, 4)).astype(np.float32)

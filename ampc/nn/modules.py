@@ -231,6 +231,10 @@ class Module:
             if key not in state_dict:
                 continue
             value = np.asarray(state_dict[key]) if not hasattr(state_dict[key], "__dlpack__") else state_dict[key]
+            if not _holds_numbers(value):  # None, strings, objects: found before anything is written
+                errors.append(f'While copying the parameter named "{key}", expected torch.Tensor or Tensor-like '
+                              f"object from checkpoint but received {type(state_dict[key])}")
+                continue
             current = target.data if isinstance(target, _C.Parameter) else target
             if tuple(value.shape) != tuple(current.shape):
                 errors.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
@@ -322,13 +326,29 @@ def _moved(x, index, dtype, memory_format=None):
         return _C._to_device(copy, index)
 
 
+def _holds_numbers(value):
+    """Whether value (an array of any library) has a dtype ampc knows: what a load can convert."""
+    try:
+        _C.as_dtype(value.dtype)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return True
+
+
 def _copy_into(target, value):
-    """Write value's numbers into a parameter's or buffer's array, in its dtype and on its device."""
+    """Write value's numbers into a parameter's or buffer's array, in its dtype and on its device.
+    A conversion never fails part-way (value holds numbers, _holds_numbers): NaN into an integer
+    buffer becomes what NumPy's cast makes of it, as torch's copy_ does, not a warning raised
+    after earlier keys were written."""
     data = target.data if isinstance(target, _C.Parameter) else target
     if isinstance(data, np.ndarray):
-        np.copyto(data, np.asarray(value).astype(data.dtype, copy=False))
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.copyto(data, np.asarray(value).astype(data.dtype, copy=False))
     else:
         device = _array_device(data)
+        if isinstance(value, np.ndarray) and value.dtype != _C.as_dtype(data.dtype):
+            with np.errstate(invalid="ignore", over="ignore"):  # converted on the host: GPU casts take floats only
+                value = value.astype(_C.as_dtype(data.dtype))
         if _array_device(value) != device:
             value = _moved(np.asarray(value) if not hasattr(value, "__dlpack_device__") else value, device, None)
         _C.cast(value, out=data)
