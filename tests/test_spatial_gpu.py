@@ -164,6 +164,22 @@ def test_batch_norm(shape, dtype, channels_last):
     close(gb, egb, acc, rtol=1e-4, what="batch_norm grad_bias")
 
 
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_batch_norm_training_repeats_bit_for_bit(layout):
+    """ampc's batch-norm kernels sum in a fixed order (per plane or column chunk, then in image
+    order): the same inputs give the same bits, statistics and gradients included."""
+    x = randn(16, 64, 28, 28, dtype=torch.float16).contiguous(memory_format=layout)
+    g = randn(16, 64, 28, 28, dtype=torch.float16).contiguous(memory_format=layout)
+    w, b = randn(64), randn(64)
+    runs = []
+    for _ in range(2):
+        y, mean, rstd = F._batch_norm_forward(x, None, None, w, b, True)
+        runs.append((y, mean, rstd) + tuple(F.batch_norm_backward(g, x, w, training=True, save_mean=mean,
+                                                                  save_rstd=rstd)))
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+
+
 def test_batch_norm_eval_backward():
     x, dy = randn(4, 3, 5, 5), randn(4, 3, 5, 5)
     w, rm, rv = randn(3), randn(3), randn(3).abs() + 0.5
