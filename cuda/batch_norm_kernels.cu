@@ -115,10 +115,10 @@ __global__ void __launch_bounds__(PCOL_X *PCOL_Y)
 
 /* Stage 2 per channel: the chunks merged in a fixed order (FINISH_Y threads each take every
  * FINISH_Y-th chunk, then their results merge in y order); then the batch statistics, the
- * running averages (the unbiased variance, as the CPU kernel) and normalize's scale and shift. */
+ * running averages (the unbiased variance, as the CPU kernel) and normalize's scale and bias. */
 __global__ void __launch_bounds__(FINISH_X *FINISH_Y)
     welford_finish(ampc_batch_norm b, const float *part_mean, const float *part_m2, int64_t rows, int64_t chunks,
-                   float *scale, float *shift)
+                   float *scale, float *bias_of)
 {
     __shared__ float s_n[FINISH_Y][FINISH_X], s_mean[FINISH_Y][FINISH_X], s_m2[FINISH_Y][FINISH_X];
     const float *w = static_cast<const float *>(b.weight.data), *bias = static_cast<const float *>(b.bias.data);
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(FINISH_X *FINISH_Y)
             static_cast<float *>(b.save_mean.data)[ch] = mean;
             static_cast<float *>(b.save_rstd.data)[ch] = rstd;
             scale[ch] = (w != nullptr ? w[ch] : 1.0f) * rstd;
-            shift[ch] = (bias != nullptr ? bias[ch] : 0.0f) - mean * scale[ch];
+            bias_of[ch] = bias != nullptr ? bias[ch] : 0.0f;
             const float momentum = (float)b.momentum;
             if (b.running_mean.data != nullptr) {
                 float *rm = static_cast<float *>(b.running_mean.data) + ch;
@@ -174,20 +174,23 @@ __device__ __forceinline__ void load_channels(const float *p, int64_t c0, float 
 }
 
 template <class T>
-__global__ void normalize(ampc_batch_norm b, int64_t packs, const float *scale, const float *shift)
+__global__ void normalize(ampc_batch_norm b, int64_t packs, const float *scale, const float *bias)
 {
     constexpr int VEC = Pack<T>::VEC;
     const int64_t per_row = b.c / VEC;
     for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < packs; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t c0 = q % per_row * VEC;
         Pack<T> x, y;
-        float k[VEC], m[VEC];
+        float k[VEC], m[VEC], mu[VEC];
         x.load(static_cast<const T *>(b.x.data) + q * VEC);
         load_channels<VEC>(scale, c0, k);
-        load_channels<VEC>(shift, c0, m);
+        load_channels<VEC>(bias, c0, m);
+        load_channels<VEC>(static_cast<const float *>(b.save_mean.data), c0, mu);
+        /* (x - mean) * scale + bias: x * scale + (bias - mean * scale) cancels where the mean is
+         * large against the spread (the CPU kernel's form, spatial_real.inc) */
 #pragma unroll
         for (int i = 0; i < VEC; i++)
-            y.set(i, x[i] * k[i] + m[i]);
+            y.set(i, (x[i] - mu[i]) * k[i] + m[i]);
         y.store(static_cast<T *>(b.y.data) + q * VEC);
     }
 }
@@ -243,7 +246,8 @@ __global__ void input_gradient(ampc_batch_norm_backward b, GradTerms terms, int6
 
 /* Each plane's mean and sum of squared deviations about it, at
  * part_mean[plane] and part_m2[plane] (plane = image * c + channel: the
- * chunk-major layout welford_finish merges, a chunk an image). */
+ * chunk-major layout welford_finish merges, a chunk an image), by the
+ * corrected two-pass algorithm (layer_norm's, norm.cu). */
 template <class T, int G>
 __global__ void __launch_bounds__(BLOCK)
     plane_moments(const T *x, int64_t planes, int64_t hw, float *part_mean, float *part_m2)
@@ -258,32 +262,37 @@ __global__ void __launch_bounds__(BLOCK)
             for (int i = 0; i < decltype(count)::value; i++)
                 s += v[i];
         });
-        const float mean = Group::sum(s, scratch) / (float)hw;
-        float q = 0.0f;
+        const float mu = Group::sum(s, scratch) / (float)hw;
+        float q = 0.0f, d = 0.0f;
         stream_reduce<T, G>(row, nullptr, hw, lane, [&](int64_t, const float *v, const float *, auto count) {
-            for (int i = 0; i < decltype(count)::value; i++)
-                q += (v[i] - mean) * (v[i] - mean);
+            for (int i = 0; i < decltype(count)::value; i++) {
+                q += (v[i] - mu) * (v[i] - mu);
+                d += v[i] - mu;
+            }
         });
-        const float m2 = Group::sum(q, scratch);
-        if (lane == 0) {
-            part_mean[plane] = mean;
-            part_m2[plane] = m2;
+        q = Group::sum(q, scratch);
+        d = Group::sum(d, scratch);
+        if (lane == 0) {  /* the corrected two-pass algorithm: d / hw corrects mu's rounding */
+            const float correction = d / (float)hw, m2 = q - d * correction;
+            part_mean[plane] = mu + correction;
+            part_m2[plane] = m2 > 0.0f ? m2 : 0.0f;
         }
     }
 }
 
-/* y = x * scale + shift, the plane's channel's. */
+/* y = (x - mean) * scale + bias, the plane's channel's. */
 template <class T, int G>
 __global__ void __launch_bounds__(BLOCK)
-    normalize_planes(ampc_batch_norm b, int64_t planes, int64_t hw, const float *scale, const float *shift)
+    normalize_planes(ampc_batch_norm b, int64_t planes, int64_t hw, const float *scale, const float *bias)
 {
     typedef RowGroup<G> Group;
     const int lane = Group::lane();
     for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
-        const float k = scale[plane % b.c], m = shift[plane % b.c];
+        const int64_t ch = plane % b.c;
+        const float k = scale[ch], m = bias[ch], mean = static_cast<const float *>(b.save_mean.data)[ch];
         stream_map<T, G>(static_cast<const T *>(b.x.data) + plane * hw, nullptr,
                          static_cast<T *>(b.y.data) + plane * hw, hw, lane,
-                         [&](int64_t, float v, float) { return v * k + m; });
+                         [&](int64_t, float v, float) { return (v - mean) * k + m; });
     }
 }
 
@@ -394,13 +403,13 @@ extern "C" int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_ba
             constexpr int VEC = Pack<T>::VEC;
             const int64_t tiles = (b->c / VEC + PCOL_X - 1) / PCOL_X;
             const int64_t chunks = packed_column_chunks(rows, b->c, VEC);
-            /* scale, shift, then each chunk's means and m2s */
+            /* scale, bias, then each chunk's means and m2s */
             Scratch scratch(device, stream);
             int rc = scratch.get((2 + 2 * (size_t)chunks) * (size_t)b->c * sizeof(float));
             if (rc != AMPC_OK)
                 return rc;
-            float *scale = static_cast<float *>(scratch.ptr), *shift = scale + b->c;
-            float *part_mean = shift + b->c, *part_m2 = part_mean + chunks * b->c;
+            float *scale = static_cast<float *>(scratch.ptr), *bias = scale + b->c;
+            float *part_mean = bias + b->c, *part_m2 = part_mean + chunks * b->c;
             welford_partials<T><<<(unsigned)(tiles * chunks), dim3(PCOL_X, PCOL_Y), 0, as_stream(stream)>>>(
                 static_cast<const T *>(b->x.data), rows, b->c, chunks, packed_column_groups(b->c, VEC), part_mean,
                 part_m2);
@@ -408,12 +417,12 @@ extern "C" int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_ba
             if (rc != AMPC_OK)
                 return rc;
             welford_finish<<<grid_for(b->c, FINISH_X), dim3(FINISH_X, FINISH_Y), 0, as_stream(stream)>>>(
-                *b, part_mean, part_m2, rows, chunks, scale, shift);
+                *b, part_mean, part_m2, rows, chunks, scale, bias);
             rc = ampc_cuda_launched("batch_norm statistics kernel");
             if (rc != AMPC_OK)
                 return rc;
             const int64_t packs = rows * b->c / VEC;
-            normalize<T><<<grid_for(packs, 256), 256, 0, as_stream(stream)>>>(*b, packs, scale, shift);
+            normalize<T><<<grid_for(packs, 256), 256, 0, as_stream(stream)>>>(*b, packs, scale, bias);
             return ampc_cuda_launched("batch_norm kernel");
         });
     });
@@ -460,13 +469,13 @@ extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_
         return AMPC_NOT_TAKEN;
     const int64_t hw = b->h * b->w, planes = b->n * b->c;
     return ampc_on_device(device, [&] {
-        /* scale, shift, then each plane's mean and m2 */
+        /* scale, bias, then each plane's mean and m2 */
         Scratch scratch(device, stream);
         int rc = scratch.get((2 * (size_t)b->c + 2 * (size_t)planes) * sizeof(float));
         if (rc != AMPC_OK)
             return rc;
-        float *scale = static_cast<float *>(scratch.ptr), *shift = scale + b->c;
-        float *part_mean = shift + b->c, *part_m2 = part_mean + planes;
+        float *scale = static_cast<float *>(scratch.ptr), *bias = scale + b->c;
+        float *part_mean = bias + b->c, *part_m2 = part_mean + planes;
         return with_storage(b->x.dtype, [&](auto type) {
             using T = decltype(type);
             int status = launch_planes(planes, hw, [&](auto g, unsigned grid) {
@@ -478,13 +487,13 @@ extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_
                 return status;
             /* the images are welford_finish's chunks: n of h * w rows each */
             welford_finish<<<grid_for(b->c, FINISH_X), dim3(FINISH_X, FINISH_Y), 0, as_stream(stream)>>>(
-                *b, part_mean, part_m2, b->n * hw, b->n, scale, shift);
+                *b, part_mean, part_m2, b->n * hw, b->n, scale, bias);
             status = ampc_cuda_launched("batch_norm statistics kernel");
             if (status != AMPC_OK)
                 return status;
             return launch_planes(planes, hw, [&](auto g, unsigned grid) {
                 normalize_planes<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(*b, planes, hw, scale,
-                                                                                               shift);
+                                                                                               bias);
                 return ampc_cuda_launched("batch_norm kernel");
             });
         });

@@ -20,6 +20,18 @@ namespace {
 
 using namespace ops;
 
+/* The mean and 1 / sqrt(var + eps) of n values from a first-pass mean mu and the sums of the
+ * deviations from it (d) and of their squares (q): the corrected two-pass algorithm, as the CPU's
+ * (ops_real.inc's moments): d / n corrects mu's rounding, which rstd would magnify (a constant
+ * row gives its value and a zero variance). */
+template <class Acc>
+__device__ __forceinline__ void corrected_moments(Acc mu, Acc q, Acc d, Acc n, Acc eps, Acc &mean, Acc &rstd)
+{
+    const Acc correction = d / n, var = (q - d * correction) / n;
+    mean = mu + correction;
+    rstd = (Acc)1 / m_sqrt((var > (Acc)0 ? var : (Acc)0) + eps);
+}
+
 template <int G, class Acc>
 __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
 {
@@ -30,11 +42,14 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
         const int64_t base = row * n;
         Acc s = 0;
         row_each<G, Acc>(l.x, base, n, 1, [&](int64_t, Acc v) { s += v; });
-        const Acc mean = Group::sum(s, scratch) / (Acc)n;
-        Acc q = 0;
-        row_each<G, Acc>(l.x, base, n, 1, [&](int64_t, Acc v) { q += (v - mean) * (v - mean); });
-        const Acc var = Group::sum(q, scratch) / (Acc)n;
-        const Acc rstd = (Acc)1 / m_sqrt(var + (Acc)l.eps);
+        const Acc mu = Group::sum(s, scratch) / (Acc)n;
+        Acc q = 0, d = 0;
+        row_each<G, Acc>(l.x, base, n, 1, [&](int64_t, Acc v) {
+            q += (v - mu) * (v - mu);
+            d += v - mu;
+        });
+        Acc mean, rstd;
+        corrected_moments(mu, Group::sum(q, scratch), Group::sum(d, scratch), (Acc)n, (Acc)l.eps, mean, rstd);
         row_each<G, Acc>(l.x, base, n, 1, [&](int64_t j, Acc v) {
             v = (v - mean) * rstd;
             if (l.weight.data != nullptr)
@@ -144,11 +159,14 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_cached(ampc_layer_norm l)
         x.load(static_cast<const T *>(l.x.data) + row * n, packs, lane);
         float s = 0.0f;
         x.each(packs, lane, [&](int64_t, float v) { s += v; });
-        const float mean = Group::sum(s, scratch) / (float)n;
-        float q = 0.0f;
-        x.each(packs, lane, [&](int64_t, float v) { q += (v - mean) * (v - mean); });
-        const float var = Group::sum(q, scratch) / (float)n;
-        const float rstd = 1.0f / m_sqrt(var + (float)l.eps);
+        const float mu = Group::sum(s, scratch) / (float)n;
+        float q = 0.0f, d = 0.0f;
+        x.each(packs, lane, [&](int64_t, float v) {
+            q += (v - mu) * (v - mu);
+            d += v - mu;
+        });
+        float mean, rstd;
+        corrected_moments(mu, Group::sum(q, scratch), Group::sum(d, scratch), (float)n, (float)l.eps, mean, rstd);
         T *y = static_cast<T *>(l.y.data) + row * n;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
