@@ -44,7 +44,7 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
     case AMPC_EW_COPY: return a;
     case AMPC_EW_NEG: return -a;
     case AMPC_EW_RELU: return a > 0 || a != a ? a : (Acc)0;  /* NaN stays NaN */
-    case AMPC_EW_GELU: return (Acc)0.5 * a * ((Acc)1 + m_erf(a * (Acc)M_SQRT1_2));
+    case AMPC_EW_GELU: return a * normal_cdf(a);
     case AMPC_EW_GELU_TANH: return (Acc)0.5 * a * ((Acc)1 + m_tanh(gelu_tanh_inner(a)));
     case AMPC_EW_SILU: return a * sigmoid(a);
     case AMPC_EW_SIGMOID: return sigmoid(a);
@@ -65,7 +65,7 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
     case AMPC_EW_RELU_GRAD: return b > 0 ? a : (Acc)0;
     case AMPC_EW_GELU_GRAD: {
         const Acc k = (Acc)(M_2_SQRTPI * M_SQRT1_2 * 0.5); /* 1 / sqrt(2 pi) */
-        const Acc cdf = (Acc)0.5 * ((Acc)1 + m_erf(b * (Acc)M_SQRT1_2));
+        const Acc cdf = normal_cdf(b);
         return a * (cdf + b * k * m_exp((Acc)-0.5 * b * b));
     }
     case AMPC_EW_GELU_TANH_GRAD: {

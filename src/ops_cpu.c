@@ -25,7 +25,7 @@
 #define REAL float
 #define F(name) name##_f
 #define ACC_DTYPE AMPC_FLOAT32
-#define ERF erff
+#define ERFC erfcf
 #define EXP expf
 #define LOG logf
 #define LOG1P log1pf
@@ -37,7 +37,7 @@
 #undef REAL
 #undef F
 #undef ACC_DTYPE
-#undef ERF
+#undef ERFC
 #undef EXP
 #undef LOG
 #undef LOG1P
@@ -49,7 +49,7 @@
 #define REAL double
 #define F(name) name##_d
 #define ACC_DTYPE AMPC_FLOAT64
-#define ERF erf
+#define ERFC erfc
 #define EXP exp
 #define LOG log
 #define LOG1P log1p
