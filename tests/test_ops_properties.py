@@ -1,0 +1,170 @@
+"""Property-based tests of ampc.nn.functional's CPU kernels (hypothesis): for arbitrary shapes,
+memory layouts (C order, transposed, stepped, reversed), dtypes and values, each op against its
+float64 reference within the tolerance the dtype's rounding allows, with the input left as it was.
+test_ops.py checks chosen cases; these search for the shape or layout that breaks a kernel.
+
+    AMPC_PROPERTY_EXAMPLES=5000 python -m pytest tests/test_ops_properties.py   # a longer search"""
+
+import os
+
+import numpy as np
+import pytest
+
+import ampc
+import ops_reference as ref
+import spatial_reference as sref
+from ops_reference import F64, FLOATS, assert_close, f64
+
+pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+F = ampc.nn.functional
+EXAMPLES = int(os.environ.get("AMPC_PROPERTY_EXAMPLES", "150"))  # a longer search: AMPC_PROPERTY_EXAMPLES=5000
+
+
+def values(shape, scale=4.0):
+    """float64 arrays of shape with finite values in [-scale, scale], none below 1e-3 but 0: no
+    dtype rounds them to a subnormal (products of those round on a coarser grid than any relative
+    tolerance; test_ops.py and the cast tests cover subnormals)."""
+    element = st.floats(-scale, scale).map(lambda v: v if abs(v) >= 1e-3 else 0.0)
+    return hnp.arrays(np.float64, shape, elements=element)
+
+
+@st.composite
+def arrays(draw, min_dims=1, max_dims=4, max_side=9, dtype=None, scale=4.0):
+    """An array of a floating dtype with finite values, in a C-order, transposed, stepped or
+    reversed layout (the same values whatever the layout)."""
+    dtype = draw(st.sampled_from(FLOATS)) if dtype is None else dtype
+    shape = draw(hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=1, max_side=max_side))
+    x = draw(values(shape, scale)).astype(dtype)
+    layout = draw(st.sampled_from(["c", "transposed", "stepped", "reversed"]))
+    if layout == "transposed" and x.ndim > 1:
+        return np.ascontiguousarray(x.T).T
+    if layout == "stepped":
+        wide = np.full(x.shape[:-1] + (2 * x.shape[-1],), np.nan, dtype)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    if layout == "reversed":
+        return np.ascontiguousarray(x[..., ::-1])[..., ::-1]
+    return x
+
+
+def unchanged(x, run):
+    """run(x), checking that x is left bit for bit as it was."""
+    before = np.ascontiguousarray(x).copy()
+    out = run(x)
+    np.testing.assert_array_equal(np.ascontiguousarray(x).view(np.uint8), before.view(np.uint8))
+    return out
+
+
+UNARY = {"relu": (F.relu, ref.relu), "gelu": (F.gelu, ref.gelu), "silu": (F.silu, ref.silu),
+         "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), ref.gelu_tanh), "tanh": (F.tanh, np.tanh)}
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(), st.sampled_from(sorted(UNARY)))
+def test_unary_ops(x, name):
+    op, reference = UNARY[name]
+    assert_close(unchanged(x, op), reference(f64(x)), x.dtype, what=name)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(), st.data())
+def test_binary_ops_broadcast(x, data):
+    """add and mul against a second operand broadcast over some of x's dimensions."""
+    shape = tuple(data.draw(st.sampled_from([1, n])) for n in x.shape)
+    y = data.draw(values(shape)).astype(x.dtype)
+    assert_close(F.add(x, y), f64(x) + f64(y), x.dtype, scale=np.abs(f64(x)) + np.abs(f64(y)), what="add")
+    assert_close(F.mul(x, y), f64(x) * f64(y), x.dtype, what="mul")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(), st.data(), st.booleans())
+def test_softmax_over_any_dimension(x, data, log):
+    dim = data.draw(st.integers(-x.ndim, x.ndim - 1))
+    op, reference = (F.log_softmax, ref.log_softmax) if log else (F.softmax, ref.softmax)
+    expected = reference(f64(x), dim)
+    assert_close(unchanged(x, lambda a: op(a, dim)), expected, x.dtype,
+                 scale=np.abs(expected).max() if log else None, what="log_softmax" if log else "softmax")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(), st.data())
+def test_sum_and_mean_over_any_dimensions(x, data):
+    axes = tuple(sorted(data.draw(st.sets(st.integers(0, x.ndim - 1), min_size=1))))
+    keepdim = data.draw(st.booleans())
+    total = f64(x).sum(axis=axes, keepdims=keepdim)
+    scale = np.abs(f64(x)).sum(axis=axes, keepdims=keepdim)
+    rtol = 2 * ref.RTOL[x.dtype]
+    assert_close(F.sum(x, axes, keepdim), total, x.dtype, scale=scale, rtol=rtol, what="sum")
+    count = x.size // max(total.size, 1)
+    assert_close(F.mean(x, axes, keepdim), total / count, x.dtype, scale=scale / count, rtol=rtol, what="mean")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(max_side=12), st.data())
+def test_layer_norm_over_trailing_dimensions(x, data):
+    k = data.draw(st.integers(1, x.ndim))
+    nshape = x.shape[x.ndim - k:]
+    w = data.draw(values(nshape)).astype(x.dtype)
+    expected = ref.layer_norm(f64(x), k, f64(w), None)
+    assert_close(unchanged(x, lambda a: F.layer_norm(a, nshape, w)), expected, x.dtype,
+                 rtol=2 * ref.RTOL[x.dtype], scale=np.abs(f64(w)).max(), what="layer_norm")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(min_dims=2, max_dims=3, max_side=12), st.integers(1, 9), st.booleans())
+def test_linear(x, out_features, bias):
+    rng = np.random.default_rng(x.size)
+    w = rng.standard_normal((out_features, x.shape[-1])).astype(x.dtype)
+    b = rng.standard_normal(out_features).astype(x.dtype) if bias else None
+    expected = f64(x) @ f64(w).T + (f64(b) if bias else 0.0)
+    scale = np.abs(f64(x)) @ np.abs(f64(w)).T + (np.abs(f64(b)) if bias else 0.0)
+    assert_close(unchanged(x, lambda a: F.linear(a, w, b)), expected, x.dtype, scale=scale,
+                 rtol=2 * ref.RTOL[x.dtype], what="linear")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(min_dims=2, max_dims=2, max_side=12), st.data(), st.floats(0.0, 0.5))
+def test_cross_entropy(logits, data, smoothing):
+    n, c = logits.shape
+    target = np.array(data.draw(st.lists(st.integers(0, c - 1), min_size=n, max_size=n)), np.int64)
+    reduction = data.draw(st.sampled_from(["mean", "sum", "none"]))
+    expected = ref.cross_entropy(f64(logits), target, reduction=reduction, label_smoothing=smoothing)
+    got = unchanged(logits, lambda a: F.cross_entropy(a, target, reduction=reduction, label_smoothing=smoothing))
+    assert np.asarray(got).dtype == logits.dtype
+    assert_close(got, expected, logits.dtype, scale=np.abs(expected).max() + np.abs(f64(logits)).max(),
+                 rtol=2 * ref.RTOL[logits.dtype], what="cross_entropy")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(min_dims=4, max_dims=4, max_side=7), st.data())
+def test_pools(x, data):
+    h, w = x.shape[2:]
+    k = (data.draw(st.integers(1, h)), data.draw(st.integers(1, w)))
+    stride = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)))
+    pad = (data.draw(st.integers(0, k[0] // 2)), data.draw(st.integers(0, k[1] // 2)))
+    ceil = data.draw(st.booleans())
+    y, idx = unchanged(x, lambda a: F.max_pool2d(a, k, stride, pad, 1, ceil, return_indices=True))
+    want, _ = sref.max_pool2d(f64(x), k, stride, pad, (1, 1), ceil)
+    np.testing.assert_array_equal(f64(y), want)  # a maximum is one of the inputs: exact
+    include = data.draw(st.booleans())
+    assert_close(F.avg_pool2d(x, k, stride, pad, ceil, include), sref.avg_pool2d(f64(x), k, stride, pad, ceil, include),
+                 x.dtype, rtol=2 * ref.RTOL[x.dtype], what="avg_pool2d")
+    size = (data.draw(st.integers(1, h)), data.draw(st.integers(1, w)))
+    assert_close(F.adaptive_avg_pool2d(x, size), sref.adaptive_avg_pool2d(f64(x), size), x.dtype,
+                 rtol=2 * ref.RTOL[x.dtype], what="adaptive_avg_pool2d")
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(arrays(min_dims=4, max_dims=4, max_side=6).filter(lambda a: a.shape[0] * a.shape[2] * a.shape[3] > 1))
+def test_batch_norm_training(x):
+    c = x.shape[1]
+    acc = F64 if x.dtype == F64 else np.dtype(np.float32)
+    w, b = np.linspace(0.5, 1.5, c).astype(acc), np.linspace(-1, 1, c).astype(acc)
+    mean, var, _ = sref.batch_stats(f64(x))
+    expected = sref.batch_norm(f64(x), mean, var, f64(w), f64(b))
+    got = unchanged(x, lambda a: F.batch_norm(a, None, None, w, b, training=True))
+    # the normalised values reach |x - mean| / std, which a tiny variance makes large
+    assert_close(got, expected, x.dtype, rtol=4 * ref.RTOL[x.dtype], scale=np.abs(expected).max(), what="batch_norm")
