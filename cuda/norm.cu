@@ -48,8 +48,10 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
             q += (v - mu) * (v - mu);
             d += v - mu;
         });
+        q = Group::sum(q, scratch);
+        d = Group::sum(d, scratch);
         Acc mean, rstd;
-        corrected_moments(mu, Group::sum(q, scratch), Group::sum(d, scratch), (Acc)n, (Acc)l.eps, mean, rstd);
+        corrected_moments(mu, q, d, (Acc)n, (Acc)l.eps, mean, rstd);
         row_each<G, Acc>(l.x, base, n, 1, [&](int64_t j, Acc v) {
             v = (v - mean) * rstd;
             if (l.weight.data != nullptr)
@@ -165,8 +167,10 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_cached(ampc_layer_norm l)
             q += (v - mu) * (v - mu);
             d += v - mu;
         });
+        q = Group::sum(q, scratch);
+        d = Group::sum(d, scratch);
         float mean, rstd;
-        corrected_moments(mu, Group::sum(q, scratch), Group::sum(d, scratch), (float)n, (float)l.eps, mean, rstd);
+        corrected_moments(mu, q, d, (float)n, (float)l.eps, mean, rstd);
         T *y = static_cast<T *>(l.y.data) + row * n;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
