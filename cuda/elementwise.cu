@@ -29,6 +29,16 @@ __device__ __forceinline__ Acc gelu_tanh_inner(Acc x)
     return k * (x + (Acc)0.044715 * x * x * x);
 }
 
+/* sigmoid(y) and 1 - sigmoid(y), neither by a subtraction (ops_real.inc's sigmoid_pair: gelu's
+ * tanh form as 1 + tanh(z) = 2 sigmoid(2z), 1 - tanh(z)^2 = 4 sigmoid(2z) (1 - sigmoid(2z))). */
+template <class Acc>
+__device__ __forceinline__ void sigmoid_pair(Acc y, Acc &s, Acc &rest)
+{
+    const Acc e = m_exp(y < (Acc)0 ? y : -y), d = (Acc)1 / ((Acc)1 + e);
+    s = y < (Acc)0 ? e * d : d;
+    rest = y < (Acc)0 ? d : e * d;
+}
+
 template <class Acc>
 __device__ __forceinline__ Acc sign_of(Acc d)
 {
@@ -45,7 +55,11 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
     case AMPC_EW_NEG: return -a;
     case AMPC_EW_RELU: return a > 0 || a != a ? a : (Acc)0;  /* NaN stays NaN */
     case AMPC_EW_GELU: return a * normal_cdf(a);
-    case AMPC_EW_GELU_TANH: return (Acc)0.5 * a * ((Acc)1 + m_tanh(gelu_tanh_inner(a)));
+    case AMPC_EW_GELU_TANH: {
+        Acc s, rest;
+        sigmoid_pair((Acc)2 * gelu_tanh_inner(a), s, rest);
+        return a * s;
+    }
     case AMPC_EW_SILU: return a * sigmoid(a);
     case AMPC_EW_SIGMOID: return sigmoid(a);
     case AMPC_EW_TANH: return m_tanh(a);
@@ -70,9 +84,10 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
     }
     case AMPC_EW_GELU_TANH_GRAD: {
         const Acc k = (Acc)(M_SQRT2 * M_2_SQRTPI * 0.5);
-        const Acc t = m_tanh(gelu_tanh_inner(b));
+        Acc s, rest;
+        sigmoid_pair((Acc)2 * gelu_tanh_inner(b), s, rest);
         const Acc dinner = k * ((Acc)1 + (Acc)3 * (Acc)0.044715 * b * b);
-        return a * ((Acc)0.5 * ((Acc)1 + t) + (Acc)0.5 * b * ((Acc)1 - t * t) * dinner);
+        return a * (s + (Acc)2 * b * s * rest * dinner);
     }
     case AMPC_EW_SILU_GRAD: {
         const Acc s = sigmoid(b);
