@@ -168,3 +168,81 @@ def test_batch_norm_training(x):
     got = unchanged(x, lambda a: F.batch_norm(a, None, None, w, b, training=True))
     # the normalised values reach |x - mean| / std, which a tiny variance makes large
     assert_close(got, expected, x.dtype, rtol=4 * ref.RTOL[x.dtype], scale=np.abs(expected).max(), what="batch_norm")
+
+
+# -- backward passes: float64 against central differences of the forward ----------------------------
+
+BACKWARD_EXAMPLES = max(EXAMPLES // 3, 10)  # a finite difference per element: slower per example
+
+
+def finite_difference_check(forward, x, grad_output, got, what):
+    """got against d(sum(forward(x) * grad_output)) / dx by central differences, every element
+    (their rounding, about 1e-16 * |sum| / 1e-6, sets the floor of the tolerance)."""
+    want = ref.numeric_grad(forward, np.ascontiguousarray(x).copy(), grad_output)  # numeric_grad writes x
+    assert_close(got, want, F64, rtol=1e-6, scale=np.abs(want).max() + 1e-2, what=what)
+
+
+@settings(max_examples=BACKWARD_EXAMPLES, deadline=None)
+@given(arrays(max_dims=3, max_side=6, dtype=F64), st.data(), st.booleans())
+def test_softmax_backward(x, data, log):
+    dim = data.draw(st.integers(-x.ndim, x.ndim - 1))
+    g = data.draw(values(x.shape))
+    op, backward = (F.log_softmax, F.log_softmax_backward) if log else (F.softmax, F.softmax_backward)
+    got = unchanged(x, lambda a: backward(g, op(a, dim), dim))
+    finite_difference_check(lambda a: op(a, dim), x, g, got, "log_softmax" if log else "softmax")
+
+
+@settings(max_examples=BACKWARD_EXAMPLES, deadline=None)
+@given(arrays(max_dims=3, max_side=6, dtype=F64), st.data())
+def test_layer_norm_backward(x, data):
+    k = data.draw(st.integers(1, x.ndim))
+    nshape = x.shape[x.ndim - k:]
+    w, b, g = data.draw(values(nshape)), data.draw(values(nshape)), data.draw(values(x.shape))
+    gi, gw, gb = unchanged(x, lambda a: F.layer_norm_backward(g, a, nshape, w, b))
+    finite_difference_check(lambda a: F.layer_norm(a, nshape, w, b), x, g, gi, "layer_norm input")
+    finite_difference_check(lambda v: F.layer_norm(x, nshape, v, b), w, g, gw, "layer_norm weight")
+    finite_difference_check(lambda v: F.layer_norm(x, nshape, w, v), b, g, gb, "layer_norm bias")
+
+
+@settings(max_examples=BACKWARD_EXAMPLES, deadline=None)
+@given(arrays(min_dims=2, max_dims=2, max_side=6, dtype=F64), st.data(), st.floats(0.0, 0.5))
+def test_cross_entropy_backward(logits, data, smoothing):
+    n, c = logits.shape
+    target = np.array(data.draw(st.lists(st.integers(0, c - 1), min_size=n, max_size=n)), np.int64)
+    reduction = data.draw(st.sampled_from(["mean", "sum", "none"]))
+    g = np.asarray(data.draw(values((n,) if reduction == "none" else ())))
+    got = unchanged(logits, lambda a: F.cross_entropy_backward(g, a, target, reduction=reduction,
+                                                               label_smoothing=smoothing))
+    finite_difference_check(lambda a: F.cross_entropy(a, target, reduction=reduction, label_smoothing=smoothing),
+                            logits, g, got, "cross_entropy")
+
+
+@settings(max_examples=BACKWARD_EXAMPLES, deadline=None)
+@given(arrays(min_dims=4, max_dims=4, max_side=4, dtype=F64).filter(lambda a: a.shape[0] * a.shape[2] * a.shape[3] > 1),
+       st.data())
+def test_batch_norm_backward(x, data):
+    c = x.shape[1]
+    w, b, g = data.draw(values((c,))), data.draw(values((c,))), data.draw(values(x.shape))
+    gi, gw, gb = unchanged(x, lambda a: F.batch_norm_backward(g, a, w, training=True))
+    forward = lambda a, ww=w, bb=b: F.batch_norm(a, None, None, ww, bb, training=True)  # noqa: E731
+    finite_difference_check(forward, x, g, gi, "batch_norm input")
+    finite_difference_check(lambda v: forward(x, v, b), w, g, gw, "batch_norm weight")
+    finite_difference_check(lambda v: forward(x, w, v), b, g, gb, "batch_norm bias")
+
+
+@settings(max_examples=BACKWARD_EXAMPLES, deadline=None)
+@given(arrays(min_dims=4, max_dims=4, max_side=6, dtype=F64), st.data())
+def test_pool_backward(x, data):
+    h, w = x.shape[2:]
+    k = (data.draw(st.integers(1, h)), data.draw(st.integers(1, w)))
+    stride = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)))
+    pad = (data.draw(st.integers(0, k[0] // 2)), data.draw(st.integers(0, k[1] // 2)))
+    ceil, include = data.draw(st.booleans()), data.draw(st.booleans())
+    avg = lambda a: F.avg_pool2d(a, k, stride, pad, ceil, include)  # noqa: E731
+    g = data.draw(values(avg(x).shape))
+    got = unchanged(x, lambda a: F.avg_pool2d_backward(g, a, k, stride, pad, ceil, include))
+    finite_difference_check(avg, x, g, got, "avg_pool2d")
+    size = (data.draw(st.integers(1, h)), data.draw(st.integers(1, w)))
+    g = data.draw(values(x.shape[:2] + size))
+    finite_difference_check(lambda a: F.adaptive_avg_pool2d(a, size), x, g, F.adaptive_avg_pool2d_backward(g, x),
+                            "adaptive_avg_pool2d")
