@@ -272,11 +272,8 @@ __global__ void __launch_bounds__(BLOCK)
         });
         q = Group::sum(q, scratch);
         d = Group::sum(d, scratch);
-        if (lane == 0) {  /* the corrected two-pass algorithm: d / hw corrects mu's rounding */
-            const float correction = d / (float)hw, m2 = q - d * correction;
-            part_mean[plane] = mu + correction;
-            part_m2[plane] = m2 > 0.0f ? m2 : 0.0f;
-        }
+        if (lane == 0)
+            corrected_moments(mu, d, q, (float)hw, part_mean[plane], part_m2[plane]);
     }
 }
 
@@ -306,14 +303,15 @@ __global__ void __launch_bounds__(BLOCK)
     const int lane = Group::lane();
     for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
         const float mean = static_cast<const float *>(b.save_mean.data)[plane % b.c];
+        const T *dy = static_cast<const T *>(b.dy.data) + plane * hw;
+        const T *x = static_cast<const T *>(b.x.data) + plane * hw;
         float s = 0.0f, t = 0.0f;
-        stream_reduce<T, G>(static_cast<const T *>(b.dy.data) + plane * hw, static_cast<const T *>(b.x.data) + plane * hw,
-                            hw, lane, [&](int64_t, const float *d, const float *v, auto count) {
-                                for (int i = 0; i < decltype(count)::value; i++) {
-                                    s += d[i];
-                                    t += d[i] * (v[i] - mean);
-                                }
-                            });
+        stream_reduce<T, G>(dy, x, hw, lane, [&](int64_t, const float *d, const float *v, auto count) {
+            for (int i = 0; i < decltype(count)::value; i++) {
+                s += d[i];
+                t += d[i] * (v[i] - mean);
+            }
+        });
         s = Group::sum(s, scratch);
         t = Group::sum(t, scratch);
         if (lane == 0) {

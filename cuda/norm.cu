@@ -21,15 +21,13 @@ namespace {
 using namespace ops;
 
 /* The mean and 1 / sqrt(var + eps) of n values from a first-pass mean mu and the sums of the
- * deviations from it (d) and of their squares (q): the corrected two-pass algorithm, as the CPU's
- * (ops_real.inc's moments): d / n corrects mu's rounding, which rstd would magnify (a constant
- * row gives its value and a zero variance). */
+ * deviations from it (d) and of their squares (q), by ops.cuh's corrected_moments. */
 template <class Acc>
-__device__ __forceinline__ void corrected_moments(Acc mu, Acc q, Acc d, Acc n, Acc eps, Acc &mean, Acc &rstd)
+__device__ __forceinline__ void mean_and_rstd(Acc mu, Acc q, Acc d, Acc n, Acc eps, Acc &mean, Acc &rstd)
 {
-    const Acc correction = d / n, var = (q - d * correction) / n;
-    mean = mu + correction;
-    rstd = (Acc)1 / m_sqrt((var > (Acc)0 ? var : (Acc)0) + eps);
+    Acc m2;
+    corrected_moments(mu, d, q, n, mean, m2);
+    rstd = (Acc)1 / m_sqrt(m2 / n + eps);
 }
 
 template <int G, class Acc>
@@ -51,7 +49,7 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
         q = Group::sum(q, scratch);
         d = Group::sum(d, scratch);
         Acc mean, rstd;
-        corrected_moments(mu, q, d, (Acc)n, (Acc)l.eps, mean, rstd);
+        mean_and_rstd(mu, q, d, (Acc)n, (Acc)l.eps, mean, rstd);
         row_each<G, Acc>(l.x, base, n, 1, [&](int64_t j, Acc v) {
             v = (v - mean) * rstd;
             if (l.weight.data != nullptr)
@@ -170,7 +168,7 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_cached(ampc_layer_norm l)
         q = Group::sum(q, scratch);
         d = Group::sum(d, scratch);
         float mean, rstd;
-        corrected_moments(mu, q, d, (float)n, (float)l.eps, mean, rstd);
+        mean_and_rstd(mu, q, d, (float)n, (float)l.eps, mean, rstd);
         T *y = static_cast<T *>(l.y.data) + row * n;
 #pragma unroll
         for (int k = 0; k < NV; k++) {

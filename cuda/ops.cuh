@@ -106,6 +106,16 @@ __device__ __forceinline__ double m_erfc(double x) { return erfc(x); }
 /* Phi(x) as erfc(-x / sqrt 2) / 2 (ops_real.inc's normal_cdf: no cancellation for negative x). */
 template <class Acc>
 __device__ __forceinline__ Acc normal_cdf(Acc x) { return (Acc)0.5 * m_erfc(-x * (Acc)M_SQRT1_2); }
+/* The corrected two-pass moments: the mean and the sum of squared deviations of n values from a
+ * first pass's mean mu and the sums of the deviations from it and of their squares (the CPU's
+ * corrected_moments, real_sums.inc, which says why). */
+template <class Acc>
+__device__ __forceinline__ void corrected_moments(Acc mu, Acc deviations, Acc squares, Acc n, Acc &mean, Acc &m2)
+{
+    const Acc correction = deviations / n, corrected = squares - deviations * correction;
+    mean = mu + correction;
+    m2 = corrected > (Acc)0 ? corrected : (Acc)0;
+}
 __device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
 __device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
 __device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
