@@ -26,7 +26,9 @@ const char *ampc_device_str(ampc_device device, char *buf, size_t size)
 PyObject *ampc_safe_repr(PyObject *obj)
 {
     PyObject *r = PyObject_Repr(obj);
-    if (r != NULL || PyErr_ExceptionMatches(PyExc_MemoryError))
+    /* only an ordinary failure of the object's __repr__ gives way to its type name: MemoryError,
+     * KeyboardInterrupt and SystemExit go on up */
+    if (r != NULL || PyErr_ExceptionMatches(PyExc_MemoryError) || !PyErr_ExceptionMatches(PyExc_Exception))
         return r;
     PyErr_Clear();
     return PyUnicode_FromFormat("<%.200s object>", Py_TYPE(obj)->tp_name);

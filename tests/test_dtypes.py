@@ -64,3 +64,20 @@ def test_torch_dtypes():
     y = ampc.cast(x, torch.bfloat16)
     assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
     assert torch.equal(y, x.to(torch.bfloat16))
+
+
+def test_an_interrupt_inside_repr_is_not_swallowed():
+    """An error message names the object by its repr, or its type's name when __repr__ fails; a
+    KeyboardInterrupt raised in __repr__ is the user's Ctrl-C, not a failure to hide."""
+    class Interrupting:
+        def __repr__(self):
+            raise KeyboardInterrupt
+
+    class Failing:
+        def __repr__(self):
+            raise KeyError("no repr")
+
+    with pytest.raises(KeyboardInterrupt):
+        ampc.as_dtype(Interrupting())
+    with pytest.raises(TypeError, match="Failing object"):
+        ampc.as_dtype(Failing())
