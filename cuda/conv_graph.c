@@ -30,10 +30,11 @@
 static int benchmark_limit(void)
 {
     const char *text = getenv("AMPC_CONV_BENCHMARK_LIMIT");
-    if (text == NULL || *text == '\0')
-        return DEFAULT_BENCHMARK_LIMIT;
-    const long n = strtol(text, NULL, 10);
-    return n <= 0 || n > MAX_CONFIGS ? MAX_CONFIGS : (int)n;
+    char *end = NULL;
+    const long n = text != NULL ? strtol(text, &end, 10) : 0;
+    if (text == NULL || end == text || *end != '\0' || n < 0)
+        return DEFAULT_BENCHMARK_LIMIT;  /* unset or not a count: not "time them all" */
+    return n == 0 || n > MAX_CONFIGS ? MAX_CONFIGS : (int)n;
 }
 #define UID_X 1
 #define UID_W 2
