@@ -347,14 +347,11 @@ _F32 = np.dtype(np.float32)
 _SIXTEEN_BIT = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
-def _off_tape_in_place(op, binder, first, args, kwargs):
-    """An in-place form off the tape (no_grad, or nothing needing a gradient): a plain array is
-    written in place; a Tensor's array may be kept by nodes of its graph, so the Tensor is given the
-    result instead and the array it held is left as they saw it."""
+def _off_tape_in_place(op, binder, target, args, kwargs):
+    """An in-place form on a Tensor off the tape (no_grad, or nothing needing a gradient): its array
+    may be kept by nodes of its graph, so the Tensor is given the result instead and the array it
+    held is left as they saw it. (A plain array is written in place by the op itself.)"""
     arguments = binder.bind(args, kwargs)
-    target = arguments[first]
-    if not isinstance(target, Tensor):
-        return op(**{k: _plain(v) for k, v in arguments.items()})
     arguments["inplace"] = False
     target.data = op(**{k: _plain(v) for k, v in arguments.items()})
     return target
@@ -383,7 +380,9 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
     def call(*args, **kwargs):
         if not is_grad_enabled() or not (_needs_grad(args) or _needs_grad(tuple(kwargs.values()))):
             if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at and args[inplace_at]):
-                return _off_tape_in_place(op, binder, first, args, kwargs)
+                target = args[0] if args else kwargs.get(first)
+                if isinstance(target, Tensor):
+                    return _off_tape_in_place(op, binder, target, args, kwargs)
             return op(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
         arguments = binder.bind(args, kwargs)
         # an in-place form (relu(x, inplace=True)) runs out of place on the tape, so that what other
