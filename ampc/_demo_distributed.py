@@ -33,7 +33,9 @@ def _train(data, epochs, batch_size, rank, size, group, seed, inject_inf_at, ind
         order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
         for start in range(0, len(x_train), batch_size):
             batch = order[start:start + batch_size][rank::size]  # this rank's share of the batch
-            x, y = (ampc._C._to_device(v[batch], index) for v in (x_train, y_train))
+            x, y = x_train[batch], y_train[batch]
+            if index >= 0:  # on the host the gathered rows are the batch already: no second copy
+                x, y = ampc._C._to_device(x, index), ampc._C._to_device(y, index)
 
             def loss_of(overflow=steps == inject_inf_at and rank == size - 1):
                 loss = F.cross_entropy(model(x), y)
