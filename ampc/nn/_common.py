@@ -77,3 +77,12 @@ def _holding(signature, args, kwargs, culprit):
         if isinstance(value, str) and isinstance(culprit, str) and culprit in value:  # its characters
             return name
     return None
+
+
+def in_place(input, out, inplace):
+    """out, or with inplace input holding out's values (torch's in-place forms: the caller's array
+    changes and is returned)."""
+    if not inplace or out is input:
+        return out
+    _C.cast(out, out=input)
+    return input

@@ -2,7 +2,7 @@
 (torch's autocast lists neither)."""
 
 from ampc import _C, random
-from ampc.nn._common import numel as _numel, shape_of as _shape_of
+from ampc.nn._common import in_place, numel as _numel, shape_of as _shape_of
 
 
 def _padding_index(op, padding_idx, num):
@@ -85,11 +85,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
     """torch.nn.functional.dropout: each element zeroed with probability p, the others scaled by
     1 / (1 - p), from ampc.random's stream (seeded by ampc.random.manual_seed; the CPU and a GPU
     draw the same mask). inplace writes the result into input."""
-    out, _ = _dropout_forward(input, p, training)
-    if inplace and out is not input:
-        _C.cast(out, out=input)
-        return input
-    return out
+    return in_place(input, _dropout_forward(input, p, training)[0], inplace)
 
 
 def dropout_backward(grad_output, state, p=0.5):

@@ -17,7 +17,7 @@ import math
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
-from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, numel as _numel
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, in_place as _in_place, numel as _numel
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -531,15 +531,6 @@ def log_backward(grad_output, input):
 # --------------------------------------------------------------------------------------------
 # Precision-preserving ops: they run in their inputs' (promoted) dtype
 # --------------------------------------------------------------------------------------------
-
-
-def _in_place(input, out, inplace):
-    """out, or with inplace input holding out's values (torch's in-place forms: the caller's array
-    changes and is returned)."""
-    if not inplace or out is input:
-        return out
-    _C.cast(out, out=input)
-    return input
 
 
 def relu(input, inplace=False):
