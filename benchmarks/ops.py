@@ -163,7 +163,7 @@ def bench_conv2d(limits, repeat, batch=256):
 
 
 def bench_batch_norm(limits, repeat, batch=256):
-    for c, h in [(64, 112), (256, 56), (2048, 7)]:
+    for c, h in [(64, 112), (256, 56), (512, 28), (1024, 14), (2048, 7)]:
         for dn, dtype in DTYPES.items():
             for ln, layout in LAYOUTS.items():
                 x = torch.randn(batch, c, h, h, device="cuda", dtype=dtype).contiguous(memory_format=layout)
