@@ -14,11 +14,13 @@
  * spatial_real.inc). Channels must come in whole 16-byte packs.
  *
  * NCHW data is n * c planes of h * w contiguous elements: a row group per
- * plane takes the plane's mean and sum of squared deviations about it (two
- * passes, the second from cache), or its two gradient sums, with the row
- * kernels' 16-byte streaming (packs.cuh); the planes of a channel are then
- * merged in image order, by Chan's formula for the moments, so the
- * results repeat bit for bit. Planes of fewer than 16 elements go to cuDNN.
+ * plane (a warp per run of consecutive images' planes of one channel, for
+ * short planes) takes their mean and sum of squared deviations about it
+ * (two passes, the second from cache), or the two gradient sums, with the
+ * row kernels' 16-byte streaming (packs.cuh) for whole planes; these are
+ * then merged per channel in image order, by Chan's formula for the
+ * moments, so the results repeat bit for bit. Planes of fewer than 16
+ * elements go to cuDNN.
  */
 #include <type_traits>
 
@@ -113,16 +115,16 @@ __global__ void __launch_bounds__(PCOL_X *PCOL_Y)
     }
 }
 
-/* Stage 2 per channel: the chunks merged in a fixed order (FINISH_Y threads each take every
- * FINISH_Y-th chunk, then their results merge in y order); then the batch statistics, the
- * running averages (the unbiased variance, as the CPU kernel) and normalize's scale and bias. */
+/* Stage 2 per channel: the chunks (`chunk` of the `rows` values each, the last ones short or
+ * empty) merged in a fixed order (FINISH_Y threads each take every FINISH_Y-th chunk, then their
+ * results merge in y order); then the batch statistics, the running averages (the unbiased
+ * variance, as the CPU kernel) and normalize's scale and bias. */
 __global__ void __launch_bounds__(FINISH_X *FINISH_Y)
     welford_finish(ampc_batch_norm b, const float *part_mean, const float *part_m2, int64_t rows, int64_t chunks,
-                   float *scale, float *bias_of)
+                   int64_t chunk, float *scale, float *bias_of)
 {
     __shared__ float s_n[FINISH_Y][FINISH_X], s_mean[FINISH_Y][FINISH_X], s_m2[FINISH_Y][FINISH_X];
     const float *w = static_cast<const float *>(b.weight.data), *bias = static_cast<const float *>(b.bias.data);
-    const int64_t chunk = (rows + chunks - 1) / chunks;
     for (int64_t c0 = (int64_t)blockIdx.x * FINISH_X; c0 < b.c; c0 += (int64_t)gridDim.x * FINISH_X) {
         const int64_t ch = c0 + threadIdx.x;
         float n = 0.0f, mean = 0.0f, m2 = 0.0f;
@@ -241,125 +243,252 @@ __global__ void input_gradient(ampc_batch_norm_backward b, GradTerms terms, int6
 }
 
 /* ------------------------------------------------------------------------ */
-/* NCHW: a row group per plane                                              */
+/* NCHW: a row group per plane, or a warp per run of planes                 */
 /* ------------------------------------------------------------------------ */
 
-/* Each plane's mean and sum of squared deviations about it, at
- * part_mean[plane] and part_m2[plane] (plane = image * c + channel: the
- * chunk-major layout welford_finish merges, a chunk an image), by the
- * corrected two-pass algorithm (layer_norm's, norm.cu). */
-template <class T, int G>
-__global__ void __launch_bounds__(BLOCK)
-    plane_moments(const T *x, int64_t planes, int64_t hw, float *part_mean, float *part_m2)
+/* Planes of this many elements or more are streamed, a row group per plane.
+ * Shorter ones are taken a run of planes of one channel per warp, and their
+ * elementwise passes run flat over the array: a warp per 7x7 plane left a
+ * third of its lanes idle and spent more on its reductions than on its
+ * loads (ResNet-50's last stage ran at a tenth of the bandwidth, five times
+ * slower than cuDNN). */
+constexpr int64_t STREAM_PLANES_FROM = 512;
+constexpr int64_t RUN_ELEMENTS = 1024;  /* a run: about this many elements of its channel */
+
+/* NCHW data as chunks of `images` consecutive images (one when streamed),
+ * the unit (chunk, channel) numbered chunk * c + channel: the chunk-major
+ * layout welford_finish and channel_sums merge in chunk order. */
+struct Planes {
+    int64_t n, c, hw, images;
+
+    static Planes of(int64_t n, int64_t c, int64_t hw)
+    {
+        const int64_t images = hw >= STREAM_PLANES_FROM ? 1 : (RUN_ELEMENTS + hw - 1) / hw;
+        return Planes{n, c, hw, images < n ? images : n};
+    }
+    __host__ __device__ bool streamed() const { return hw >= STREAM_PLANES_FROM; }
+    __host__ __device__ int64_t chunks() const { return (n + images - 1) / images; }
+    __host__ __device__ int64_t units() const { return chunks() * c; }
+    /* the elements of a unit's channel in its chunk */
+    __device__ int64_t length(int64_t unit) const
+    {
+        const int64_t first = unit / c * images;
+        return (n - first < images ? n - first : images) * hw;
+    }
+};
+
+/* fn(a[j], b[j]) (b[j] = 0 where b is null) for the lane's share of a
+ * unit's elements: a streamed plane's 16-byte packs, or a run's planes one
+ * after another, UNROLL loads in flight, each lane stepping from plane to
+ * plane without a division. (STREAMED = p.streamed(), a template argument
+ * so that a run's kernel is not given the registers streaming needs.) */
+template <class T, int G, bool STREAMED, class Fn>
+__device__ __forceinline__ void over_unit(const T *a, const T *b, const Planes &p, int64_t unit, int lane, Fn fn)
+{
+    if constexpr (STREAMED) {
+        stream_reduce<T, G>(a + unit * p.hw, b != nullptr ? b + unit * p.hw : nullptr, p.hw, lane,
+                            [&](int64_t, const float *va, const float *vb, auto count) {
+                                for (int i = 0; i < decltype(count)::value; i++)
+                                    fn(va[i], vb[i]);
+                            });
+        return;
+    }
+    constexpr int UNROLL = 4;
+    const int64_t first = unit / p.c * p.images, image_step = p.c * p.hw, len = p.length(unit);
+    const int64_t base = (first * p.c + unit % p.c) * p.hw;
+    int64_t pix = lane, at = lane;  /* at: the element's offset from base, pix: within its plane */
+    const auto advance = [&] {
+        pix += G, at += G;
+        while (pix >= p.hw)
+            pix -= p.hw, at += image_step - p.hw;
+    };
+    while (pix >= p.hw)
+        pix -= p.hw, at += image_step - p.hw;
+    for (int64_t j0 = lane; j0 < len; j0 += UNROLL * G) {
+        float va[UNROLL], vb[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            va[u] = vb[u] = 0.0f;
+            if (j0 + u * G < len) {
+                va[u] = to_float(a[base + at]);
+                if (b != nullptr)
+                    vb[u] = to_float(b[base + at]);
+            }
+            advance();
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++)
+            if (j0 + u * G < len)
+                fn(va[u], vb[u]);
+    }
+}
+
+/* Each unit's mean and sum of squared deviations about it, at
+ * part_mean[unit] and part_m2[unit], by the corrected two-pass algorithm
+ * (layer_norm's, norm.cu); the second pass reads from cache. */
+template <class T, int G, bool STREAMED>
+__global__ void __launch_bounds__(BLOCK) plane_moments(const T *x, Planes p, float *part_mean, float *part_m2)
 {
     typedef RowGroup<G> Group;
     __shared__ float scratch[BLOCK / 32];
     const int lane = Group::lane();
-    for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
-        const T *row = x + plane * hw;
+    for (int64_t unit = Group::first(); unit < p.units(); unit += Group::step()) {
+        const float n = (float)p.length(unit);
         float s = 0.0f;
-        stream_reduce<T, G>(row, nullptr, hw, lane, [&](int64_t, const float *v, const float *, auto count) {
-            for (int i = 0; i < decltype(count)::value; i++)
-                s += v[i];
-        });
-        const float mu = Group::sum(s, scratch) / (float)hw;
+        over_unit<T, G, STREAMED>(x, (const T *)nullptr, p, unit, lane, [&](float v, float) { s += v; });
+        const float mu = Group::sum(s, scratch) / n;
         float q = 0.0f, d = 0.0f;
-        stream_reduce<T, G>(row, nullptr, hw, lane, [&](int64_t, const float *v, const float *, auto count) {
-            for (int i = 0; i < decltype(count)::value; i++) {
-                q += (v[i] - mu) * (v[i] - mu);
-                d += v[i] - mu;
-            }
+        over_unit<T, G, STREAMED>(x, (const T *)nullptr, p, unit, lane, [&](float v, float) {
+            q += (v - mu) * (v - mu);
+            d += v - mu;
         });
         q = Group::sum(q, scratch);
         d = Group::sum(d, scratch);
         if (lane == 0)
-            corrected_moments(mu, d, q, (float)hw, part_mean[plane], part_m2[plane]);
+            corrected_moments(mu, d, q, n, part_mean[unit], part_m2[unit]);
     }
 }
 
-/* y = (x - mean) * scale + bias, the plane's channel's. */
-template <class T, int G>
+/* Each unit's sum(dy) and sum(dy * (x - mean)), the channel's mean. */
+template <class T, int G, bool STREAMED>
 __global__ void __launch_bounds__(BLOCK)
-    normalize_planes(ampc_batch_norm b, int64_t planes, int64_t hw, const float *scale, const float *bias)
-{
-    typedef RowGroup<G> Group;
-    const int lane = Group::lane();
-    for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
-        const int64_t ch = plane % b.c;
-        const float k = scale[ch], m = bias[ch], mean = static_cast<const float *>(b.save_mean.data)[ch];
-        stream_map<T, G>(static_cast<const T *>(b.x.data) + plane * hw, nullptr,
-                         static_cast<T *>(b.y.data) + plane * hw, hw, lane,
-                         [&](int64_t, float v, float) { return (v - mean) * k + m; });
-    }
-}
-
-/* Each plane's sum(dy) and sum(dy * (x - mean)), the channel's mean. */
-template <class T, int G>
-__global__ void __launch_bounds__(BLOCK)
-    plane_gradient_sums(ampc_batch_norm_backward b, int64_t planes, int64_t hw, float *part_dy, float *part_dy_xc)
+    plane_gradient_sums(ampc_batch_norm_backward b, Planes p, float *part_dy, float *part_dy_xc)
 {
     typedef RowGroup<G> Group;
     __shared__ float scratch[BLOCK / 32];
     const int lane = Group::lane();
-    for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
-        const float mean = static_cast<const float *>(b.save_mean.data)[plane % b.c];
-        const T *dy = static_cast<const T *>(b.dy.data) + plane * hw;
-        const T *x = static_cast<const T *>(b.x.data) + plane * hw;
+    for (int64_t unit = Group::first(); unit < p.units(); unit += Group::step()) {
+        const float mean = static_cast<const float *>(b.save_mean.data)[unit % p.c];
         float s = 0.0f, t = 0.0f;
-        stream_reduce<T, G>(dy, x, hw, lane, [&](int64_t, const float *d, const float *v, auto count) {
-            for (int i = 0; i < decltype(count)::value; i++) {
-                s += d[i];
-                t += d[i] * (v[i] - mean);
-            }
-        });
+        over_unit<T, G, STREAMED>(static_cast<const T *>(b.dy.data), static_cast<const T *>(b.x.data), p, unit, lane,
+                                  [&](float d, float v) {
+                                      s += d;
+                                      t += d * (v - mean);
+                                  });
         s = Group::sum(s, scratch);
         t = Group::sum(t, scratch);
         if (lane == 0) {
-            part_dy[plane] = s;
-            part_dy_xc[plane] = t;
+            part_dy[unit] = s;
+            part_dy_xc[unit] = t;
         }
     }
 }
 
-/* Per channel, the planes' sums added in image order. */
-__global__ void channel_sums(int64_t images, int64_t c, const float *part_dy, const float *part_dy_xc, float *sum_dy,
+/* Per channel, the chunks' sums added in chunk order. */
+__global__ void channel_sums(int64_t chunks, int64_t c, const float *part_dy, const float *part_dy_xc, float *sum_dy,
                              float *sum_dy_xc)
 {
     for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < c; ch += (int64_t)gridDim.x * blockDim.x) {
         float s = 0.0f, t = 0.0f;
-        for (int64_t image = 0; image < images; image++) {
-            s += part_dy[image * c + ch];
-            t += part_dy_xc[image * c + ch];
+        for (int64_t chunk = 0; chunk < chunks; chunk++) {
+            s += part_dy[chunk * c + ch];
+            t += part_dy_xc[chunk * c + ch];
         }
         sum_dy[ch] = s;
         sum_dy_xc[ch] = t;
     }
 }
 
-/* dx = k * (dy - mean_dy - (x - mean) * proj), the plane's channel's terms. */
-template <class T, int G>
-__global__ void __launch_bounds__(BLOCK)
-    input_gradient_planes(ampc_batch_norm_backward b, GradTerms terms, int64_t planes, int64_t hw)
+/* The elementwise passes' formulas at one channel, its terms loaded by at(ch). */
+struct NormalizeAt {  /* y = (x - mean) * scale + bias */
+    const float *scale, *bias, *save_mean;
+    float k, m, mean;
+    __device__ void at(int64_t ch) { k = scale[ch], m = bias[ch], mean = save_mean[ch]; }
+    __device__ float operator()(float x, float) const { return (x - mean) * k + m; }
+};
+
+struct InputGradientAt {  /* dx = k * (dy - mean_dy - (x - mean) * proj) */
+    GradTerms t;
+    float k, mean_dy, proj, mean;
+    __device__ void at(int64_t ch) { k = t.k[ch], mean_dy = t.mean_dy[ch], proj = t.proj[ch], mean = t.mean[ch]; }
+    __device__ float operator()(float dy, float x) const { return k * (dy - mean_dy - (x - mean) * proj); }
+};
+
+/* out = fn(a, b) over streamed planes (b may be null), a row group a plane. */
+template <class T, int G, class At>
+__global__ void __launch_bounds__(BLOCK) map_planes(const T *a, const T *b, T *out, Planes p, At fn)
 {
     typedef RowGroup<G> Group;
     const int lane = Group::lane();
-    for (int64_t plane = Group::first(); plane < planes; plane += Group::step()) {
-        const int64_t ch = plane % b.c;
-        const float k = terms.k[ch], mean_dy = terms.mean_dy[ch], proj = terms.proj[ch], mean = terms.mean[ch];
-        stream_map<T, G>(static_cast<const T *>(b.dy.data) + plane * hw, static_cast<const T *>(b.x.data) + plane * hw,
-                         static_cast<T *>(b.dx.data) + plane * hw, hw, lane,
-                         [&](int64_t, float d, float v) { return k * (d - mean_dy - (v - mean) * proj); });
+    for (int64_t plane = Group::first(); plane < p.units(); plane += Group::step()) {
+        fn.at(plane % p.c);
+        stream_map<T, G>(a + plane * p.hw, b != nullptr ? b + plane * p.hw : nullptr, out + plane * p.hw, p.hw, lane,
+                         [&](int64_t, float u, float v) { return fn(u, v); });
     }
 }
 
-/* launch(G, grid) for `planes` planes of hw elements with G lanes a plane
- * (a std::integral_constant): a warp for short planes, a block for long. */
-template <class Launch>
-int launch_planes(int64_t planes, int64_t hw, Launch launch)
+/* The same over short planes: a pack a thread over the whole array, the
+ * channel followed across plane boundaries (its terms reloaded only there). */
+template <class T, class At>
+__global__ void map_flat(const T *a, const T *b, T *out, Planes p, At fn)
 {
-    if (hw < STREAM_BLOCK_FROM)
-        return launch(std::integral_constant<int, 32>(), rows_grid(planes, 32));
-    return launch(std::integral_constant<int, BLOCK>(), rows_grid(planes, BLOCK));
+    constexpr int VEC = Pack<T>::VEC;
+    const int64_t total = p.n * p.c * p.hw;
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q * VEC < total;
+         q += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t e0 = q * VEC;
+        int64_t plane, ch;
+        if (total <= UINT32_MAX) {  /* 32-bit division where it suffices: a 64-bit one is a long call */
+            plane = (uint32_t)e0 / (uint32_t)p.hw;
+            ch = (uint32_t)plane % (uint32_t)p.c;
+        } else {
+            plane = e0 / p.hw;
+            ch = plane % p.c;
+        }
+        int64_t off = e0 - plane * p.hw;
+        fn.at(ch);
+        const auto next = [&] {
+            if (++off == p.hw) {
+                off = 0;
+                ch = ch + 1 == p.c ? 0 : ch + 1;
+                fn.at(ch);
+            }
+        };
+        if (e0 + VEC <= total) {
+            Pack<T> x, y, o;
+            x.load(a + e0);
+            if (b != nullptr)
+                y.load(b + e0);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                o.set(i, fn(x[i], b != nullptr ? y[i] : 0.0f));
+                next();
+            }
+            o.store(out + e0);
+        } else
+            for (int64_t e = e0; e < total; e++) {
+                out[e] = from_float<T>(fn(to_float(a[e]), b != nullptr ? to_float(b[e]) : 0.0f));
+                next();
+            }
+    }
+}
+
+/* launch(G, STREAMED, grid) over the units (std::integral_constants), G
+ * lanes a unit: a block for a long plane, a warp for a short plane or a run
+ * (a block a run spent more on its reductions than on its elements). */
+template <class Launch>
+int launch_units(const Planes &p, Launch launch)
+{
+    using warp = std::integral_constant<int, 32>;
+    if (!p.streamed())
+        return launch(warp(), std::false_type(), rows_grid(p.units(), 32));
+    if (p.hw < STREAM_BLOCK_FROM)
+        return launch(warp(), std::true_type(), rows_grid(p.units(), 32));
+    return launch(std::integral_constant<int, BLOCK>(), std::true_type(), rows_grid(p.units(), BLOCK));
+}
+
+/* out = fn(a, b) over the planes, the kernel their length suits. */
+template <class T, class At>
+int map_nchw(void *stream, const T *a, const T *b, T *out, const Planes &p, At fn, const char *what)
+{
+    if (p.streamed())
+        return launch_units(p, [&](auto g, auto, unsigned grid) {
+            map_planes<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(a, b, out, p, fn);
+            return ampc_cuda_launched(what);
+        });
+    map_flat<T><<<grid_for((p.n * p.c * p.hw + Pack<T>::VEC - 1) / Pack<T>::VEC, 256), 256, 0, as_stream(stream)>>>(
+        a, b, out, p, fn);
+    return ampc_cuda_launched(what);
 }
 
 /* Dense NCHW data of a storage type the row kernels stream, every pointer
@@ -415,7 +544,7 @@ extern "C" int ampc_cuda_batch_norm_nhwc(int device, void *stream, const ampc_ba
             if (rc != AMPC_OK)
                 return rc;
             welford_finish<<<grid_for(b->c, FINISH_X), dim3(FINISH_X, FINISH_Y), 0, as_stream(stream)>>>(
-                *b, part_mean, part_m2, rows, chunks, scale, bias);
+                *b, part_mean, part_m2, rows, chunks, (rows + chunks - 1) / chunks, scale, bias);
             rc = ampc_cuda_launched("batch_norm statistics kernel");
             if (rc != AMPC_OK)
                 return rc;
@@ -465,35 +594,32 @@ extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_
     if (!b->training || !planes_fit(b->x.dtype, b->n, b->c, b->h, b->w, b->x_strides, ptrs, 2) ||
         b->y.dtype != b->x.dtype)
         return AMPC_NOT_TAKEN;
-    const int64_t hw = b->h * b->w, planes = b->n * b->c;
+    const Planes p = Planes::of(b->n, b->c, b->h * b->w);
     return ampc_on_device(device, [&] {
-        /* scale, bias, then each plane's mean and m2 */
+        /* scale, bias, then each unit's mean and m2 */
         Scratch scratch(device, stream);
-        int rc = scratch.get((2 * (size_t)b->c + 2 * (size_t)planes) * sizeof(float));
+        int rc = scratch.get((2 * (size_t)b->c + 2 * (size_t)p.units()) * sizeof(float));
         if (rc != AMPC_OK)
             return rc;
         float *scale = static_cast<float *>(scratch.ptr), *bias = scale + b->c;
-        float *part_mean = bias + b->c, *part_m2 = part_mean + planes;
+        float *part_mean = bias + b->c, *part_m2 = part_mean + p.units();
         return with_storage(b->x.dtype, [&](auto type) {
             using T = decltype(type);
-            int status = launch_planes(planes, hw, [&](auto g, unsigned grid) {
-                plane_moments<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(
-                    static_cast<const T *>(b->x.data), planes, hw, part_mean, part_m2);
+            int status = launch_units(p, [&](auto g, auto streamed, unsigned grid) {
+                plane_moments<T, decltype(g)::value, decltype(streamed)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(
+                    static_cast<const T *>(b->x.data), p, part_mean, part_m2);
                 return ampc_cuda_launched("batch_norm statistics kernel");
             });
             if (status != AMPC_OK)
                 return status;
-            /* the images are welford_finish's chunks: n of h * w rows each */
             welford_finish<<<grid_for(b->c, FINISH_X), dim3(FINISH_X, FINISH_Y), 0, as_stream(stream)>>>(
-                *b, part_mean, part_m2, b->n * hw, b->n, scale, bias);
+                *b, part_mean, part_m2, b->n * p.hw, p.chunks(), p.images * p.hw, scale, bias);
             status = ampc_cuda_launched("batch_norm statistics kernel");
             if (status != AMPC_OK)
                 return status;
-            return launch_planes(planes, hw, [&](auto g, unsigned grid) {
-                normalize_planes<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(*b, planes, hw, scale,
-                                                                                               bias);
-                return ampc_cuda_launched("batch_norm kernel");
-            });
+            const NormalizeAt fn{scale, bias, static_cast<const float *>(b->save_mean.data), 0.0f, 0.0f, 0.0f};
+            return map_nchw(stream, static_cast<const T *>(b->x.data), (const T *)nullptr, static_cast<T *>(b->y.data),
+                            p, fn, "batch_norm kernel");
         });
     });
 }
@@ -504,40 +630,38 @@ extern "C" int ampc_cuda_batch_norm_planes_backward(int device, void *stream, co
     if (!planes_fit(b->x.dtype, b->n, b->c, b->h, b->w, b->x_strides, ptrs, 3) || b->dy.dtype != b->x.dtype ||
         (b->dx.data != nullptr && b->dx.dtype != b->x.dtype))
         return AMPC_NOT_TAKEN;
-    const int64_t hw = b->h * b->w, planes = b->n * b->c;
+    const Planes p = Planes::of(b->n, b->c, b->h * b->w);
     return ampc_on_device(device, [&] {
-        /* the two sums, GradTerms, then each plane's two sums */
+        /* the two sums, GradTerms, then each unit's two sums */
         Scratch sums(device, stream);
-        int rc = sums.get((6 * (size_t)b->c + 2 * (size_t)planes) * sizeof(float));
+        int rc = sums.get((6 * (size_t)b->c + 2 * (size_t)p.units()) * sizeof(float));
         if (rc != AMPC_OK)
             return rc;
         float *sum_dy = static_cast<float *>(sums.ptr), *sum_dy_xc = sum_dy + b->c;
         const GradTerms terms{sum_dy + 2 * b->c, sum_dy + 3 * b->c, sum_dy + 4 * b->c, sum_dy + 5 * b->c};
-        float *part_dy = sum_dy + 6 * b->c, *part_dy_xc = part_dy + planes;
+        float *part_dy = sum_dy + 6 * b->c, *part_dy_xc = part_dy + p.units();
         return with_storage(b->x.dtype, [&](auto type) {
             using T = decltype(type);
-            int status = launch_planes(planes, hw, [&](auto g, unsigned grid) {
-                plane_gradient_sums<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(*b, planes, hw,
-                                                                                                  part_dy, part_dy_xc);
+            int status = launch_units(p, [&](auto g, auto streamed, unsigned grid) {
+                plane_gradient_sums<T, decltype(g)::value, decltype(streamed)::value>
+                    <<<grid, BLOCK, 0, as_stream(stream)>>>(*b, p, part_dy, part_dy_xc);
                 return ampc_cuda_launched("batch_norm backward sums");
             });
             if (status != AMPC_OK)
                 return status;
-            channel_sums<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(b->n, b->c, part_dy, part_dy_xc, sum_dy,
-                                                                             sum_dy_xc);
+            channel_sums<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(p.chunks(), b->c, part_dy, part_dy_xc,
+                                                                             sum_dy, sum_dy_xc);
             status = ampc_cuda_launched("batch_norm backward sums");
             if (status != AMPC_OK)
                 return status;
-            channel_gradients<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(*b, sum_dy, sum_dy_xc, b->n * hw,
+            channel_gradients<<<grid_for(b->c, 256), 256, 0, as_stream(stream)>>>(*b, sum_dy, sum_dy_xc, b->n * p.hw,
                                                                                   terms);
             status = ampc_cuda_launched("batch_norm weight gradient kernel");
             if (status != AMPC_OK || b->dx.data == nullptr)
                 return status;
-            return launch_planes(planes, hw, [&](auto g, unsigned grid) {
-                input_gradient_planes<T, decltype(g)::value><<<grid, BLOCK, 0, as_stream(stream)>>>(*b, terms, planes,
-                                                                                                    hw);
-                return ampc_cuda_launched("batch_norm backward kernel");
-            });
+            const InputGradientAt fn{terms, 0.0f, 0.0f, 0.0f, 0.0f};
+            return map_nchw(stream, static_cast<const T *>(b->dy.data), static_cast<const T *>(b->x.data),
+                            static_cast<T *>(b->dx.data), p, fn, "batch_norm backward kernel");
         });
     });
 }

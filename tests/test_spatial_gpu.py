@@ -125,10 +125,12 @@ def test_conv_bad_input():
 # --------------------------------------------------------------------------------------------
 
 # Training takes ampc's kernels channels-last with channels in whole 16-byte packs (64, 256; 12 in
-# float32) and NCHW with planes of 16 elements or more (30 and 49 off 16-byte boundaries, 196 a warp's,
-# 4480 a block's); other shapes take cuDNN.
+# float32) and NCHW with planes of 16 elements or more; other shapes take cuDNN. NCHW planes under 512
+# elements go a run of images per warp (30, 49, 196 elements: planes off 16-byte boundaries, packs
+# across planes; 100 images of 49 make five runs, the last short), longer ones a warp per plane (667)
+# or a block (4480).
 BN_SHAPES = [(4, 3, 5, 6), (7, 5), (3, 4, 9), (8, 64, 14, 14), (2, 1, 3, 3), (3, 12, 3, 3), (32, 256, 7, 7),
-             (2, 3, 64, 70)]
+             (100, 3, 7, 7), (3, 5, 23, 29), (2, 3, 64, 70)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
@@ -164,13 +166,14 @@ def test_batch_norm(shape, dtype, channels_last):
     close(gb, egb, acc, rtol=1e-4, what="batch_norm grad_bias")
 
 
+@pytest.mark.parametrize("shape", [(16, 64, 28, 28), (200, 8, 7, 7)], ids=str)
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
-def test_batch_norm_training_repeats_bit_for_bit(layout):
-    """ampc's batch-norm kernels sum in a fixed order (per plane or column chunk, then in image
-    order): the same inputs give the same bits, statistics and gradients included."""
-    x = randn(16, 64, 28, 28, dtype=torch.float16).contiguous(memory_format=layout)
-    g = randn(16, 64, 28, 28, dtype=torch.float16).contiguous(memory_format=layout)
-    w, b = randn(64), randn(64)
+def test_batch_norm_training_repeats_bit_for_bit(layout, shape):
+    """ampc's batch-norm kernels sum in a fixed order (per plane, run of planes or column chunk, then
+    in image order): the same inputs give the same bits, statistics and gradients included."""
+    x = randn(*shape, dtype=torch.float16).contiguous(memory_format=layout)
+    g = randn(*shape, dtype=torch.float16).contiguous(memory_format=layout)
+    w, b = randn(shape[1]), randn(shape[1])
     runs = []
     for _ in range(2):
         y, mean, rstd = F._batch_norm_forward(x, None, None, w, b, True)
