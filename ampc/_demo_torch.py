@@ -94,10 +94,13 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
         None if dtype is None else np.dtype(dtype).name]
     scaler = torch.amp.GradScaler("cuda", enabled=scaled)
     torch.cuda.reset_peak_memory_stats(device)
-    times, losses = [], []
+    times, losses, warmup_peak = [], [], None
     bar = _demo.Progress("torch " + name, warmup + steps)
     for step in range(warmup + steps):
         torch.cuda.synchronize(device)
+        if step == warmup:  # as ampc's rows: the timed steps' peak apart from the warm-up's
+            warmup_peak = torch.cuda.max_memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
         began = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch_dtype, enabled=dtype is not None):
@@ -112,7 +115,8 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
         bar.show(step + 1, losses[-1])
     scale = scaler.get_scale() if scaled else None
     row = {"name": "torch " + name, "library": "torch", "step_ms": 1e3 * float(np.median(times)),
-           "peak_bytes": torch.cuda.max_memory_allocated(device), "accuracy": None, "skipped": None,
+           "peak_bytes": torch.cuda.max_memory_allocated(device), "warmup_peak_bytes": warmup_peak,
+           "accuracy": None, "skipped": None,
            "scale": scale, "final_loss": losses[-1], "losses": losses, "scales": [scale or 1.0] * len(losses)}
     del model, optimizer, x, y
     torch.cuda.empty_cache()

@@ -313,3 +313,19 @@ def test_nan_data_the_scaler_skips_and_the_demo_says_so(digits):
     lines = _demo.notes([fp32, fp16])
     assert any("fp32: the final loss is nan" in line for line in lines)
     assert any(f"AMP fp16: the GradScaler skipped {fp16['skipped']} step(s)" in line for line in lines)
+
+
+def test_table_shows_the_warm_up_peak_where_the_runs_measured_one():
+    """The synthetic runs' rows carry the warm-up's peak beside the timed steps' (ampc tunes its
+    convolutions in the warm-up); the MLP's rows have none and keep the seed's columns."""
+    row = {"library": "ampc", "accuracy": None, "skipped": 0, "scale": None}
+    fp32 = dict(row, name="fp32", step_ms=10.0, peak_bytes=3 * 2**20, warmup_peak_bytes=5 * 2**20)
+    fp16 = dict(row, name="AMP fp16", step_ms=4.0, peak_bytes=2**20, warmup_peak_bytes=2 * 2**20, scale=1024.0)
+    lines = _demo.table([fp32, fp16]).splitlines()
+    assert lines[0].split(" | ")[5] == "warm-up peak MB"
+    assert lines[3].split(" | ")[1:6] == ["4.000", "2.50x", "1.00", "0.33x", "2.00"]
+    assert lines[3].endswith("| 1024 |")
+    for r in (fp32, fp16):
+        del r["warmup_peak_bytes"]
+    plain = _demo.table([fp32, fp16]).splitlines()
+    assert "warm-up" not in plain[0] and plain[3].split(" | ")[1:6] == ["4.000", "2.50x", "1.00", "0.33x", "—"]
