@@ -23,7 +23,10 @@
  * taken again freely by the thread holding it (step() runs the optimizer,
  * whose code may call the scaler). The kernels release the GIL and step()
  * runs Python code, so without the lock a second thread could enter midway
- * and reuse the gradient list being read.
+ * and reuse the gradient list being read. The option getters and setters
+ * and is_enabled() take no lock: they touch one field under the GIL (update()
+ * reads the options once, into the rule it applies), and a thread that the
+ * optimizer's step waits for may call them without waiting for that step.
  */
 #include "ampc.h"
 
@@ -1875,14 +1878,7 @@ SERIALISED_KW(Scaler_unscale_)
 SERIALISED_KW(Scaler_step)
 SERIALISED_KW(Scaler_update)
 SERIALISED(Scaler_get_scale)
-SERIALISED(Scaler_get_growth_factor)
-SERIALISED(Scaler_set_growth_factor)
-SERIALISED(Scaler_get_backoff_factor)
-SERIALISED(Scaler_set_backoff_factor)
-SERIALISED(Scaler_get_growth_interval)
-SERIALISED(Scaler_set_growth_interval)
 SERIALISED(Scaler_get_growth_tracker)
-SERIALISED(Scaler_is_enabled)
 SERIALISED(Scaler_state_dict)
 SERIALISED(Scaler_load_state_dict)
 SERIALISED(Scaler_stats)
@@ -1929,14 +1925,14 @@ static PyMethodDef Scaler_methods[] = {
     {"update", (PyCFunction)(void (*)(void))Scaler_update_serialised, METH_VARARGS | METH_KEYWORDS,
      "update($self, /, new_scale=None)\n--\n\nGrow or back off the scale (or set it to new_scale)."},
     {"get_scale", Scaler_get_scale_serialised, METH_NOARGS, "get_scale($self, /)\n--\n\nThe current scale, as a float."},
-    {"get_growth_factor", Scaler_get_growth_factor_serialised, METH_NOARGS, NULL},
-    {"set_growth_factor", Scaler_set_growth_factor_serialised, METH_O, NULL},
-    {"get_backoff_factor", Scaler_get_backoff_factor_serialised, METH_NOARGS, NULL},
-    {"set_backoff_factor", Scaler_set_backoff_factor_serialised, METH_O, NULL},
-    {"get_growth_interval", Scaler_get_growth_interval_serialised, METH_NOARGS, NULL},
-    {"set_growth_interval", Scaler_set_growth_interval_serialised, METH_O, NULL},
+    {"get_growth_factor", Scaler_get_growth_factor, METH_NOARGS, NULL},
+    {"set_growth_factor", Scaler_set_growth_factor, METH_O, NULL},
+    {"get_backoff_factor", Scaler_get_backoff_factor, METH_NOARGS, NULL},
+    {"set_backoff_factor", Scaler_set_backoff_factor, METH_O, NULL},
+    {"get_growth_interval", Scaler_get_growth_interval, METH_NOARGS, NULL},
+    {"set_growth_interval", Scaler_set_growth_interval, METH_O, NULL},
     {"_get_growth_tracker", Scaler_get_growth_tracker_serialised, METH_NOARGS, NULL},
-    {"is_enabled", Scaler_is_enabled_serialised, METH_NOARGS, NULL},
+    {"is_enabled", Scaler_is_enabled, METH_NOARGS, NULL},
     {"state_dict", Scaler_state_dict_serialised, METH_NOARGS,
      "state_dict($self, /)\n--\n\ntorch's five keys (plus ampc's options where they are used)."},
     {"load_state_dict", Scaler_load_state_dict_serialised, METH_O, "load_state_dict($self, state_dict, /)\n--\n\n"},

@@ -288,6 +288,32 @@ def test_a_scaler_runs_one_method_at_a_time():
     assert s.get_scale() == 4.0
 
 
+def test_the_options_need_no_wait_for_a_step():
+    """An optimizer's step that waits for a thread reading or setting the scaler's options: those
+    calls take no lock (they touch one field under the GIL), so the thread is not stuck behind the
+    step that waits for it (with the lock, this was a deadlock)."""
+    s = cpu_scaler()
+    seen = []
+
+    def reader():
+        seen.append((s.get_growth_factor(), s.get_backoff_factor(), s.get_growth_interval(), s.is_enabled()))
+        s.set_growth_interval(7)
+
+    class WaitingSGD(SGD):
+        def step(self):
+            helper = threading.Thread(target=reader)
+            helper.start()
+            helper.join(timeout=10)
+            seen.append(helper.is_alive())
+            super().step()
+
+    opt = WaitingSGD([Param(np.zeros(3, np.float32))])
+    opt.param_groups[0]["params"][0].grad = np.ones(3, np.float32)
+    s.step(opt)
+    assert seen == [(2.0, 0.5, 2000, True), False]
+    assert s.get_growth_interval() == 7 and opt.steps == 1
+
+
 def test_a_thread_waiting_for_the_scaler_can_be_interrupted():
     """Ctrl-C reaches a thread waiting for another thread's long step(), then, not after it."""
     import _thread
