@@ -77,11 +77,26 @@ def _launched_by_torchrun():
     return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
-def _report(finals, size, engine, batch, epochs, baseline, seconds):
+def _alone_then_together(args, world, alone, index=-1):
+    """Rank 0 trains on its own (in `alone`, a group of rank 0 only; None elsewhere) for the baseline,
+    then every rank of `world` together, an inf injected into the last rank's loss at step 3: (the
+    baseline's seconds, 0 on other ranks; the seconds together; this rank's final (scale, skipped
+    steps, checksum))."""
+    data, batch, rank, size = digits_split(args.seed), args.batch_size or 64, world.rank(), world.size()
+    baseline = 0.0
+    if rank == 0:
+        baseline, _ = _train(data, args.epochs, batch, 0, 1, alone, args.seed, None, index)
+    world.barrier()
+    seconds, final = _train(data, args.epochs, batch, rank, size, world, args.seed, 3, index)
+    return baseline, seconds, final
+
+
+def _report(finals, size, engine, args, baseline, seconds):
     """Rank 0's table: each rank's (scale, skipped steps, checksum), whether they agree, the speed-up;
     the exit status (1 when the ranks disagree)."""
     print(f"ampc {ampc.__version__} demo --distributed: the digits MLP, AMP fp16 + GradScaler, {size} ranks over "
-          f"{engine}, global batch {batch}, {epochs} epochs; inf injected into rank {size - 1}'s loss at step 3")
+          f"{engine}, global batch {args.batch_size or 64}, {args.epochs} epochs; inf injected into rank "
+          f"{size - 1}'s loss at step 3")
     print("| rank | final scale | skipped steps | parameter checksum |")
     print("| --- | --- | --- | --- |")
     for r, (scale, skipped, checksum) in enumerate(finals):
@@ -110,20 +125,15 @@ def _run_torch(args):
         threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         ampc.set_num_threads(threads)
         _limit_blas_threads(threads)
-    data = digits_split(args.seed)
-    batch = args.batch_size or 64
     alone = td.new_group([0])  # every rank takes part in making it
-    baseline = 0.0
     try:
-        if rank == 0:
-            baseline, _ = _train(data, args.epochs, batch, 0, 1, dist.TorchProcessGroup(alone), args.seed, None, index)
-        world.barrier()
-        seconds, final = _train(data, args.epochs, batch, rank, size, world, args.seed, 3, index)
+        baseline, seconds, final = _alone_then_together(args, world, dist.TorchProcessGroup(alone) if rank == 0
+                                                        else None, index)
         finals = np.zeros((size, 3), np.float64)
         finals[rank] = final
         world.all_reduce(finals, "sum")
         engine = f"NCCL (cuda:{index} on rank 0)" if on_gpu else "gloo (the CPU)"
-        return _report(finals.tolist(), size, engine, batch, args.epochs, baseline, seconds) if rank == 0 else 0
+        return _report(finals.tolist(), size, engine, args, baseline, seconds) if rank == 0 else 0
     finally:
         dist.destroy_process_group()
 
@@ -142,15 +152,7 @@ def run(args):
     threads = max(1, cores if cores < (os.cpu_count() or cores) else cores // local)
     ampc.set_num_threads(threads)
     _limit_blas_threads(threads)
-    data = digits_split(args.seed)
-    batch = args.batch_size or 64
     alone = MPI.COMM_WORLD.Split(0 if rank == 0 else MPI.UNDEFINED, 0)
-    baseline = None
-    if rank == 0:
-        baseline, _ = _train(data, args.epochs, batch, 0, 1, dist.ProcessGroup(alone), args.seed, None)
-    world.barrier()
-    seconds, final = _train(data, args.epochs, batch, rank, size, world, args.seed, inject_inf_at=3)
+    baseline, seconds, final = _alone_then_together(args, world, dist.ProcessGroup(alone) if rank == 0 else None)
     finals = MPI.COMM_WORLD.gather(final, root=0)
-    if rank == 0:
-        return _report(finals, size, "MPI", batch, args.epochs, baseline, seconds)
-    return 0
+    return _report(finals, size, "MPI", args, baseline, seconds) if rank == 0 else 0
