@@ -102,9 +102,10 @@ static PyObject *output_like(ampc_op_args *a, ampc_dtype dtype, const int64_t *s
                              ampc_view *out)
 {
     if (!is_c_order(like) && is_channels_last(like)) {
-        const int64_t size = ampc_dtype_size(dtype);
-        const int64_t strides[4] = {shape[1] * shape[2] * shape[3] * size, size, shape[3] * shape[1] * size,
-                                    shape[1] * size};
+        int64_t strides[4];
+        dense_strides(shape, 1, strides);
+        for (int i = 0; i < 4; i++)
+            strides[i] *= ampc_dtype_size(dtype);  /* in bytes */
         return ampc_op_output_strided(a, dtype, 4, shape, strides, out);
     }
     return ampc_op_output(a, dtype, 4, shape, out);
