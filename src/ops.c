@@ -102,7 +102,8 @@ int ampc_op_keep(ampc_op_args *a, PyObject *obj)
     return 0;
 }
 
-/* Copy the elements of src (any strides) to the dense dst, byte for byte:
+/* Copy the elements of src (any strides) to dst (dense, in C order or the
+ * order its strides give), byte for byte:
  * integer arrays (class indices), which the cast kernels do not take. A
  * same-size floating dtype stands in for 2-, 4- and 8-byte elements (a
  * same-dtype cast copies every bit, on the CPU and the GPU); 1-byte ones are
@@ -122,12 +123,13 @@ static int copy_bits(ampc_op_args *a, ampc_view *dst, const ampc_view *src)
         return -1;
     }
     int64_t index[AMPC_MAX_NDIM] = {0};
-    char *out = dst->data;
     for (int64_t i = 0; i < src->numel; i++) {
-        int64_t off = 0;
-        for (int d = 0; d < src->ndim; d++)
-            off += index[d] * src->strides[d];
-        out[i] = src->data[off];
+        int64_t from = 0, to = 0;  /* dst in its own strides: a relayout may ask channels-last */
+        for (int d = 0; d < src->ndim; d++) {
+            from += index[d] * src->strides[d];
+            to += index[d] * dst->strides[d];
+        }
+        dst->data[to] = src->data[from];
         for (int d = src->ndim - 1; d >= 0 && ++index[d] == src->shape[d]; d--)
             index[d] = 0;
     }
