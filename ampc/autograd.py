@@ -362,8 +362,9 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
 
     ``grad_args`` names op's differentiable arguments; ``forward(args)`` (op's arguments by name,
     in its order, cast and unwrapped) returns ``(output, saved)``; ``backward(args, saved, grad,
-    needs)`` returns one gradient per name in grad_args, or per array of a list argument. An output that is a tuple becomes a tuple
-    of Tensors, and backward then gets a list of their gradients (None for one nobody used).
+    needs)`` returns one gradient per name in grad_args, or per array of a list argument. An output
+    that is a tuple becomes a tuple of Tensors, and backward then gets a list of their gradients
+    (None for one nobody used).
 
     ``keep_uncast`` names arguments whose backward reads a 16-bit array as well as its float32
     cast (the kernels load either into float32: the same values) and answers in its dtype: the
@@ -378,49 +379,58 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
 
     @functools.wraps(op)
     def call(*args, **kwargs):
-        if not is_grad_enabled() or not (_needs_grad(args) or _needs_grad(tuple(kwargs.values()))):
-            if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at and args[inplace_at]):
-                target = args[0] if args else kwargs.get(first)
-                if isinstance(target, Tensor):
-                    return _off_tape_in_place(op, binder, target, args, kwargs)
-            return op(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
-        arguments = binder.bind(args, kwargs)
-        # an in-place form (relu(x, inplace=True)) runs out of place on the tape, so that what other
-        # nodes kept of x stays as they saw it; x, a Tensor, is then rebound to the result, as torch
-        # moves a tensor's grad_fn to the in-place op
-        in_place = arguments[first] if arguments.get("inplace") else None
-        if in_place is not None:
-            arguments["inplace"] = False
-            if isinstance(in_place, _C.Parameter) and in_place.requires_grad:
-                raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
-        # one source per differentiable array: a list argument (cat's tensors) gives one each
-        values = [v for n in grad_args for v in (arguments[n] if isinstance(arguments[n], (list, tuple))
-                                                 else (arguments[n],))]
-        sources = tuple(_source(v) for v in values)
-        dtypes = tuple(getattr(_array(v), "dtype", None) for v in values)
-        for key, value in arguments.items():
-            arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
-        originals = {n: arguments[n] for n in keep_uncast}
-        if capture is not None:
-            # the first argument positionally: fp32_set_opt_dtype looks at it
-            rest = {k: v for k, v in arguments.items() if k != first}
-            cast_args, cast_kwargs = capture(arguments[first], **rest)
-            cast_kwargs[first] = cast_args[0]
-            arguments = {n: cast_kwargs[n] for n in binder.names}
-        for n in grad_args:
-            value = arguments[n]
-            arguments[n] = [_array(v) for v in value] if isinstance(value, (list, tuple)) else _array(value)
-        output, saved = forward(arguments)
-        for n, original in originals.items():
-            if _widened(original, arguments[n]):
-                arguments[n] = _array(original)
-        node = Node(name, backward, arguments, saved, sources, dtypes, len(output) if isinstance(output, tuple) else 1)
-        if isinstance(output, tuple):
-            return tuple(Tensor(o, node, i) for i, o in enumerate(output))
-        if isinstance(in_place, Tensor):
-            in_place.data, in_place.grad_fn, in_place._index = output, node, 0
-            return in_place
-        return Tensor(output, node)
+        try:
+            if not is_grad_enabled() or not (_needs_grad(args) or _needs_grad(tuple(kwargs.values()))):
+                if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at and args[inplace_at]):
+                    target = args[0] if args else kwargs.get(first)
+                    if isinstance(target, Tensor):
+                        return _off_tape_in_place(op, binder, target, args, kwargs)
+                return op(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+            arguments = binder.bind(args, kwargs)
+            # an in-place form (relu(x, inplace=True)) runs out of place on the tape, so that what other
+            # nodes kept of x stays as they saw it; x, a Tensor, is then rebound to the result, as torch
+            # moves a tensor's grad_fn to the in-place op
+            in_place = arguments[first] if arguments.get("inplace") else None
+            if in_place is not None:
+                arguments["inplace"] = False
+                if isinstance(in_place, _C.Parameter) and in_place.requires_grad:
+                    raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+            # one source per differentiable array: a list argument (cat's tensors) gives one each
+            values = [v for n in grad_args for v in (arguments[n] if isinstance(arguments[n], (list, tuple))
+                                                     else (arguments[n],))]
+            sources = tuple(_source(v) for v in values)
+            dtypes = tuple(getattr(_array(v), "dtype", None) for v in values)
+            for key, value in arguments.items():
+                arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
+            originals = {n: arguments[n] for n in keep_uncast}
+            if capture is not None:
+                # the first argument positionally: fp32_set_opt_dtype looks at it
+                rest = {k: v for k, v in arguments.items() if k != first}
+                cast_args, cast_kwargs = capture(arguments[first], **rest)
+                cast_kwargs[first] = cast_args[0]
+                arguments = {n: cast_kwargs[n] for n in binder.names}
+            for n in grad_args:
+                value = arguments[n]
+                arguments[n] = [_array(v) for v in value] if isinstance(value, (list, tuple)) else _array(value)
+            output, saved = forward(arguments)
+            for n, original in originals.items():
+                if _widened(original, arguments[n]):
+                    arguments[n] = _array(original)
+            outputs = len(output) if isinstance(output, tuple) else 1
+            node = Node(name, backward, arguments, saved, sources, dtypes, outputs)
+            if isinstance(output, tuple):
+                return tuple(Tensor(o, node, i) for i, o in enumerate(output))
+            if isinstance(in_place, Tensor):
+                in_place.data, in_place.grad_fn, in_place._index = output, node, 0
+                return in_place
+            return Tensor(output, node)
+        except AttributeError as error:  # an argument that is no array: named, as names_non_arrays does
+            from ampc.nn._common import non_array_error  # ampc.nn imports this module: not at its top
+
+            named = non_array_error(op, error, args, kwargs)
+            if named is None:
+                raise
+            raise named from None
 
     call.raw = op
     return call

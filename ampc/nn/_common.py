@@ -45,22 +45,34 @@ _NOTHING = object()
 def names_non_arrays(fn):
     """fn, where an argument that is no array (a list, None, a string) answers with not_an_array's
     TypeError naming it, not with the AttributeError of the first line of Python that read its .shape
-    or .dtype. Only the failure path pays: it binds the arguments to find whose attribute was missing
-    (the AttributeError's obj, Python 3.10+), an element of a list argument included."""
-    signature = inspect.signature(fn)
-
+    or .dtype. (The differentiable ops do the same inside their own wrapper, autograd's call.)"""
     @functools.wraps(fn)
     def call(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except AttributeError as error:
-            culprit = getattr(error, "obj", _NOTHING) if getattr(error, "name", None) in _ARRAY_ATTRIBUTES else _NOTHING
-            name = None if culprit is _NOTHING else _holding(signature, args, kwargs, culprit)
-            if name is None:
+            named = non_array_error(fn, error, args, kwargs)
+            if named is None:
                 raise
-            raise not_an_array(fn.__name__, name, culprit) from None
+            raise named from None
 
     return call
+
+
+def non_array_error(fn, error, args, kwargs):
+    """not_an_array's TypeError for the argument of fn(*args, **kwargs) whose missing array attribute
+    raised error (the AttributeError's obj, Python 3.10+), an element of a list argument included;
+    None when error is not about such an argument. Only the failure path pays for binding the
+    arguments."""
+    culprit = getattr(error, "obj", _NOTHING) if getattr(error, "name", None) in _ARRAY_ATTRIBUTES else _NOTHING
+    if culprit is _NOTHING:
+        return None
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a text signature: no names to give
+        return None
+    name = _holding(signature, args, kwargs, culprit)
+    return None if name is None else not_an_array(fn.__name__, name, culprit)
 
 
 def _holding(signature, args, kwargs, culprit):

@@ -599,6 +599,7 @@ from ampc.nn._common import names_non_arrays as _names_non_arrays  # noqa: E402
 
 for _name, _value in list(globals().items()):
     if (not _name.startswith("_") and callable(_value) and not isinstance(_value, type)
-            and getattr(_value, "__module__", "").startswith("ampc.nn")):
+            and getattr(_value, "__module__", "").startswith("ampc.nn")
+            and not hasattr(_value, "raw")):  # the differentiable ops name them in autograd's call
         globals()[_name] = _names_non_arrays(_value)
 del _name, _value
