@@ -130,3 +130,16 @@ def test_any_layout_gives_the_contiguous_bits(op, layout, rng):
     assert np.asarray(got).shape == np.asarray(want).shape and np.asarray(got).dtype == np.asarray(want).dtype
     np.testing.assert_array_equal(_bits(got), _bits(want))
     np.testing.assert_array_equal(x, before)
+
+
+@pytest.mark.parametrize("op", ["cat", "stack"])
+@pytest.mark.parametrize("kind", ["None", "str", "object"])
+def test_a_non_array_among_the_arrays_of_cat_and_stack(op, kind, rng):
+    """NumPy takes None or a string as a 0-d array: cat said the arrays' dimensions differ, stack
+    that their shapes do. Both name the argument instead, as torch's TypeError does."""
+    first = rng.standard_normal(3).astype(np.float32)
+    keep = first.copy()
+    bad = NOT_ARRAYS[kind]
+    with pytest.raises(TypeError, match=f"{op}: each of tensors must be an array .*got {type(bad).__name__}"):
+        getattr(F, op)([first, bad])
+    np.testing.assert_array_equal(first, keep)

@@ -9,6 +9,7 @@ torch's promote list: under autocast their floating inputs meet in the widest dt
 import importlib
 
 from ampc.amp import autocast_op
+from ampc.nn._common import shape_of
 
 
 _LIBRARIES = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy",
@@ -104,12 +105,21 @@ def _slice(x, dim, start, stop):
     return x[(slice(None),) * dim + (slice(start, stop),)]
 
 
+def _array_list(op, tensors):
+    """cat's or stack's tensors as a non-empty list of arrays: NumPy would take None or a string
+    as a 0-d array and speak of dimensions or shapes."""
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{op}: expected a non-empty list of arrays")
+    for t in tensors:
+        shape_of(t, op, "each of tensors")
+    return tensors
+
+
 @autocast_op(name="cat")
 def cat(tensors, dim=0):
     """torch.cat: arrays of one library joined along dim (mixed float dtypes promote)."""
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError("cat: expected a non-empty list of arrays")
+    tensors = _array_list("cat", tensors)
     lib = _library(tensors[0])
     dim = _dim("cat", dim, len(tensors[0].shape))
     return lib.cat(tensors, dim) if lib.__name__ == "torch" else lib.concatenate(tensors, axis=dim)
@@ -130,9 +140,7 @@ def cat_backward(grad_output, sizes, dim=0):
 
 @autocast_op(name="stack")
 def stack(tensors, dim=0):
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError("stack: expected a non-empty list of arrays")
+    tensors = _array_list("stack", tensors)
     dim = _dim("stack", dim, len(tensors[0].shape) + 1)
     return _library(tensors[0]).stack(tensors, dim)
 
