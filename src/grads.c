@@ -143,8 +143,14 @@ int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int 
             goto done;
         for (int pi = 0; (param = PyIter_Next(param_iter)) != NULL; pi++) {
             grad = PyObject_GetAttrString(param, "grad");
-            if (grad == NULL)
+            if (grad == NULL) {
+                if (PyErr_ExceptionMatches(PyExc_AttributeError)) {  /* None, a string: say which entry */
+                    PyErr_Clear();
+                    PyErr_Format(PyExc_TypeError, "optimizer.param_groups[%d]['params'][%d] must be a parameter "
+                                 "(an object with .grad), got %.200s", gi, pi, Py_TYPE(param)->tp_name);
+                }
                 goto done;
+            }
             if (grad != Py_None && add_grad(st, g, param, grad, gi, pi, allow_fp16, for_writing) < 0)
                 goto done;
             Py_CLEAR(grad);

@@ -208,6 +208,22 @@ def test_bad_gradients_leave_everything_untouched(make_bad, error, match):
     assert (good == 1.0).all()
 
 
+@pytest.mark.parametrize("entry", [None, "w", 3.0])
+def test_an_entry_of_params_that_is_no_parameter(entry):
+    """None or a string among an optimizer's params: a TypeError naming the entry (torch's own
+    unscale_ gives the AttributeError of `.grad`), nothing divided."""
+    s = cpu_scaler(init_scale=4.0)
+    good = np.full(4, 4.0, np.float32)
+    opt = opt_with(good)
+    opt.param_groups[0]["params"].append(entry)
+    with pytest.raises(TypeError, match=rf"param_groups\[0\]\['params'\]\[1\] must be a parameter .*got "
+                                        rf"{type(entry).__name__}"):
+        s.unscale_(opt)
+    assert (good == 4.0).all() and s.get_scale() == 4.0
+    s.unscale_(opt_with(good))
+    assert (good == 1.0).all()
+
+
 def test_perfect_storm(rng):
     """Many gradients of awkward sizes and mixed dtypes; an inf injected at each position in
     turn: found_inf is exactly 1, never missed, never counted twice."""
