@@ -901,8 +901,9 @@ static PyObject *scale_nested(ampc_state *st, PyObject *op, PyObject *outputs)
         Py_DECREF(items);
         return t;
     }
-    /* Any other iterable comes back as a lazy map, as in torch. */
-    PyObject *iter = PyObject_GetIter(outputs);
+    /* Any other iterable comes back as a lazy map, as in torch; not a string, whose characters are
+     * strings again (torch's map recurses until a RecursionError when it is read). */
+    PyObject *iter = PyUnicode_Check(outputs) || PyBytes_Check(outputs) ? NULL : PyObject_GetIter(outputs);
     if (iter == NULL) {
         PyErr_Clear();
         PyErr_SetString(PyExc_ValueError, "outputs must be a Tensor or an iterable of Tensors");

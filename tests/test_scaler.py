@@ -139,6 +139,11 @@ def test_scale_nested_and_iterables():
     assert [v.tolist() for v in lazy] == [[8.0], [8.0]]
     with pytest.raises(ValueError, match="outputs must be a Tensor or an iterable of Tensors"):
         s.scale(2.5)
+    # a string is iterable, its characters strings again: torch's lazy map recurses without end once
+    # it is read; ampc refuses it up front, alone or nested
+    for bad in ("loss", b"loss", [four, "x"]):
+        with pytest.raises(ValueError, match="outputs must be a Tensor or an iterable of Tensors"):
+            s.scale(bad)
 
 
 # ---------------------------------------------------------------------------
