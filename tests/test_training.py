@@ -329,3 +329,23 @@ def test_table_shows_the_warm_up_peak_where_the_runs_measured_one():
         del r["warmup_peak_bytes"]
     plain = _demo.table([fp32, fp16]).splitlines()
     assert "warm-up" not in plain[0] and plain[3].split(" | ")[1:6] == ["4.000", "2.50x", "1.00", "0.33x", "—"]
+
+
+def test_containers_take_modules_only():
+    """Sequential(ReLU(), 3) kept the 3 as a plain attribute, out of the model: a silent
+    difference from torch, which refuses it. Sequential, its OrderedDict form, ModuleList,
+    append() and add_module() refuse it with torch's text; the container is left as it was."""
+    from collections import OrderedDict
+
+    for make in (lambda: nn.Sequential(nn.ReLU(), 3), lambda: nn.Sequential(OrderedDict(a=nn.ReLU(), b=None)),
+                 lambda: nn.ModuleList([nn.ReLU(), "relu"])):
+        with pytest.raises(TypeError, match=r"(int|NoneType|str) is not a Module subclass"):
+            make()
+    seq = nn.Sequential(nn.ReLU())
+    with pytest.raises(TypeError, match="float is not a Module subclass"):
+        seq.append(1.5)
+    with pytest.raises(TypeError, match="module name should be a string. Got int"):
+        seq.add_module(3, nn.ReLU())
+    assert len(seq) == 1 and list(seq.state_dict()) == []
+    seq.add_module("tail", nn.Linear(2, 2))
+    assert len(seq) == 2 and sorted(seq.state_dict()) == ["tail.bias", "tail.weight"]

@@ -93,6 +93,15 @@ class Module:
         self.__dict__.pop(name, None)
         self._buffers[name] = value
 
+    def add_module(self, name, module):
+        """module as the submodule `name` (as torch's; a container's entries come in this way)."""
+        # setattr would keep a non-module as a plain attribute, out of the model (torch also takes None)
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        if not isinstance(name, str):
+            raise TypeError(f"module name should be a string. Got {type(name).__name__}")
+        setattr(self, name, module)
+
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
@@ -560,7 +569,7 @@ class _ModuleSequence(Module):
         return iter(self._modules.values())
 
     def append(self, module):
-        setattr(self, str(len(self)), module)
+        self.add_module(str(len(self)), module)
         return self
 
 
@@ -569,7 +578,7 @@ class Sequential(_ModuleSequence):
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
             for name, module in modules[0].items():
-                setattr(self, name, module)
+                self.add_module(name, module)
         else:
             for module in modules:
                 self.append(module)
