@@ -143,3 +143,20 @@ def test_a_non_array_among_the_arrays_of_cat_and_stack(op, kind, rng):
     with pytest.raises(TypeError, match=f"{op}: each of tensors must be an array .*got {type(bad).__name__}"):
         getattr(F, op)([first, bad])
     np.testing.assert_array_equal(first, keep)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_reduction_dims_are_ints(op, rng):
+    """dim=[1.5] summed over dim 1 (int() truncated it): a silent wrong answer; torch refuses it.
+    A NumPy integer is an int (it was refused as 'not iterable'); mean's out-of-range dim gets
+    torch's IndexError text, not a tuple's."""
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    fn = getattr(F, op)
+    for bad in ([1.5], 1.0, "a", [None]):
+        with pytest.raises(TypeError, match=f"{op}: dim must be an int or a list or tuple of ints"):
+            fn(x, dim=bad)
+    np.testing.assert_array_equal(fn(x, dim=np.int64(1)), fn(x, dim=1))
+    np.testing.assert_array_equal(fn(x, dim=[np.int32(-1)]), fn(x, dim=1))
+    with pytest.raises(IndexError, match=rf"{op}: Dimension out of range \(expected to be in range of \[-2, 1\], "
+                                         r"but got 5\)"):
+        fn(x, dim=5)

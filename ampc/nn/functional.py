@@ -13,6 +13,7 @@ the gradients of the inputs, in the dtypes the forward ran in.
 """
 
 import math
+import operator
 
 from ampc import _C
 from ampc._C import as_dtype
@@ -456,12 +457,20 @@ def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduc
 # --------------------------------------------------------------------------------------------
 
 
-def _dims(dim):
+def _dims(dim, op="sum", ndim=None):
+    """dim (None, an int or a list or tuple of ints) as a tuple of ints, each checked against ndim
+    where given: int() took 1.5 for 1, a silent wrong answer."""
     if dim is None:
         return None
-    if isinstance(dim, int):
-        return (dim,)
-    return tuple(int(d) for d in dim)
+    try:
+        dims = tuple(operator.index(d) for d in (dim if isinstance(dim, (list, tuple)) else (dim,)))
+    except TypeError:
+        raise TypeError(f"{op}: dim must be an int or a list or tuple of ints, got {dim!r}") from None
+    n = max(ndim or 0, 1)
+    for d in dims if ndim is not None else ():
+        if not -n <= d < n:
+            raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+    return dims
 
 
 @autocast_op(name="sum")
@@ -470,8 +479,8 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001 - torch's 
 
 
 def mean(input, dim=None, keepdim=False, *, dtype=None):
-    dims = _dims(dim)
     shape = tuple(input.shape)
+    dims = _dims(dim, "mean", len(shape))
     count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
     return _C._sum(input, dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype)
 
