@@ -160,3 +160,28 @@ def test_reduction_dims_are_ints(op, rng):
     with pytest.raises(IndexError, match=rf"{op}: Dimension out of range \(expected to be in range of \[-2, 1\], "
                                          r"but got 5\)"):
         fn(x, dim=5)
+
+
+@pytest.mark.parametrize("call,op,name", [
+    (lambda x, v: F.cross_entropy(x[0], np.array([0, 1]), ignore_index=v), "cross_entropy", "ignore_index"),
+    (lambda x, v: F.nll_loss(x[0], np.array([0, 1]), ignore_index=v), "nll_loss", "ignore_index"),
+    (lambda x, v: F.cross_entropy_backward(np.float32(1), x[0], np.array([0, 1]), ignore_index=v),
+     "cross_entropy_backward", "ignore_index"),
+    (lambda x, v: F.embedding(np.array([1]), x[0], padding_idx=v), "embedding", "padding_idx"),
+    (lambda x, v: F.layer_norm(x[0], (v,)), "layer_norm", "normalized_shape"),
+    (lambda x, v: F.group_norm(x[1], v), "group_norm", "num_groups"),
+    (lambda x, v: F.conv2d(x[1], np.ones((2, 1, 1, 1), np.float32), groups=v), "conv2d", "groups"),
+    (lambda x, v: F.avg_pool2d(x[1], 1, divisor_override=v), "avg_pool2d", "divisor_override"),
+])
+def test_int_arguments_are_ints(call, op, name, rng):
+    """int() took 1.5 for 1: cross_entropy(ignore_index=1.5) ignored class 1, layer_norm((3.5,))
+    normalised over 3, a silent wrong answer each; torch refuses a float. A NumPy integer is taken."""
+    x = (rng.standard_normal((2, 3)).astype(np.float32), rng.standard_normal((1, 2, 3, 3)).astype(np.float32))
+    keep = [a.copy() for a in x]
+    ok = {"layer_norm": 3, "group_norm": 2, "conv2d": 2, "avg_pool2d": 1, "embedding": 1}.get(op, 1)
+    for bad in (1.5, float(ok), "1"):
+        with pytest.raises(TypeError, match=f"{op}: {name} must be an int"):
+            call(x, bad)
+    call(x, np.int64(ok))
+    for a, b in zip(x, keep):
+        np.testing.assert_array_equal(a, b)

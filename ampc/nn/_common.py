@@ -5,6 +5,7 @@ re-exports (_attention, _embedding) import it without importing each other."""
 import functools
 import inspect
 import math
+import operator
 
 import numpy as np
 
@@ -28,6 +29,14 @@ def not_an_array(op, name, x):
     """The TypeError the C entry points raise for an argument that is no array."""
     return TypeError(f"{op}: {name} must be an array (a NumPy ndarray, or an object with __dlpack__ such as a "
                      f"CuPy array, torch tensor or JAX array), got {type(x).__name__}")
+
+
+def as_int(op, name, value, what="an int"):
+    """An int (or what __index__ makes one: NumPy's integers), never a float truncated or a string
+    parsed, as torch's int arguments: int(1.5) made an ignore_index of 1.5 ignore class 1."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{op}: {name} must be {what}, got {type(value).__name__}")
+    return operator.index(value)
 
 
 def shape_of(x, op, name="input"):

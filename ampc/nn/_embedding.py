@@ -2,14 +2,14 @@
 (torch's autocast lists neither)."""
 
 from ampc import _C, random
-from ampc.nn._common import in_place, numel as _numel, shape_of as _shape_of
+from ampc.nn._common import as_int, in_place, numel as _numel, shape_of as _shape_of
 
 
 def _padding_index(op, padding_idx, num):
     """torch's padding_idx: None, or an index in [-num, num), taken modulo num."""
     if padding_idx is None:
         return -1
-    padding_idx = int(padding_idx)
+    padding_idx = as_int(op, "padding_idx", padding_idx)
     if not -num <= padding_idx < num:
         raise ValueError(f"{op}: Padding_idx must be within num_embeddings, got {padding_idx} for {num} rows")
     return padding_idx % num

@@ -7,11 +7,10 @@ keeps them. On the GPU the convolutions and batch norm are cuDNN's, and a channe
 (torch.channels_last) stays channels-last.
 """
 
-import operator
-
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
+from ampc.nn._common import as_int
 from ampc.nn._glue import _slice, reshape
 
 _OPS = _C._ew_ops()
@@ -19,11 +18,7 @@ _MAX, _AVG, _ADAPTIVE_AVG = 0, 1, 2
 
 
 def _int(op, name, value):
-    """An int (or what __index__ makes one: NumPy's integers), never a float truncated or a string
-    parsed, as torch's int arguments."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{op}: {name} must be an int or a pair of ints, got {type(value).__name__}")
-    return operator.index(value)
+    return as_int(op, name, value, "an int or a pair of ints")
 
 
 def _pair(op, name, value):
@@ -110,7 +105,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv2d: input (N, C, H, W) or (C, H, W), weight (K, C / groups, R, S)."""
     stride, padding, dilation, extra = _conv2d_args("conv2d", weight, stride, padding, dilation)
     x, unbatched = _batched("conv2d", input, 2)
-    y = _C._conv2d(_pad_end(x, extra), weight, bias, stride, padding, dilation, int(groups))
+    y = _C._conv2d(_pad_end(x, extra), weight, bias, stride, padding, dilation, as_int("conv2d", "groups", groups))
     return _reshape(y, tuple(y.shape)[1:]) if unbatched else y
 
 
@@ -121,7 +116,7 @@ def conv2d_backward(grad_output, input, weight, stride=1, padding=0, dilation=1,
     x, unbatched = _batched("conv2d_backward", input, 2)
     padded = _pad_end(x, extra)
     dy = _reshape(grad_output, (1,) + tuple(grad_output.shape)) if unbatched else grad_output
-    args = (stride, padding, dilation, int(groups))
+    args = (stride, padding, dilation, as_int("conv2d_backward", "groups", groups))
     gi = _C._conv2d_backward(dy, padded, weight, *args, "input") if input_grad else None
     gw = _C._conv2d_backward(dy, padded, weight, *args, "weight") if weight_grad else None
     if gi is not None and extra != (0, 0):  # the padding's own gradient is dropped
@@ -147,7 +142,7 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv1d: input (N, C, L) or (C, L), weight (K, C / groups, S)."""
     x, w, stride, padding, dilation, unbatched = _conv1d_as_2d("conv1d", input, weight, stride, padding, dilation)
     stride, padding, dilation, extra = _conv2d_args("conv1d", w, stride, padding, dilation)
-    y = _C._conv2d(_pad_end(x, extra), w, bias, stride, padding, dilation, int(groups))
+    y = _C._conv2d(_pad_end(x, extra), w, bias, stride, padding, dilation, as_int("conv1d", "groups", groups))
     n, k, _, length = y.shape
     return _reshape(y, (k, length) if unbatched else (n, k, length))
 
@@ -273,9 +268,10 @@ def max_pool2d_backward(grad_output, input, indices, kernel_size, stride=None, p
 def _divisor(op, divisor_override):
     if divisor_override is None:
         return 0
-    if int(divisor_override) == 0:
+    divisor = as_int(op, "divisor_override", divisor_override)
+    if divisor == 0:
         raise ValueError(f"{op}: divisor must be not zero")
-    return int(divisor_override)
+    return divisor
 
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
@@ -301,7 +297,8 @@ def _adaptive_size(op, input, output_size):
     if len(output_size) != 2:
         raise ValueError(f"{op}: output_size must be an int or a pair, got {output_size}")
     shape = tuple(input.shape)
-    return tuple(shape[len(shape) - 2 + i] if s is None else _int(op, "output_size", s) for i, s in enumerate(output_size))
+    return tuple(shape[len(shape) - 2 + i] if s is None else _int(op, "output_size", s)
+                 for i, s in enumerate(output_size))
 
 
 _UNUSED = (1, 1)

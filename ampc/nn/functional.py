@@ -18,7 +18,8 @@ import operator
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
-from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, in_place as _in_place, numel as _numel
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, in_place as _in_place
+from ampc.nn._common import numel as _numel
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -223,7 +224,8 @@ def log_softmax_backward(grad_output, output, dim, input_dtype=None):
 def _normalized_size(op, input, normalized_shape):
     if isinstance(normalized_shape, int):
         normalized_shape = (normalized_shape,)
-    normalized_shape = tuple(int(s) for s in normalized_shape)
+    normalized_shape = tuple(_as_int(op, "normalized_shape", s, "an int or a sequence of ints")
+                             for s in normalized_shape)
     shape = tuple(input.shape)
     if len(normalized_shape) == 0 or shape[len(shape) - len(normalized_shape):] != normalized_shape:
         raise ValueError(f"{op}: Given normalized_shape={list(normalized_shape)}, expected input with shape "
@@ -261,7 +263,7 @@ def _group_rows(op, input, num_groups):
     shape = tuple(input.shape)
     if len(shape) < 2:
         raise ValueError(f"{op}: Expected at least 2 dimensions for input tensor but received {len(shape)}")
-    num_groups = int(num_groups)
+    num_groups = _as_int(op, "num_groups", num_groups)
     if num_groups <= 0 or shape[1] % num_groups != 0:
         raise ValueError(f"{op}: Expected number of channels in input to be divisible by num_groups, but got input "
                          f"of shape {list(shape)} and num_groups={num_groups}")
@@ -332,8 +334,10 @@ def group_norm_backward(grad_output, input, num_groups, weight=None, bias=None, 
 def _cross_entropy_forward(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
                            log_probs=False):
     """(loss, lse, denom): the loss, and what its backward needs."""
-    _check_reduction("nll_loss" if log_probs else "cross_entropy", reduction)
-    return _C._cross_entropy(input, target, weight, int(ignore_index), float(label_smoothing), reduction, log_probs)
+    op = "nll_loss" if log_probs else "cross_entropy"
+    _check_reduction(op, reduction)
+    return _C._cross_entropy(input, target, weight, _as_int(op, "ignore_index", ignore_index), float(label_smoothing),
+                             reduction, log_probs)
 
 
 @autocast_op(name="cross_entropy")
@@ -347,9 +351,10 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 def cross_entropy_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean",
                            label_smoothing=0.0, *, lse=None, denom=None):
     """The gradient of cross_entropy with respect to its input (in input's dtype)."""
+    ignore_index = _as_int("cross_entropy_backward", "ignore_index", ignore_index)
     if lse is None or denom is None:
         _, lse, denom = _cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing)
-    return _C._cross_entropy_backward(grad_output, input, target, lse, denom, weight, int(ignore_index),
+    return _C._cross_entropy_backward(grad_output, input, target, lse, denom, weight, ignore_index,
                                       float(label_smoothing), reduction, False)
 
 
@@ -361,8 +366,9 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
 
 
 def nll_loss_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean"):
+    ignore_index = _as_int("nll_loss_backward", "ignore_index", ignore_index)
     _, lse, denom = _cross_entropy_forward(input, target, weight, ignore_index, reduction, log_probs=True)
-    return _C._cross_entropy_backward(grad_output, input, target, lse, denom, weight, int(ignore_index), 0.0,
+    return _C._cross_entropy_backward(grad_output, input, target, lse, denom, weight, ignore_index, 0.0,
                                       reduction, True)
 
 
@@ -398,7 +404,8 @@ def _pointwise_loss_backward(name, op, grad_output, input, target, reduction, sc
 
 @autocast_op(name="mse_loss")
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
-    return _pointwise_loss("mse_loss", "squared_diff", input, target, _legacy_reduction(size_average, reduce, reduction))
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    return _pointwise_loss("mse_loss", "squared_diff", input, target, reduction)
 
 
 def mse_loss_backward(grad_output, input, target, reduction="mean"):
