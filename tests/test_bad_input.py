@@ -185,3 +185,18 @@ def test_int_arguments_are_ints(call, op, name, rng):
     call(x, np.int64(ok))
     for a, b in zip(x, keep):
         np.testing.assert_array_equal(a, b)
+
+
+def test_split_and_chunk_sizes_are_ints(rng):
+    """split(x, [1.5, 1.5], 1) became [1, 1]; with sizes that still added up ([1.5, 2.5] of 3) the
+    pieces were silently other than asked. NumPy integers are taken (they were refused as 'not
+    iterable')."""
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    for call in (lambda: F.split(x, [1.5, 2.5], 1), lambda: F.split(x, 1.5, 1)):
+        with pytest.raises(TypeError, match="split: split_size_or_sections must be an int or a list of ints"):
+            call()
+    with pytest.raises(TypeError, match="chunk: chunks must be an int, got float"):
+        F.chunk(x, 2.0, 1)
+    assert [p.shape for p in F.split(x, np.int64(3), 1)] == [(2, 3), (2, 1)]
+    assert [p.shape for p in F.split(x, [np.int32(1), 3], 1)] == [(2, 1), (2, 3)]
+    assert [p.shape for p in F.chunk(x, np.int64(2), 1)] == [(2, 2), (2, 2)]

@@ -9,7 +9,7 @@ torch's promote list: under autocast their floating inputs meet in the widest dt
 import importlib
 
 from ampc.amp import autocast_op
-from ampc.nn._common import shape_of
+from ampc.nn._common import as_int, shape_of
 
 
 _LIBRARIES = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy",
@@ -154,13 +154,14 @@ def split(tensor, split_size_or_sections, dim=0):
     """torch.split: pieces of split_size along dim (the last may be shorter), or of the listed sizes."""
     dim = _dim("split", dim, len(tensor.shape))
     n = tensor.shape[dim]
-    if isinstance(split_size_or_sections, int):
-        size = split_size_or_sections
+    if not isinstance(split_size_or_sections, (list, tuple)):
+        size = as_int("split", "split_size_or_sections", split_size_or_sections, "an int or a list of ints")
         if size <= 0:
             raise ValueError(f"split: split_size must be positive, got {size}")
         sizes = [min(size, n - s) for s in range(0, n, size)] or [0]
-    else:
-        sizes = [int(s) for s in split_size_or_sections]
+    else:  # int() took [1.5, 2.5] for [1, 2]
+        sizes = [as_int("split", "split_size_or_sections", s, "an int or a list of ints")
+                 for s in split_size_or_sections]
         if sum(sizes) != n:
             raise ValueError(f"split: split_sizes add up to {sum(sizes)}, but the dimension has {n}")
     return tuple(cat_backward(tensor, sizes, dim))
@@ -168,6 +169,7 @@ def split(tensor, split_size_or_sections, dim=0):
 
 def chunk(input, chunks, dim=0):
     """torch.chunk: at most `chunks` pieces of ceil(n / chunks) along dim."""
+    chunks = as_int("chunk", "chunks", chunks)
     if chunks <= 0:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
     n = input.shape[_dim("chunk", dim, len(input.shape))]
