@@ -200,3 +200,22 @@ def test_split_and_chunk_sizes_are_ints(rng):
     assert [p.shape for p in F.split(x, np.int64(3), 1)] == [(2, 3), (2, 1)]
     assert [p.shape for p in F.split(x, [np.int32(1), 3], 1)] == [(2, 1), (2, 3)]
     assert [p.shape for p in F.chunk(x, np.int64(2), 1)] == [(2, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.25, np.nan])
+def test_binary_cross_entropy_takes_probabilities_only(bad, rng):
+    """An input outside [0, 1] gave a number (1.5: -log 1.5, a negative loss) where torch's CPU
+    kernel raises; 0 and 1 themselves are probabilities."""
+    p = rng.random((2, 3)).astype(np.float32)
+    p[0, 0], p[1, 2] = 0.0, 1.0
+    y = rng.random((2, 3)).astype(np.float32)
+    p64, y64 = p.astype(np.float64), y.astype(np.float64)
+    with np.errstate(divide="ignore"):  # log 0, clamped at -100 as torch's
+        want = -np.mean(y64 * np.maximum(np.log(p64), -100) + (1 - y64) * np.maximum(np.log1p(-p64), -100))
+    np.testing.assert_allclose(F.binary_cross_entropy(p, y), want, rtol=1e-5)
+    p[1, 1] = bad
+    keep = p.copy()
+    for call in (lambda: F.binary_cross_entropy(p, y), lambda: F.binary_cross_entropy_backward(np.float32(1), p, y)):
+        with pytest.raises(RuntimeError, match="all elements of input should be between 0 and 1"):
+            call()
+    np.testing.assert_array_equal(p, keep)

@@ -15,6 +15,8 @@ the gradients of the inputs, in the dtypes the forward ran in.
 import math
 import operator
 
+import numpy as np
+
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
@@ -441,11 +443,22 @@ def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight
     return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input))
 
 
+def _check_probabilities(op, input):
+    """torch's CPU check that binary_cross_entropy's input holds probabilities: outside [0, 1] (NaN
+    included) the loss is no loss (1.5 gave -log 1.5 < 0). On the GPU torch asserts in the kernel;
+    ampc reads no device memory back inside an op, so there the values pass unchecked."""
+    if isinstance(input, np.ndarray):
+        with np.errstate(invalid="ignore"):
+            if not np.all((input >= 0) & (input <= 1)):
+                raise RuntimeError(f"{op}: all elements of input should be between 0 and 1")
+
+
 @autocast_op(name="binary_cross_entropy")
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     """Banned under CUDA autocast (torch's text says to use binary_cross_entropy_with_logits);
     float32 under CPU autocast."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
+    _check_probabilities("binary_cross_entropy", input)
     if weight is None:
         return _pointwise_loss("binary_cross_entropy", "bce", input, target, reduction)
     _check_reduction("binary_cross_entropy", reduction)
@@ -455,6 +468,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
 
 
 def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduction="mean"):
+    _check_probabilities("binary_cross_entropy_backward", input)
     g = _pointwise_loss_backward("binary_cross_entropy", "bce_grad", grad_output, input, target, reduction)
     return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input))
 
