@@ -528,6 +528,8 @@ def run_backward(root, gradient, retain_graph):
             raise RuntimeError("grad can be implicitly created only for scalar outputs")
         gradient = _ones_like(root.data)
     gradient = _array(gradient)
+    if isinstance(gradient, (str, bytes)) or getattr(gradient, "shape", None) is None:
+        raise TypeError(f"gradients can be either Tensors or None, but got {type(gradient).__name__}")
     if tuple(gradient.shape) != tuple(root.data.shape):
         raise RuntimeError(f"Mismatch in shape: grad_output[0] has a shape of {tuple(gradient.shape)} and output[0] "
                            f"has a shape of {tuple(root.data.shape)}.")

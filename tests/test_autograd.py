@@ -158,6 +158,10 @@ def test_retain_graph_and_errors():
         F.exp(w).backward(np.ones(2))
     with pytest.raises(RuntimeError, match="element 0 of tensors does not require grad"):
         ampc.autograd.run_backward(np.ones(3), None, False)
+    for bad in ([1.0, 1.0, 1.0], "abc", 2.0):  # torch's text; was the AttributeError of .shape
+        with pytest.raises(TypeError, match=f"gradients can be either Tensors or None, but got {type(bad).__name__}"):
+            F.exp(w).backward(bad)
+    assert w.grad is not None and np.allclose(w.grad, 2 * np.exp(np.ones(3)))  # untouched by the refusals
 
 
 def test_scaled_loss_backward():
