@@ -27,7 +27,7 @@ from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     scaled_dot_product_attention_backward)
 from ampc.nn._embedding import (  # noqa: F401
     _dropout_forward, dropout, dropout_backward, embedding, embedding_backward)
-from ampc.nn._glue import reshape as _glue_reshape
+from ampc.nn._glue import _dim, reshape as _glue_reshape
 from ampc.nn._glue import (  # noqa: F401
     cat, cat_backward, chunk, flatten, permute, permute_backward, reshape, reshape_backward, split, squeeze, stack,
     stack_backward, transpose, transpose_backward, unsqueeze)
@@ -487,10 +487,8 @@ def _dims(dim, op="sum", ndim=None):
         dims = tuple(operator.index(d) for d in (dim if isinstance(dim, (list, tuple)) else (dim,)))
     except TypeError:
         raise TypeError(f"{op}: dim must be an int or a list or tuple of ints, got {dim!r}") from None
-    n = max(ndim or 0, 1)
     for d in dims if ndim is not None else ():
-        if not -n <= d < n:
-            raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {d})")
+        _dim(op, d, ndim)  # the glue ops' range check and IndexError text
     return dims
 
 
