@@ -242,12 +242,14 @@ ampc_rows ampc_op_rows(const ampc_view *v, int64_t dim)
     return r;
 }
 
-int ampc_op_parse_dtype(ampc_state *st, PyObject *obj, const char *argname, int *have, ampc_dtype *dtype)
+int ampc_op_parse_dtype(const ampc_op_args *a, PyObject *obj, int *have, ampc_dtype *dtype)
 {
     *have = 0;
     if (obj == NULL || obj == Py_None)
         return 0;
-    if (ampc_dtype_parse(st, obj, argname, dtype) < 0)
+    char argname[80];
+    snprintf(argname, sizeof argname, "%s: dtype", a->op);
+    if (ampc_dtype_parse(a->st, obj, argname, dtype) < 0)
         return -1;
     if (!AMPC_DTYPE_IS_FLOAT(*dtype)) {
         PyErr_Format(PyExc_TypeError, "%s must be a floating dtype, got %s", argname, ampc_dtype_names[*dtype]);
@@ -348,17 +350,28 @@ static void ew_in_memory_order(ampc_ew *e, const int64_t *out_strides)
 
 static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"op", "a", "b", "c", "param", "scale", "dtype", "shape", NULL};
-    static const char *names[3] = {"input", "other", "scale"};
+    static char *kwlist[] = {"op", "a", "b", "c", "param", "scale", "dtype", "shape", "name", "names", NULL};
     ampc_state *st = ampc_state_of(module);
     int op;
     PyObject *objs[3] = {NULL, Py_None, Py_None}, *dtype_obj = Py_None, *shape_obj = Py_None, *result = NULL;
+    /* The public op's name and its arguments' names, for the error messages. */
+    const char *name = "elementwise", *names[3] = {"input", "other", "scale"};
+    PyObject *names_obj = Py_None;
     ampc_ew e = {0};
     e.param = 1.0;
     e.scale = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|OO$ddOO:_ew", kwlist, &op, &objs[0], &objs[1], &objs[2],
-                                     &e.param, &e.scale, &dtype_obj, &shape_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|OO$ddOOsO:_ew", kwlist, &op, &objs[0], &objs[1], &objs[2],
+                                     &e.param, &e.scale, &dtype_obj, &shape_obj, &name, &names_obj))
         return NULL;
+    if (names_obj != Py_None) {
+        if (!PyTuple_Check(names_obj) || PyTuple_GET_SIZE(names_obj) > 3) {
+            PyErr_SetString(PyExc_TypeError, "_ew: names must be a tuple of at most 3 str");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names_obj); i++)
+            if ((names[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(names_obj, i))) == NULL)
+                return NULL;
+    }
     if (op < 0 || op >= AMPC_EW_NUM_OPS) {
         PyErr_Format(PyExc_ValueError, "_ew: unknown op %d", op);
         return NULL;
@@ -367,16 +380,14 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
     const int arity = ampc_ew_arity(e.op);
     e.nin = objs[2] != Py_None ? 3 : arity;
     if (arity == 2 && objs[1] == Py_None) {
-        PyErr_SetString(PyExc_TypeError, "_ew: a binary op needs b");
+        PyErr_Format(PyExc_TypeError, "%s: %s must be an array or a number, got None", name, names[1]);
         return NULL;
     }
     ampc_op_args a;
-    ampc_op_args_init(&a, st, "elementwise");
+    ampc_op_args_init(&a, st, name);
     const ampc_view *in[3] = {NULL, NULL, NULL};
     int have_dtype = 0, have_array = 0;
     ampc_dtype dtype = AMPC_FLOAT32, promoted = AMPC_FLOAT32;
-    if (ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0)
-        goto done;
     for (int x = 0; x < e.nin; x++) {
         if (x == 1 && arity == 1 && objs[1] == Py_None) {
             e.value[1] = 0;
@@ -394,11 +405,15 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
         promoted = have_array ? ampc_promote_float(promoted, in[x]->dtype) : in[x]->dtype;
         have_array = 1;
     }
+    /* After the operands: a backward op's dtype= is an operand's dtype, and
+     * the message about that operand names it. */
+    if (ampc_op_parse_dtype(&a, dtype_obj, &have_dtype, &dtype) < 0)
+        goto done;
     e.out.dtype = have_dtype ? dtype : promoted;
     /* The output's shape: the inputs' shapes broadcast together (and to shape=). */
     int64_t want[AMPC_MAX_NDIM];
     int want_ndim = -1;
-    if (shape_obj != Py_None && (want_ndim = ampc_parse_int64s(shape_obj, "elementwise: shape", want, 0)) < 0)
+    if (shape_obj != Py_None && (want_ndim = ampc_parse_int64s(shape_obj, "_ew: shape", want, 0)) < 0)
         goto done;
     e.ndim = want_ndim > 0 ? want_ndim : 0;
     for (int x = 0; x < e.nin; x++)
@@ -415,8 +430,8 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
             const int vd = d - (e.ndim - in[x]->ndim);
             if (vd >= 0 && in[x]->shape[vd] != 1) {
                 if (e.shape[d] != 1 && e.shape[d] != in[x]->shape[vd]) {
-                    PyErr_Format(PyExc_ValueError, "elementwise: the shapes of the operands do not broadcast "
-                                 "(size %lld against %lld at dimension %d)", (long long)e.shape[d],
+                    PyErr_Format(PyExc_ValueError, "%s: the shapes of the operands do not broadcast "
+                                 "(size %lld against %lld at dimension %d)", name, (long long)e.shape[d],
                                  (long long)in[x]->shape[vd], d);
                     goto done;
                 }
@@ -425,13 +440,13 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
         }
     }
     if (want_ndim >= 0 && e.ndim != want_ndim) {
-        PyErr_SetString(PyExc_ValueError, "elementwise: the operands do not broadcast to shape");
+        PyErr_Format(PyExc_ValueError, "%s: the operands do not broadcast to shape", name);
         goto done;
     }
     for (int x = 0; x < e.nin; x++) {
         if (in[x] == NULL)
             continue;
-        if (ampc_op_broadcast_strides("elementwise", names[x], in[x], e.ndim, e.shape, e.strides[x]) < 0)
+        if (ampc_op_broadcast_strides(name, names[x], in[x], e.ndim, e.shape, e.strides[x]) < 0)
             goto done;
         e.in[x] = buf_of(in[x]);
     }
@@ -478,7 +493,7 @@ static PyObject *mod_softmax(PyObject *module, PyObject *args, PyObject *kwargs)
     ampc_dtype dtype;
     int64_t d;
     ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
-    if (x == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0 ||
+    if (x == NULL || ampc_op_parse_dtype(&a, dtype_obj, &have_dtype, &dtype) < 0 ||
         ampc_op_normalize_dim(name, dim, x->ndim, &d) < 0 || ampc_op_dense(&a, x) < 0)
         goto done;
     s.rows = ampc_op_rows(x, d);
@@ -545,7 +560,7 @@ static PyObject *mod_softmax_backward(PyObject *module, PyObject *args, PyObject
     int64_t d;
     ampc_view *dy = ampc_op_arg(&a, dy_obj, "grad_output", AMPC_ARG_FLOAT);
     ampc_view *y = dy ? ampc_op_arg(&a, y_obj, "output", AMPC_ARG_FLOAT) : NULL;
-    if (y == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0 ||
+    if (y == NULL || ampc_op_parse_dtype(&a, dtype_obj, &have_dtype, &dtype) < 0 ||
         ampc_op_check_same_shape(name, dy, "grad_output", y, "output") < 0 ||
         ampc_op_normalize_dim(name, dim, y->ndim, &d) < 0 || ampc_op_dense(&a, dy) < 0 || ampc_op_dense(&a, y) < 0)
         goto done;
@@ -609,7 +624,7 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
     ampc_view *w = NULL, *b = NULL;
     int have_dtype;
     ampc_dtype dtype;
-    if (x == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0)
+    if (x == NULL || ampc_op_parse_dtype(&a, dtype_obj, &have_dtype, &dtype) < 0)
         goto done;
     if (w_obj != Py_None && (w = ampc_op_arg(&a, w_obj, "weight", AMPC_ARG_FLOAT)) == NULL)
         goto done;
@@ -741,29 +756,29 @@ done:
  * intermediates in the accumulation dtype. */
 static PyObject *mod_sum(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"input", "dims", "keepdim", "scale", "dtype", NULL};
+    static char *kwlist[] = {"input", "dims", "keepdim", "scale", "dtype", "name", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *dims_obj = Py_None, *dtype_obj = Py_None, *result = NULL;
     int keepdim = 0;
     double scale = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Opd$O:_sum", kwlist, &x_obj, &dims_obj, &keepdim, &scale,
-                                     &dtype_obj))
+    const char *name = "sum"; /* or mean, a sum scaled by 1/count */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|Opd$Os:_sum", kwlist, &x_obj, &dims_obj, &keepdim, &scale,
+                                     &dtype_obj, &name))
         return NULL;
-    const char *name = "sum";
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
     int have_dtype;
     ampc_dtype dtype;
     char reduce[AMPC_MAX_NDIM] = {0};
     ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
-    if (x == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0)
+    if (x == NULL || ampc_op_parse_dtype(&a, dtype_obj, &have_dtype, &dtype) < 0)
         goto done;
     if (dims_obj == Py_None) {
         for (int d = 0; d < x->ndim; d++)
             reduce[d] = 1;
     }
     else {
-        PyObject *seq = PySequence_Fast(dims_obj, "sum: dim must be an int or a sequence of ints");
+        PyObject *seq = PySequence_Fast(dims_obj, "_sum: dims must be a sequence of ints");
         if (seq == NULL)
             goto done;
         for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
@@ -774,7 +789,7 @@ static PyObject *mod_sum(PyObject *module, PyObject *args, PyObject *kwargs)
                 goto done;
             }
             if (x->ndim > 0 && reduce[d]) {
-                PyErr_Format(PyExc_RuntimeError, "sum: dim %lld appears multiple times in the list of dims", v);
+                PyErr_Format(PyExc_RuntimeError, "%s: dim %lld appears multiple times in the list of dims", name, v);
                 Py_DECREF(seq);
                 goto done;
             }

@@ -59,7 +59,8 @@ int ampc_op_cpu_status(int rc);
 int ampc_op_normalize_dim(const char *op, int64_t dim, int ndim, int64_t *out);
 /* The (outer, n, inner) layout of a dense array around dimension dim. */
 ampc_rows ampc_op_rows(const ampc_view *v, int64_t dim);
-int ampc_op_parse_dtype(ampc_state *st, PyObject *obj, const char *argname, int *have, ampc_dtype *dtype);
+/* dtype= of op a->op (None: *have = 0): a floating dtype, or TypeError. */
+int ampc_op_parse_dtype(const ampc_op_args *a, PyObject *obj, int *have, ampc_dtype *dtype);
 int ampc_op_check_same_shape(const char *op, const ampc_view *x, const char *xn, const ampc_view *y,
                              const char *yn);
 /* v's element strides when broadcast to (ndim, shape): 0 where broadcast;

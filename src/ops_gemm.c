@@ -516,7 +516,7 @@ static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
     ampc_view *c = NULL, *bias = NULL;
     ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
     ampc_view *y = x ? ampc_op_arg(&a, y_obj, "other", AMPC_ARG_FLOAT) : NULL;
-    if (y == NULL || ampc_op_parse_dtype(st, dtype_obj, "dtype", &have_dtype, &dtype) < 0)
+    if (y == NULL || ampc_op_parse_dtype(&a, dtype_obj, &have_dtype, &dtype) < 0)
         goto done;
     if (c_obj != Py_None && (c = ampc_op_arg(&a, c_obj, "input", AMPC_ARG_FLOAT)) == NULL)
         goto done;

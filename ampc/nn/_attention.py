@@ -16,9 +16,9 @@ keys and values once (and the backward's products sum the G heads' key and value
 
 import math
 
-from ampc import _C, as_dtype
+from ampc import _C
 from ampc.amp import autocast_op
-from ampc.nn._common import OPS as _OPS, acc_dtype as _acc
+from ampc.nn._common import OPS as _OPS, acc_dtype as _acc, floating_dtype
 from ampc.nn._embedding import _dropout_forward, dropout_backward
 from ampc.nn._glue import _library, reshape
 
@@ -82,7 +82,7 @@ def probabilities(query, key, attn_mask=None, is_causal=False, scale=None, enabl
     the same bits every time: the backward pass recomputes them rather than keep B * H * L * S
     values per layer between the passes, as a fused kernel does (GPT-2 small at 8 x 1024 tokens:
     2.4 GB in 16 bits), for one more product and softmax per layer."""
-    dtype = as_dtype(query.dtype)
+    dtype = floating_dtype("scaled_dot_product_attention", "query", query)
     groups = _groups(query, key, enable_gqa)
     q = query if groups == 1 else reshape(query, tuple(key.shape[:-2]) + (groups * query.shape[-2], query.shape[-1]))
     scores = _C._matmul(q, key, transpose_b=True, alpha=_scale(query, scale), dtype=_acc(dtype),
@@ -124,7 +124,7 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, probs,
     in the inputs' dtype, each product accumulated in float32. Grouped queries (more query heads
     than key heads) are read off the shapes."""
     scale = _scale(query, scale)
-    dtype = as_dtype(query.dtype)
+    dtype = floating_dtype("scaled_dot_product_attention_backward", "query", query)
     grouped = tuple(query.shape[:-2]) != tuple(key.shape[:-2])
     q, g = query, grad_output
     if grouped:

@@ -7,9 +7,11 @@ import inspect
 import math
 import operator
 
+import ml_dtypes
 import numpy as np
 
 from ampc import _C
+from ampc._C import as_dtype
 
 OPS = _C._ew_ops()
 F32 = np.dtype(np.float32)
@@ -19,6 +21,23 @@ F64 = np.dtype(np.float64)
 def acc_dtype(dtype):
     """The dtype the kernels accumulate in for data of this dtype."""
     return F64 if dtype == F64 else F32
+
+
+_FLOATING = {F32, F64, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
+
+
+def floating_dtype(op, name, x):
+    """x's dtype when it is floating (ml_dtypes.bfloat16 for bfloat16), else the C ops' TypeError
+    naming op and argument: for the ops that take a dtype from an argument before the C code
+    reads it (a backward's output dtype, a loss's promotion)."""
+    try:
+        dtype = as_dtype(x.dtype)
+    except TypeError:  # a dtype ampc does not know (complex)
+        dtype = None
+    if dtype not in _FLOATING:
+        raise TypeError(f"{op}: {name} must be a floating array (float32, float16, bfloat16 or float64), "
+                        f"got dtype {x.dtype}")
+    return dtype
 
 
 def numel(x):
@@ -34,9 +53,22 @@ def not_an_array(op, name, x):
 def as_int(op, name, value, what="an int"):
     """An int (or what __index__ makes one: NumPy's integers), never a float truncated or a string
     parsed, as torch's int arguments: int(1.5) made an ignore_index of 1.5 ignore class 1."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise TypeError(f"{op}: {name} must be {what}, got {type(value).__name__}")
-    return operator.index(value)
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:  # no __index__, or an array of more than one element
+            pass
+    raise TypeError(f"{op}: {name} must be {what}, got {type(value).__name__}")
+
+
+def as_ints(op, name, values, what="an int or a sequence of ints"):
+    """A tuple of ints from an int or a sequence of them (a shape, a list of dims), each as as_int
+    takes it: a float array's tuple() made NumPy's message, naming neither op nor argument."""
+    if not isinstance(values, bool) and hasattr(type(values), "__index__") and getattr(values, "ndim", 0) == 0:
+        return (as_int(op, name, values, what),)
+    if not isinstance(values, (list, tuple)) and getattr(values, "ndim", None) != 1:  # a dict or set is no shape
+        raise TypeError(f"{op}: {name} must be {what}, got {type(values).__name__}")
+    return tuple(as_int(op, name, v, what) for v in values)
 
 
 def shape_of(x, op, name="input"):

@@ -176,7 +176,7 @@ def _addmm_backward(a, saved, g, needs):
 
 
 def _pow_backward(a, saved, g, needs):
-    if not isinstance(a["exponent"], (int, float)):
+    if not F._is_number(a["exponent"]):
         raise NotImplementedError("pow: the gradient of an array exponent is not supported")
     return (F.pow_backward(g, a["input"], a["exponent"]),)
 

@@ -1,6 +1,8 @@
 """embedding and dropout: the rows of a table, and a random mask. Both keep their input's dtype
 (torch's autocast lists neither)."""
 
+import numbers
+
 from ampc import _C, random
 from ampc.nn._common import as_int, in_place, numel as _numel, shape_of as _shape_of
 
@@ -60,11 +62,14 @@ def embedding_backward(grad_output, input, num_weights, padding_idx=None):
     """grad_weight (num_weights, embedding_dim) in grad_output's dtype: each row the sum of the
     gradients of the positions that named it, added in position order (the same bits on the CPU
     and a GPU); the row padding_idx gets none."""
-    return _C._embedding_backward(grad_output, input, int(num_weights),
-                                  _padding_index("embedding_backward", padding_idx, int(num_weights)))
+    num_weights = as_int("embedding_backward", "num_weights", num_weights)
+    return _C._embedding_backward(grad_output, input, num_weights,
+                                  _padding_index("embedding_backward", padding_idx, num_weights))
 
 
-def _check_p(p):
+def _check_p(p, op="dropout"):
+    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+        raise TypeError(f"{op}: p must be a float, got {type(p).__name__}")
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     return float(p)
@@ -93,5 +98,8 @@ def dropout_backward(grad_output, state, p=0.5):
     _dropout_forward returned it; None for evaluation: grad_output itself)."""
     if state is None:
         return grad_output
-    return _C._dropout(grad_output, _check_p(p), *state)
+    if not isinstance(state, tuple):
+        raise TypeError(f"dropout_backward: state must be what dropout's forward returned (a tuple) or None, "
+                        f"got {type(state).__name__}")
+    return _C._dropout(grad_output, _check_p(p, "dropout_backward"), *state)
 

@@ -7,9 +7,10 @@ torch's promote list: under autocast their floating inputs meet in the widest dt
 """
 
 import importlib
+import math
 
 from ampc.amp import autocast_op
-from ampc.nn._common import as_int, shape_of
+from ampc.nn._common import as_int, as_ints, shape_of
 
 
 _LIBRARIES = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy",
@@ -29,33 +30,42 @@ def _library(x):
     return found
 
 
-def _dim(op, dim, ndim):
+def _dim(op, dim, ndim, name="dim"):
+    dim = as_int(op, name, dim)
     n = max(ndim, 1)
     if not -n <= dim < n:
         raise IndexError(f"{op}: Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
     return dim % n
 
 
-def reshape(input, shape):
-    return _library(input).reshape(input, tuple(shape))
+def reshape(input, shape, *, _op="reshape"):
+    size = math.prod(shape_of(input, _op))
+    shape = as_ints(_op, "shape", shape)
+    known = math.prod(s for s in shape if s != -1)
+    if shape.count(-1) > 1 or any(s < -1 for s in shape) or (
+            known != size if -1 not in shape else known == 0 or size % known != 0):
+        raise ValueError(f"{_op}: shape '{list(shape)}' is invalid for input of size {size}")  # torch's text
+    return _library(input).reshape(input, shape)
 
 
 def reshape_backward(grad_output, input_shape):
-    return reshape(grad_output, input_shape)
+    return reshape(grad_output, as_ints("reshape_backward", "input_shape", input_shape), _op="reshape_backward")
 
 
 def transpose(input, dim0, dim1):
     nd = len(input.shape)
-    return _library(input).swapaxes(input, _dim("transpose", dim0, nd), _dim("transpose", dim1, nd))
+    return _library(input).swapaxes(input, _dim("transpose", dim0, nd, "dim0"), _dim("transpose", dim1, nd, "dim1"))
 
 
 def transpose_backward(grad_output, dim0, dim1):
-    return transpose(grad_output, dim0, dim1)
+    nd = len(grad_output.shape)
+    return transpose(grad_output, _dim("transpose_backward", dim0, nd, "dim0"),
+                     _dim("transpose_backward", dim1, nd, "dim1"))
 
 
 def permute(input, dims):
     nd = len(input.shape)
-    dims = tuple(_dim("permute", d, nd) for d in dims)
+    dims = tuple(_dim("permute", d, nd, "dims") for d in as_ints("permute", "dims", dims))
     if sorted(dims) != list(range(nd)):
         raise ValueError(f"permute: dims {dims} are not a permutation of the input's {nd} dimensions")
     lib = _library(input)
@@ -64,7 +74,7 @@ def permute(input, dims):
 
 def permute_backward(grad_output, dims):
     nd = len(grad_output.shape)
-    dims = [_dim("permute", d, nd) for d in dims]
+    dims = [_dim("permute_backward", d, nd, "dims") for d in as_ints("permute_backward", "dims", dims)]
     inverse = [0] * nd
     for i, d in enumerate(dims):
         inverse[d] = i
@@ -75,7 +85,7 @@ def flatten(input, start_dim=0, end_dim=-1):
     shape = tuple(input.shape)
     if not shape:
         return reshape(input, (1,))
-    s, e = _dim("flatten", start_dim, len(shape)), _dim("flatten", end_dim, len(shape))
+    s, e = _dim("flatten", start_dim, len(shape), "start_dim"), _dim("flatten", end_dim, len(shape), "end_dim")
     if s > e:
         raise ValueError("flatten: start_dim cannot come after end_dim")
     n = 1
@@ -108,6 +118,8 @@ def _slice(x, dim, start, stop):
 def _array_list(op, tensors):
     """cat's or stack's tensors as a non-empty list of arrays: NumPy would take None or a string
     as a 0-d array and speak of dimensions or shapes."""
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{op}: tensors must be a list or tuple of arrays, got {type(tensors).__name__}")
     tensors = list(tensors)
     if not tensors:
         raise ValueError(f"{op}: expected a non-empty list of arrays")
@@ -127,11 +139,11 @@ def cat(tensors, dim=0):
 
 def cat_backward(grad_output, sizes, dim=0):
     """The gradients of cat's inputs: grad_output cut into sizes along dim (views)."""
-    dim = _dim("cat", dim, len(grad_output.shape))
+    dim = _dim("cat_backward", dim, len(grad_output.shape))
     out, start = [], 0
-    for n in sizes:
-        out.append(_slice(grad_output, dim, start, start + int(n)))
-        start += int(n)
+    for n in as_ints("cat_backward", "sizes", sizes):
+        out.append(_slice(grad_output, dim, start, start + n))
+        start += n
     if start != grad_output.shape[dim]:
         raise ValueError(f"cat_backward: sizes add up to {start}, but grad_output has {grad_output.shape[dim]} "
                          f"along dim {dim}")
@@ -146,8 +158,8 @@ def stack(tensors, dim=0):
 
 
 def stack_backward(grad_output, count, dim=0):
-    dim = _dim("stack", dim, len(grad_output.shape))
-    return [squeeze(_slice(grad_output, dim, i, i + 1), dim) for i in range(int(count))]
+    dim = _dim("stack_backward", dim, len(grad_output.shape))
+    return [squeeze(_slice(grad_output, dim, i, i + 1), dim) for i in range(as_int("stack_backward", "count", count))]
 
 
 def split(tensor, split_size_or_sections, dim=0):

@@ -13,6 +13,7 @@ the gradients of the inputs, in the dtypes the forward ran in.
 """
 
 import math
+import numbers
 import operator
 
 import numpy as np
@@ -20,8 +21,8 @@ import numpy as np
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
-from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, in_place as _in_place
-from ampc.nn._common import numel as _numel
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
+from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -40,8 +41,10 @@ _OPS, _F32, _F64 = OPS, F32, F64
 _REDUCTIONS = ("none", "mean", "sum")
 
 
-def _ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None):
-    return _C._ew(_OPS[op], a, b, c, param=param, scale=scale, dtype=dtype)
+def _ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None, name=None, names=None):
+    """The elementwise kernel op on a, b, c. Its errors name the public op `name` (default: op) and
+    its arguments `names` (default: input, other, scale)."""
+    return _C._ew(_OPS[op], a, b, c, param=param, scale=scale, dtype=dtype, name=name or op, names=names)
 
 
 
@@ -201,7 +204,7 @@ def _softmax_dim(op, input, dim):
         # torch's legacy choice (with a warning there): 0 for 0-, 1- and 3-D, else 1
         ndim = len(input.shape)
         return 0 if ndim in (0, 1, 3) else 1
-    return dim
+    return _as_int(op, "dim", dim)
 
 
 @autocast_op(name="softmax")
@@ -216,18 +219,15 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 def softmax_backward(grad_output, output, dim, input_dtype=None):
     """The gradient of softmax's input from its output; in input_dtype (default output's)."""
-    return _C._softmax_backward(grad_output, output, dim, False, input_dtype)
+    return _C._softmax_backward(grad_output, output, _as_int("softmax_backward", "dim", dim), False, input_dtype)
 
 
 def log_softmax_backward(grad_output, output, dim, input_dtype=None):
-    return _C._softmax_backward(grad_output, output, dim, True, input_dtype)
+    return _C._softmax_backward(grad_output, output, _as_int("log_softmax_backward", "dim", dim), True, input_dtype)
 
 
 def _normalized_size(op, input, normalized_shape):
-    if isinstance(normalized_shape, int):
-        normalized_shape = (normalized_shape,)
-    normalized_shape = tuple(_as_int(op, "normalized_shape", s, "an int or a sequence of ints")
-                             for s in normalized_shape)
+    normalized_shape = _as_ints(op, "normalized_shape", normalized_shape)
     shape = tuple(input.shape)
     if len(normalized_shape) == 0 or shape[len(shape) - len(normalized_shape):] != normalized_shape:
         raise ValueError(f"{op}: Given normalized_shape={list(normalized_shape)}, expected input with shape "
@@ -385,13 +385,18 @@ def _legacy_reduction(size_average, reduce, reduction):
     return "mean" if size_average else "sum"
 
 
+_LOSS_ARGUMENTS = ("input", "target", "grad_output")
+_WEIGHTED_LOSS_ARGUMENTS = ("input", "target", "weight")
+
+
 def _pointwise_loss(name, op, input, target, reduction):
     _check_reduction(name, reduction)
     if tuple(input.shape) != tuple(target.shape):
         raise ValueError(f"{name}: target has shape {tuple(target.shape)} but input has shape "
                          f"{tuple(input.shape)}; give them the same shape")
-    dtype = _promote(_dtype(input), _dtype(target))
-    per_element = _ew(op, input, target, dtype=_acc(dtype) if reduction != "none" else dtype)
+    dtype = _promote(_floating_dtype(name, "input", input), _floating_dtype(name, "target", target))
+    per_element = _ew(op, input, target, dtype=_acc(dtype) if reduction != "none" else dtype, name=name,
+                      names=_LOSS_ARGUMENTS)
     return _reduce(name, per_element, reduction, dtype)
 
 
@@ -399,9 +404,10 @@ def _pointwise_loss_backward(name, op, grad_output, input, target, reduction, sc
     _check_reduction(name, reduction)
     if grad_output is None:  # the kernel reads a missing third operand as 1: say so instead
         raise TypeError(f"{name}_backward: grad_output must be an array or a number, got None")
-    dtype = _dtype(input)
+    dtype = _floating_dtype(f"{name}_backward", "input", input)
     grad_output, factor = _reduction_grad(grad_output, tuple(input.shape), reduction)
-    return _ew(op, input, target, grad_output, scale=factor * scale, dtype=dtype)
+    return _ew(op, input, target, grad_output, scale=factor * scale, dtype=dtype, name=f"{name}_backward",
+               names=_LOSS_ARGUMENTS)
 
 
 @autocast_op(name="mse_loss")
@@ -431,16 +437,19 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
         raise NotImplementedError("binary_cross_entropy_with_logits: pos_weight is not supported yet")
     if weight is None:
         return _pointwise_loss("binary_cross_entropy_with_logits", "bce_logits", input, target, reduction)
-    _check_reduction("binary_cross_entropy_with_logits", reduction)
-    dtype = _promote(_dtype(input), _dtype(target))
-    per_element = _ew("bce_logits", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype)
+    op = "binary_cross_entropy_with_logits"
+    _check_reduction(op, reduction)
+    dtype = _promote(_floating_dtype(op, "input", input), _floating_dtype(op, "target", target))
+    per_element = _ew("bce_logits", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype,
+                      name="binary_cross_entropy_with_logits", names=_WEIGHTED_LOSS_ARGUMENTS)
     return _reduce("binary_cross_entropy_with_logits", per_element, reduction, dtype)
 
 
 def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight=None, reduction="mean"):
     g = _pointwise_loss_backward("binary_cross_entropy_with_logits", "bce_logits_grad", grad_output, input, target,
                                  reduction)
-    return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input))
+    return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input),
+                                        name="binary_cross_entropy_with_logits_backward", names=("input", "weight"))
 
 
 def _check_probabilities(op, input):
@@ -461,16 +470,19 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     _check_probabilities("binary_cross_entropy", input)
     if weight is None:
         return _pointwise_loss("binary_cross_entropy", "bce", input, target, reduction)
-    _check_reduction("binary_cross_entropy", reduction)
-    dtype = _promote(_dtype(input), _dtype(target))
-    per_element = _ew("bce", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype)
+    op = "binary_cross_entropy"
+    _check_reduction(op, reduction)
+    dtype = _promote(_floating_dtype(op, "input", input), _floating_dtype(op, "target", target))
+    per_element = _ew("bce", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype,
+                      name="binary_cross_entropy", names=_WEIGHTED_LOSS_ARGUMENTS)
     return _reduce("binary_cross_entropy", per_element, reduction, dtype)
 
 
 def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduction="mean"):
     _check_probabilities("binary_cross_entropy_backward", input)
     g = _pointwise_loss_backward("binary_cross_entropy", "bce_grad", grad_output, input, target, reduction)
-    return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input))
+    return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input), name="binary_cross_entropy_backward",
+                                        names=("input", "weight"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -501,29 +513,40 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
     shape = tuple(input.shape)
     dims = _dims(dim, "mean", len(shape))
     count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
-    return _C._sum(input, dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype)
+    return _C._sum(input, dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype, name="mean")
 
 
-def sum_backward(grad_output, input_shape, dim=None, keepdim=False, scale=1.0):
+def sum_backward(grad_output, input_shape, dim=None, keepdim=False, scale=1.0, *, _op="sum_backward"):
     """The gradient of sum (scale 1) or mean (scale 1/count) over dim: grad_output broadcast
     back to input_shape."""
-    input_shape = tuple(input_shape)
-    dims = _dims(dim)
+    input_shape = _as_ints(_op, "input_shape", input_shape)
+    dims = _dims(dim, _op, len(input_shape))
     if dims is None:
         dims = tuple(range(len(input_shape)))
     dims = tuple(d % max(len(input_shape), 1) for d in dims)
     if not keepdim:
         kept = [1 if d in dims else s for d, s in enumerate(input_shape)]
         grad_output = _reshape(grad_output, kept)
-    return _C._ew(_OPS["copy"], grad_output, scale=scale, shape=input_shape)
+    return _C._ew(_OPS["copy"], grad_output, scale=scale, shape=input_shape, name=_op, names=("grad_output",))
 
 
 def mean_backward(grad_output, input_shape, dim=None, keepdim=False):
     """The gradient of mean over dim."""
-    shape = tuple(input_shape)
-    dims = _dims(dim)
+    shape = _as_ints("mean_backward", "input_shape", input_shape)
+    dims = _dims(dim, "mean_backward", len(shape))
     count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
-    return sum_backward(grad_output, shape, dim, keepdim, 1.0 / count if count else math.nan)
+    return sum_backward(grad_output, shape, dim, keepdim, 1.0 / count if count else math.nan, _op="mean_backward")
+
+
+def _gradient_at_input(kernel, op, grad_output, input, param=1.0):
+    """kernel(grad_output, input) in input's dtype: the gradient of pointwise op `op` at its input."""
+    return _ew(kernel, grad_output, input, param=param, dtype=_floating_dtype(op, "input", input), name=op,
+               names=("grad_output", "input"))
+
+
+def _is_number(x):
+    """A Python or NumPy real number (np.int64(2) included), which pow takes as a scalar exponent."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @autocast_op(name="exp")
@@ -538,22 +561,24 @@ def log(input):
 
 @autocast_op(name="pow")
 def pow(input, exponent):  # noqa: A001 - torch's name
-    if isinstance(exponent, (int, float)):
-        return _ew("pow_scalar", input, param=float(exponent))
-    return _ew("pow", input, exponent)
+    if _is_number(exponent):
+        return _ew("pow_scalar", input, param=float(exponent), name="pow")
+    return _ew("pow", input, exponent, names=("input", "exponent"))
 
 
 def pow_backward(grad_output, input, exponent):
     """The gradient of pow(input, exponent) with respect to input, for a number exponent."""
-    return _ew("pow_scalar_grad", grad_output, input, param=float(exponent), dtype=_dtype(input))
+    if not _is_number(exponent):
+        raise TypeError(f"pow_backward: exponent must be a number, got {type(exponent).__name__}")
+    return _gradient_at_input("pow_scalar_grad", "pow_backward", grad_output, input, param=float(exponent))
 
 
 def exp_backward(grad_output, output):
-    return _ew("mul", grad_output, output)
+    return _ew("mul", grad_output, output, name="exp_backward", names=("grad_output", "output"))
 
 
 def log_backward(grad_output, input):
-    return _ew("div", grad_output, input)
+    return _ew("div", grad_output, input, name="log_backward", names=("grad_output", "input"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -566,19 +591,20 @@ def relu(input, inplace=False):
 
 
 def relu_backward(grad_output, input):
-    return _ew("relu_grad", grad_output, input, dtype=_dtype(input))
+    return _gradient_at_input("relu_grad", "relu_backward", grad_output, input)
 
 
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _ew("gelu" if approximate == "none" else "gelu_tanh", input)
+    return _ew("gelu" if approximate == "none" else "gelu_tanh", input, name="gelu")
 
 
 def gelu_backward(grad_output, input, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu_backward: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return _ew("gelu_grad" if approximate == "none" else "gelu_tanh_grad", grad_output, input, dtype=_dtype(input))
+    return _gradient_at_input("gelu_grad" if approximate == "none" else "gelu_tanh_grad", "gelu_backward",
+                              grad_output, input)
 
 
 def silu(input, inplace=False):
@@ -586,7 +612,7 @@ def silu(input, inplace=False):
 
 
 def silu_backward(grad_output, input):
-    return _ew("silu_grad", grad_output, input, dtype=_dtype(input))
+    return _gradient_at_input("silu_grad", "silu_backward", grad_output, input)
 
 
 def sigmoid(input):
@@ -602,7 +628,7 @@ def add(input, other, *, alpha=1):
 
 
 def sub(input, other, *, alpha=1):
-    return _ew("add", input, other, param=-float(alpha))
+    return _ew("add", input, other, param=-float(alpha), name="sub")
 
 
 def mul(input, other):
