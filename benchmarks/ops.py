@@ -8,8 +8,9 @@ what ampc achieves against the measured limit: TFLOP/s against torch's own best 
 dtype (an 8192^3 matmul, which is what cuBLAS reaches here), GB/s against a device-to-device
 copy. Shapes: GPT-2 small's linear layers (8 x 1024 tokens, d = 768), ResNet-50's classifier,
 convolutions and batch norms (batch 256; NCHW and channels-last), the GPT-2 LM head's
-cross_entropy (50257 classes), layer_norm and softmax rows. Backward passes: torch's own backward
-ops (what autograd calls; autograd itself for batch_norm), ampc's *_backward functions.
+cross_entropy (50257 classes), layer_norm and softmax rows, GPT-2's causal attention. Backward
+passes: torch's own backward ops (what autograd calls; autograd itself for batch_norm and
+attention), ampc's *_backward functions.
 """
 
 import argparse
@@ -133,6 +134,37 @@ def bench_cross_entropy(limits, repeat):
                 limits=limits)
 
 
+def bench_attention(limits, repeat):
+    """GPT-2 small's attention (8 x 12 heads of 1024 x 64), causal: ampc's public op (the fused
+    kernels where they serve) against torch's (FlashAttention), forward and forward + backward.
+    FLOPs count the products a causal mask leaves (half of 4 * B * H * L * L * E forward, 2.5x
+    that backward), as FlashAttention's papers do."""
+    b, h, n, e = 8, 12, 1024, 64
+    for dn, dtype in DTYPES.items():
+        if dtype == torch.float32:
+            continue  # 16-bit only: neither library has a fused float32 kernel
+        q, k, v = (torch.randn(b, h, n, e, device="cuda", dtype=dtype) for _ in range(3))
+        g = torch.randn(b, h, n, e, device="cuda", dtype=dtype)
+        flops = 2 * b * h * n * n * e  # causal: half of the forward's two products
+        shape = f"{b}x{h}x{n}x{e}"
+        row("attention fwd causal", shape, dn, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=True), repeat, flops=flops, limits=limits)
+        qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
+
+        def torch_both():
+            TF.scaled_dot_product_attention(qr, kr, vr, is_causal=True).backward(g)
+
+        def ampc_both():
+            served = F._C._attention(q, k, v, True, 0.125)
+            if served is None:
+                out, probs, _ = F._scaled_dot_product_attention_forward(q, k, v, is_causal=True)
+                F.scaled_dot_product_attention_backward(g, q, k, v, probs)
+            else:
+                F._C._attention_backward(g, q, k, v, *served, True, 0.125)
+
+        row("attention fwd+bwd causal", shape, dn, ampc_both, torch_both, repeat, flops=3.5 * flops, limits=limits)
+
+
 # ResNet-50's convolutions at batch 256: (name, C, H, K, kernel, stride); padding keeps the size.
 RESNET_CONVS = [("stem 7x7", 3, 224, 64, 7, 2), ("layer1 3x3", 64, 56, 64, 3, 1), ("layer1 1x1", 256, 56, 64, 1, 1),
                 ("layer3 3x3", 256, 14, 256, 3, 1), ("layer4 1x1", 512, 7, 2048, 1, 1)]
@@ -184,7 +216,8 @@ def bench_batch_norm(limits, repeat, batch=256):
 
 
 BENCHES = {"linear": bench_linear, "conv2d": bench_conv2d, "layer_norm": bench_layer_norm,
-           "batch_norm": bench_batch_norm, "softmax": bench_softmax, "cross_entropy": bench_cross_entropy}
+           "batch_norm": bench_batch_norm, "softmax": bench_softmax, "cross_entropy": bench_cross_entropy,
+           "attention": bench_attention}
 
 
 def main():

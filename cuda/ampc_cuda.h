@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 7
+#define AMPC_CUDA_ABI_VERSION 8
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 
 typedef enum {
@@ -171,6 +171,13 @@ typedef struct ampc_cuda_api {
     int (*embedding)(int device, void *stream, const ampc_embedding *e);
     int (*embedding_backward)(int device, void *stream, const ampc_embedding_backward *e);
     int (*dropout)(int device, void *stream, const ampc_dropout *d);
+
+    /* --- ABI 8 --- */
+
+    /* Fused attention (cuda/attention.cu, ops.h): AMPC_ERR_UNSUPPORTED for
+     * what its kernels do not serve. */
+    int (*attention)(int device, void *stream, const ampc_attention *a);
+    int (*attention_backward)(int device, void *stream, const ampc_attention_backward *b);
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

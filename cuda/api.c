@@ -54,6 +54,8 @@ int ampc_cuda_pool_backward(int device, void *stream, const ampc_pool_backward *
 int ampc_cuda_embedding(int device, void *stream, const ampc_embedding *e);
 int ampc_cuda_embedding_backward(int device, void *stream, const ampc_embedding_backward *e);
 int ampc_cuda_dropout(int device, void *stream, const ampc_dropout *d);
+int ampc_cuda_attention(int device, void *stream, const ampc_attention *a);
+int ampc_cuda_attention_backward(int device, void *stream, const ampc_attention_backward *b);
 
 const ampc_cuda_api ampc_cuda_api_table = {
     .abi_version = AMPC_CUDA_ABI_VERSION,
@@ -96,6 +98,8 @@ const ampc_cuda_api ampc_cuda_api_table = {
     .embedding = ampc_cuda_embedding,
     .embedding_backward = ampc_cuda_embedding_backward,
     .dropout = ampc_cuda_dropout,
+    .attention = ampc_cuda_attention,
+    .attention_backward = ampc_cuda_attention_backward,
 };
 
 static int cuda_exec(PyObject *module)

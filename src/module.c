@@ -263,6 +263,7 @@ static int module_exec(PyObject *module)
         PyModule_AddFunctions(module, ampc_gemm_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_spatial_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_embedding_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_attention_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cuda_methods) < 0)
         return -1;
     for (int d = 0; d < AMPC_NUM_FLOAT_DTYPES; d++)

@@ -365,6 +365,43 @@ typedef struct {
     ampc_buf y, x;
 } ampc_dropout;
 
+/* ------------------------------------------------------------------------ */
+/* Fused attention (GPU only: cuda/attention.cu)                             */
+/* ------------------------------------------------------------------------ */
+
+/* One (batch, heads, len, head_dim) operand: element strides of its first
+ * three dimensions; head_dim's is 1 (attention's q, k and v are views of one
+ * projection, strided everywhere else). */
+typedef struct {
+    void *data;
+    int64_t stride[3];
+} ampc_attention_arg;
+
+/* o = softmax(q k^T * scale) v, FlashAttention-2's way: the scores never
+ * reach memory. causal: query i sees keys 0..i (torch's is_causal, counted
+ * from the top left). q, k, v, o share a dtype, float16 or bfloat16; lse
+ * (batch, heads, q_len) float32, dense: each query's log-sum-exp of its
+ * scaled scores, from which the backward pass recomputes the
+ * probabilities. A GPU or shape the kernels do not serve (head_dim other
+ * than 64, before sm_80, operands not 16-byte aligned) answers
+ * AMPC_ERR_UNSUPPORTED, and the caller composes the attention instead. */
+typedef struct {
+    ampc_dtype dtype;
+    int64_t batch, heads, q_len, kv_len, head_dim;
+    int causal;
+    float scale;
+    ampc_attention_arg q, k, v, o;
+    float *lse;
+} ampc_attention;
+
+/* dq, dk, dv (strided as the forward's operands may be) from dout and the
+ * forward's q, k, v, o and lse. Deterministic: no atomics, the same bits
+ * on every run. */
+typedef struct {
+    ampc_attention fwd;
+    ampc_attention_arg dout, dq, dk, dv;
+} ampc_attention_backward;
+
 
 /* The rows (axis 0) or columns (axis 1) window i covers: [*lo, *hi) by
  * *step, and *padded, its extent with padding (what count_include_pad

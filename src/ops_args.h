@@ -112,6 +112,7 @@ extern PyMethodDef ampc_ops_methods[];
 extern PyMethodDef ampc_gemm_methods[];
 extern PyMethodDef ampc_spatial_methods[];
 extern PyMethodDef ampc_embedding_methods[];
+extern PyMethodDef ampc_attention_methods[];
 
 
 #endif /* AMPC_OPS_ARGS_H */

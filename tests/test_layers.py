@@ -268,6 +268,16 @@ def test_sdpa(rng, dtype, causal, L, S):
         np.testing.assert_allclose(f64(got), want, atol=max(rtol * 20, 1e-7) * (1 + np.abs(want).max()))
 
 
+def test_fused_attention_serves_no_numpy_arrays(rng):
+    """The fused kernels are the GPU's: on NumPy arrays _attention answers None (composed instead),
+    and its backward refuses nothing it has not read."""
+    q = ref.random(rng, (1, 2, 4, 64), F16)
+    assert F._C._attention(q, q, q, True, 0.125) is None
+    assert F._C._attention_backward(q, q, q, q, q, q[..., 0].astype(F32), True, 0.125) is None
+    with pytest.raises(TypeError, match="scaled_dot_product_attention: query must be an array"):
+        F._C._attention(None, q, q, True, 0.125)
+
+
 def test_sdpa_masks_scale_dropout(rng):
     q, k, v = (ref.random(rng, s, F32) for s in [(2, 4, 6), (2, 5, 6), (2, 5, 3)])
     mask = rng.random((4, 5)) > 0.3

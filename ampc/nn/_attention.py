@@ -1,20 +1,25 @@
 """scaled_dot_product_attention and its backward pass, on the lower-precision list as in torch.
 
-Composed from ampc's kernels the way a fused attention kernel keeps its precision: the scores
-q @ k^T * scale come out of the matrix product in float32 (float32 accumulation, no rounding to
-16 bits), the mask is added there, the softmax runs in float32 with the causal mask applied inside
-the kernel (no mask array) and rounds the probabilities once to the inputs' dtype, and
-probabilities @ v accumulates in float32 again. The probabilities take B * H * L * S values: the
-tape does not keep them between the passes (a fused kernel would not store them at all); the
-backward recomputes them, bit for bit, and dropout's mask from its seed and offset. A fused kernel
-(cuDNN's or ampc's) is the next step for long sequences.
+On a GPU (sm_80 on), for 16-bit query, key and value of head dimension 64 without a mask or
+dropout, the fused kernels of cuda/attention.cu run it (FlashAttention-2: the scores never reach
+memory; the tape keeps the output and each query's log-sum-exp, from which the backward pass
+recomputes the probabilities tile by tile).
+
+Elsewhere it is composed from ampc's kernels the way a fused attention kernel keeps its precision:
+the scores q @ k^T * scale come out of the matrix product in float32 (float32 accumulation, no
+rounding to 16 bits), the mask is added there, the softmax runs in float32 with the causal mask
+applied inside the kernel (no mask array) and rounds the probabilities once to the inputs' dtype,
+and probabilities @ v accumulates in float32 again. The probabilities take B * H * L * S values:
+the tape does not keep them between the passes; the backward recomputes them, bit for bit, and
+dropout's mask from its seed and offset.
 
 Grouped-query attention (enable_gqa: G query heads per key/value head) copies nothing: the G query
 heads of a key/value head are viewed as one head of G * L rows, so each product reads the shared
 keys and values once (and the backward's products sum the G heads' key and value gradients).
 """
-
 import math
+
+import numpy as np
 
 from ampc import _C
 from ampc.amp import autocast_op
@@ -60,6 +65,35 @@ def _additive_mask(attn_mask):
         zero = lib.zeros((), dtype=lib.float32) if lib.__name__ != "torch" else 0.0
         return lib.where(attn_mask, zero, -math.inf)
     return attn_mask
+
+
+class Fused:
+    """What the fused forward leaves the backward pass: its output and each query's log-sum-exp of
+    its scaled scores (float32, (batch, heads, L))."""
+
+    __slots__ = ("output", "lse")
+
+    def __init__(self, output, lse):
+        self.output, self.lse = output, lse
+
+
+def fused_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """(output, Fused) from the fused kernels, or None where they do not serve these arguments
+    (NumPy arrays, a mask, dropout, grouped heads, other dtypes or shapes: ampc._C._attention says)."""
+    if attn_mask is not None or dropout_p > 0.0 or isinstance(query, np.ndarray):
+        return None
+    _check(query, key, value, attn_mask, is_causal, enable_gqa)
+    if _groups(query, key, enable_gqa) > 1:
+        return None
+    served = _C._attention(query, key, value, bool(is_causal), _scale(query, scale))
+    return None if served is None else (served[0], Fused(*served))
+
+
+def fused_backward(grad_output, query, key, value, fused, is_causal=False, scale=None):
+    """(grad_query, grad_key, grad_value) from the fused kernels, or None where they do not serve
+    (grad_output laid out so that its rows are not 16-byte aligned)."""
+    return _C._attention_backward(grad_output, query, key, value, fused.output, fused.lse, bool(is_causal),
+                                  _scale(query, scale))
 
 
 def _forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
@@ -115,6 +149,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v over
     (..., L, E) queries, (..., S, E) keys and (..., S, Ev) values; is_causal lets query i see keys
     0..i; attn_mask is boolean (True: attend) or added to the scores."""
+    fused = fused_forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if fused is not None:
+        return fused[0]
     return _forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]
 
 

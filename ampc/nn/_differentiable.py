@@ -271,13 +271,23 @@ def _embedding_backward(a, saved, g, needs):
 
 
 def _attention_forward(a):
-    """The output, keeping only dropout's (seed, offset): the probabilities are recomputed."""
+    """The output, keeping the fused kernels' output and log-sum-exp, or (composed) only dropout's
+    (seed, offset): the probabilities are recomputed."""
+    fused = _attention.fused_forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
+                                     a["is_causal"], a["scale"], a["enable_gqa"])
+    if fused is not None:
+        return fused
     out, _, state = _attention._forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
                                         a["is_causal"], a["scale"], a["enable_gqa"])
     return out, state
 
 
 def _attention_backward(a, state, g, needs):
+    if isinstance(state, _attention.Fused):
+        grads = _attention.fused_backward(g, a["query"], a["key"], a["value"], state, a["is_causal"], a["scale"])
+        if grads is not None:
+            return grads
+        state = None  # no dropout: the fused forward had none
     probs = _attention.probabilities(a["query"], a["key"], a["attn_mask"], a["is_causal"], a["scale"], a["enable_gqa"])
     return _attention.scaled_dot_product_attention_backward(g, a["query"], a["key"], a["value"], probs,
                                                             a["dropout_p"], a["scale"], state)

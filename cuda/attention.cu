@@ -1,0 +1,613 @@
+/*
+ * attention.cu: fused scaled-dot-product attention (ops.h's ampc_attention),
+ * FlashAttention-2's algorithm on Tensor Cores (mma.sync m16n8k16, float32
+ * accumulators) for 16-bit q, k, v with a head dimension of 64.
+ *
+ * The composed attention writes the scores and probabilities of every head
+ * (B * H * L * S values, several passes over them forward and back); here a
+ * block takes 64 queries and walks the keys 64 at a time, keeping scores in
+ * registers: softmax is taken online (a running maximum m and sum l per
+ * query, the output rescaled when m grows), and only o and each query's
+ * log-sum-exp reach memory.
+ *
+ * Backward, without atomics (so every run gives the same bits):
+ *   - delta_kernel: delta_i = sum_d dout_id * o_id;
+ *   - dkdv_kernel, a block per 64 keys, walking the queries: P^T from the
+ *     scores and lse, dV += P^T dout, dP^T = V dout^T, dS^T = P^T (dP^T -
+ *     delta), dK += dS^T Q;
+ *   - dq_kernel, a block per 64 queries, walking the keys: P, dP = dout V^T,
+ *     dS, dQ += dS K.
+ * That is 7 products a tile where one kernel with atomic dQ additions does
+ * 5, for bits that do not depend on the schedule.
+ *
+ * Warps own 16 rows of a tile (queries forward and in dq_kernel, keys in
+ * dkdv_kernel). Fragments follow PTX's m16n8k16 layouts: a lane holds rows
+ * lane / 4 and lane / 4 + 8, columns 2 * (lane % 4) and the next, of each
+ * 16 x 8 accumulator, which is also how two accumulators of a row of
+ * scores become one A operand of the next product. Tiles are staged in
+ * shared memory by cp.async, rows padded by 16 bytes so that ldmatrix's
+ * eight row addresses fall in different banks.
+ *
+ * Scores are kept in base 2: s * scale * log2(e), exp2 of the difference.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+#include <stdint.h>
+#include <type_traits>
+
+#include "packs.cuh"
+
+namespace {
+
+using namespace ops;
+
+constexpr int D = 64;              /* the head dimension served */
+constexpr int TILE = 64;           /* rows of a tile: queries or keys */
+constexpr int PITCH = D + 8;       /* elements of a tile row in shared memory */
+constexpr int WARPS = 4;           /* a warp per 16 rows of the tile */
+constexpr int THREADS = 32 * WARPS;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+/* ------------------------------------------------------------------------ */
+/* Tensor Core and shared-memory primitives                                 */
+/* ------------------------------------------------------------------------ */
+
+/* c += a b, a 16 x 16 (row-major fragments), b 16 x 8 (column-major). */
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+#if __CUDA_ARCH__ >= 800
+    if constexpr (std::is_same<T, __half>::value)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+/* Four 8 x 8 matrices of 16-bit elements; lane l gives the address of row
+ * l % 8 of matrix l / 8. trans: each is transposed on the way. */
+template <bool TRANS>
+__device__ __forceinline__ void ldmatrix4(uint32_t (&r)[4], const void *smem)
+{
+#if __CUDA_ARCH__ >= 800
+    const uint32_t addr = (uint32_t)__cvta_generic_to_shared(smem);
+    if constexpr (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr)
+                     : "memory");
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(addr)
+                     : "memory");
+#endif
+}
+
+/* 16 bytes global -> shared without passing through registers; zeros where
+ * !valid (src is then not read). */
+__device__ __forceinline__ void copy16_async(void *smem, const void *src, bool valid)
+{
+#if __CUDA_ARCH__ >= 800
+    const uint32_t addr = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+#endif
+}
+
+__device__ __forceinline__ void async_commit()
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Wait until at most N committed groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void async_wait()
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* Two floats rounded to T, packed as one 32-bit register (lo first). */
+template <class T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    if constexpr (std::is_same<T, __half>::value) {
+        const __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&v);
+    }
+    else {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const uint32_t *>(&v);
+    }
+}
+
+/* The A operand (16 x 16) made of accumulators c[2k] and c[2k + 1]: columns
+ * 16k .. 16k + 15 of a warp's 16 rows. */
+template <class T>
+__device__ __forceinline__ void as_operand(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4])
+{
+    a[0] = pack2<T>(c0[0], c0[1]);
+    a[1] = pack2<T>(c0[2], c0[3]);
+    a[2] = pack2<T>(c1[0], c1[1]);
+    a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tiles                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* The rows of one (batch, head) of an operand. */
+template <class T>
+struct Rows {
+    const T *base;
+    int64_t stride;  /* elements from a row to the next */
+    int64_t len;
+
+    __device__ Rows(const ampc_attention_arg &x, int64_t bh, int64_t heads, int64_t n)
+        : base(static_cast<const T *>(x.data) + (bh / heads) * x.stride[0] + (bh % heads) * x.stride[1]),
+          stride(x.stride[2]), len(n)
+    {
+    }
+};
+
+/* Queue rows [row0, row0 + TILE) into a shared tile (rows past the end: zeros). */
+template <class T>
+__device__ __forceinline__ void load_tile(T *tile, const Rows<T> &x, int64_t row0)
+{
+    constexpr int PIECES = D / 8;  /* 16-byte pieces a row */
+    for (int i = threadIdx.x; i < TILE * PIECES; i += THREADS) {
+        const int r = i / PIECES, c = (i % PIECES) * 8;
+        const bool valid = row0 + r < x.len;
+        copy16_async(tile + r * PITCH + c, valid ? x.base + (row0 + r) * x.stride + c : x.base, valid);
+    }
+}
+
+/* A operands of a warp's 16 rows of a tile, all D columns (16 at a time). */
+template <class T>
+__device__ __forceinline__ void load_operand_rows(uint32_t (&a)[D / 16][4], const T *tile, int row0)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int k = 0; k < D / 16; k++)
+        ldmatrix4<false>(a[k], tile + (row0 + lane % 16) * PITCH + k * 16 + (lane / 16) * 8);
+}
+
+/* acc (16 x TILE) += a (16 x D) x^T, x a tile of TILE rows of D columns:
+ * the scores of a warp's rows against every row of the tile. */
+template <class T>
+__device__ __forceinline__ void times_rows(float (&acc)[TILE / 8][4], const uint32_t (&a)[D / 16][4], const T *tile)
+{
+    const int lane = threadIdx.x % 32, m = lane / 8;
+#pragma unroll
+    for (int k = 0; k < D / 16; k++)
+#pragma unroll
+        for (int n = 0; n < TILE / 16; n++) {
+            uint32_t b[4];
+            ldmatrix4<false>(b, tile + (n * 16 + (m / 2) * 8 + lane % 8) * PITCH + k * 16 + (m % 2) * 8);
+            mma<T>(acc[2 * n], a[k], b[0], b[1]);
+            mma<T>(acc[2 * n + 1], a[k], b[2], b[3]);
+        }
+}
+
+/* acc (16 x D) += p (16 x TILE, as accumulators) x, x a tile of TILE rows of
+ * D columns: probabilities times values, and the like. */
+template <class T>
+__device__ __forceinline__ void times_tile(float (&acc)[D / 8][4], const float (&p)[TILE / 8][4], const T *tile)
+{
+    const int lane = threadIdx.x % 32, m = lane / 8;
+#pragma unroll
+    for (int k = 0; k < TILE / 16; k++) {
+        uint32_t a[4];
+        as_operand<T>(a, p[2 * k], p[2 * k + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 16; n++) {
+            uint32_t b[4];
+            ldmatrix4<true>(b, tile + (k * 16 + (m % 2) * 8 + lane % 8) * PITCH + n * 16 + (m / 2) * 8);
+            mma<T>(acc[2 * n], a, b[0], b[1]);
+            mma<T>(acc[2 * n + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+}
+
+/* Store a warp's 16 x D accumulators, times `scale`, as rows row0.. of an
+ * operand (rows past len are not written). */
+template <class T>
+__device__ __forceinline__ void store_rows(const ampc_attention_arg &x, int64_t bh, int64_t heads, int64_t len,
+                                           int64_t row0, const float (&acc)[D / 8][4], float scale0, float scale1)
+{
+    const int lane = threadIdx.x % 32;
+    T *base = static_cast<T *>(x.data) + (bh / heads) * x.stride[0] + (bh % heads) * x.stride[1];
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = row0 + lane / 4 + 8 * half;
+        if (row >= len)
+            continue;
+        const float s = half ? scale1 : scale0;
+        uint32_t *out = reinterpret_cast<uint32_t *>(base + row * x.stride[2] + 2 * (lane % 4));
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            out[n * 4] = pack2<T>(acc[n][2 * half] * s, acc[n][2 * half + 1] * s);
+    }
+}
+
+/* The keys queries q0 .. q0 + TILE - 1 see: all, or causally those up to the last query. */
+__device__ __forceinline__ int64_t visible_keys(const ampc_attention &a, int64_t q0)
+{
+    return a.causal && q0 + TILE < a.kv_len ? q0 + TILE : a.kv_len;
+}
+
+/* Whether key `key` counts for query `query`. */
+__device__ __forceinline__ bool visible(const ampc_attention &a, int64_t query, int64_t key)
+{
+    return key < a.kv_len && (!a.causal || key <= query);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* A block per (64 queries, batch * head); the causal diagonal's longest
+ * rows first. */
+template <class T>
+__global__ void __launch_bounds__(THREADS) forward_kernel(ampc_attention a)
+{
+    __shared__ __align__(16) T sq[TILE * PITCH];
+    __shared__ __align__(16) T sk[2][TILE * PITCH];
+    __shared__ __align__(16) T sv[2][TILE * PITCH];
+    const int64_t bh = blockIdx.y, q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Rows<T> q(a.q, bh, a.heads, a.q_len), k(a.k, bh, a.heads, a.kv_len), v(a.v, bh, a.heads, a.kv_len);
+    const int blocks = (int)((visible_keys(a, q0) + TILE - 1) / TILE);
+    const float scale = a.scale * LOG2E;
+
+    load_tile(sq, q, q0);
+    load_tile(sk[0], k, 0);
+    load_tile(sv[0], v, 0);
+    async_commit();
+
+    uint32_t qa[D / 16][4];
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    zero(o);
+    const int64_t row0 = q0 + warp * 16 + lane / 4;  /* this lane's rows: row0, row0 + 8 */
+    for (int j = 0; j < blocks; j++) {
+        if (j + 1 < blocks) {  /* the next keys and values load while these are used */
+            load_tile(sk[(j + 1) & 1], k, (int64_t)(j + 1) * TILE);
+            load_tile(sv[(j + 1) & 1], v, (int64_t)(j + 1) * TILE);
+            async_commit();
+            async_wait<1>();
+        }
+        else {
+            async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0)
+            load_operand_rows(qa, sq, warp * 16);
+        float s[TILE / 8][4];
+        zero(s);
+        times_rows<T>(s, qa, sk[j & 1]);
+
+        const int64_t kb = (int64_t)j * TILE, key0 = kb + 2 * (lane % 4);
+        const bool edge = kb + TILE > a.kv_len || (a.causal && kb + TILE - 1 > q0 + warp * 16);
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = !edge || visible(a, row0 + 8 * (e / 2), key0 + n * 8 + e % 2) ? s[n][e] * scale : -INFINITY;
+
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  /* rows row0 and row0 + 8 */
+            float mx = m[h];
+#pragma unroll
+            for (int n = 0; n < TILE / 8; n++)
+                mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float base = mx == -INFINITY ? 0.0f : mx;  /* a row with nothing visible yet */
+            const float rescale = exp2f(m[h] - base);
+            m[h] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < TILE / 8; n++) {
+                s[n][2 * h] = exp2f(s[n][2 * h] - base);
+                s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - base);
+                sum += s[n][2 * h] + s[n][2 * h + 1];
+            }
+            l[h] = l[h] * rescale + sum;  /* this lane's share; the row's four lanes add up at the end */
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][2 * h] *= rescale;
+                o[n][2 * h + 1] *= rescale;
+            }
+        }
+        times_tile<T>(o, s, sv[j & 1]);
+        __syncthreads();  /* before the next iteration's loads overwrite this stage */
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        inv[h] = 1.0f / l[h];
+        const int64_t row = row0 + 8 * h;
+        if (lane % 4 == 0 && row < a.q_len)
+            a.lse[bh * a.q_len + row] = (m[h] + log2f(l[h])) * LN2;
+    }
+    store_rows<T>(a.o, bh, a.heads, a.q_len, q0 + warp * 16, o, inv[0], inv[1]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* delta[bh * q_len + i] = sum_d dout[i][d] * o[i][d]: a warp per row. */
+template <class T>
+__global__ void __launch_bounds__(THREADS) delta_kernel(ampc_attention_backward b, float *delta)
+{
+    const ampc_attention &a = b.fwd;
+    const int64_t rows = a.batch * a.heads * a.q_len;
+    const int lane = threadIdx.x % 32;
+    for (int64_t r = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / 32; r < rows; r += (int64_t)gridDim.x * WARPS) {
+        const int64_t bh = r / a.q_len, i = r % a.q_len;
+        const Rows<T> dout(b.dout, bh, a.heads, a.q_len), o(a.o, bh, a.heads, a.q_len);
+        float sum = 0.0f;
+        for (int d = lane; d < D; d += 32)
+            sum += to_float(dout.base[i * dout.stride + d]) * to_float(o.base[i * o.stride + d]);
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2)
+            sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (lane == 0)
+            delta[r] = sum;
+    }
+}
+
+/* dK and dV of 64 keys: a block per (64 keys, batch * head), walking the
+ * queries that see them. */
+template <class T>
+__global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b, const float *delta)
+{
+    __shared__ __align__(16) T sk[TILE * PITCH];
+    __shared__ __align__(16) T sv[TILE * PITCH];
+    __shared__ __align__(16) T sq[TILE * PITCH];
+    __shared__ __align__(16) T sdo[TILE * PITCH];
+    __shared__ float slse[TILE], sdelta[TILE];
+    const ampc_attention &a = b.fwd;
+    const int64_t bh = blockIdx.y, k0 = (int64_t)blockIdx.x * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Rows<T> q(a.q, bh, a.heads, a.q_len), k(a.k, bh, a.heads, a.kv_len), v(a.v, bh, a.heads, a.kv_len);
+    const Rows<T> dout(b.dout, bh, a.heads, a.q_len);
+    const float scale = a.scale * LOG2E;
+
+    load_tile(sk, k, k0);
+    load_tile(sv, v, k0);
+    async_commit();
+    async_wait<0>();
+    __syncthreads();
+    uint32_t ka[D / 16][4], va[D / 16][4];
+    load_operand_rows(ka, sk, warp * 16);
+    load_operand_rows(va, sv, warp * 16);
+
+    float dk[D / 8][4], dv[D / 8][4];
+    zero(dk);
+    zero(dv);
+    const int64_t key = k0 + warp * 16 + lane / 4;  /* this lane's keys: key, key + 8 */
+    for (int64_t q0 = a.causal ? k0 : 0; q0 < a.q_len; q0 += TILE) {
+        __syncthreads();  /* every warp is done with the previous queries */
+        load_tile(sq, q, q0);
+        load_tile(sdo, dout, q0);
+        async_commit();
+        for (int i = threadIdx.x; i < TILE; i += THREADS) {
+            const bool valid = q0 + i < a.q_len;  /* past the end: lse +inf, probabilities 0 */
+            slse[i] = valid ? a.lse[bh * a.q_len + q0 + i] * LOG2E : INFINITY;
+            sdelta[i] = valid ? delta[bh * a.q_len + q0 + i] : 0.0f;
+        }
+        async_wait<0>();
+        __syncthreads();
+
+        float p[TILE / 8][4];  /* P^T: this warp's 16 keys x 64 queries */
+        zero(p);
+        times_rows<T>(p, ka, sq);
+        const int64_t query0 = q0 + 2 * (lane % 4);
+        const bool edge = a.causal && k0 + warp * 16 + 15 > q0;
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = n * 8 + 2 * (lane % 4) + e % 2;
+                p[n][e] = !edge || key + 8 * (e / 2) <= query0 + n * 8 + e % 2 ? exp2f(p[n][e] * scale - slse[c])
+                                                                                 : 0.0f;
+            }
+        times_tile<T>(dv, p, sdo);
+
+        float ds[TILE / 8][4];  /* dP^T, then dS^T */
+        zero(ds);
+        times_rows<T>(ds, va, sdo);
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                ds[n][e] = p[n][e] * (ds[n][e] - sdelta[n * 8 + 2 * (lane % 4) + e % 2]);
+        times_tile<T>(dk, ds, sq);
+    }
+    store_rows<T>(b.dk, bh, a.heads, a.kv_len, k0 + warp * 16, dk, a.scale, a.scale);
+    store_rows<T>(b.dv, bh, a.heads, a.kv_len, k0 + warp * 16, dv, 1.0f, 1.0f);
+}
+
+/* dQ of 64 queries: a block per (64 queries, batch * head), walking the
+ * keys they see. */
+template <class T>
+__global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, const float *delta)
+{
+    __shared__ __align__(16) T sq[TILE * PITCH];
+    __shared__ __align__(16) T sdo[TILE * PITCH];
+    __shared__ __align__(16) T sk[TILE * PITCH];
+    __shared__ __align__(16) T sv[TILE * PITCH];
+    const ampc_attention &a = b.fwd;
+    const int64_t bh = blockIdx.y, q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Rows<T> q(a.q, bh, a.heads, a.q_len), k(a.k, bh, a.heads, a.kv_len), v(a.v, bh, a.heads, a.kv_len);
+    const Rows<T> dout(b.dout, bh, a.heads, a.q_len);
+    const float scale = a.scale * LOG2E;
+
+    load_tile(sq, q, q0);
+    load_tile(sdo, dout, q0);
+    async_commit();
+    async_wait<0>();
+    __syncthreads();
+    uint32_t qa[D / 16][4], doa[D / 16][4];
+    load_operand_rows(qa, sq, warp * 16);
+    load_operand_rows(doa, sdo, warp * 16);
+    const int64_t row0 = q0 + warp * 16 + lane / 4;  /* this lane's queries: row0, row0 + 8 */
+    float lse[2], dl[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const bool valid = row0 + 8 * h < a.q_len;
+        lse[h] = valid ? a.lse[bh * a.q_len + row0 + 8 * h] * LOG2E : INFINITY;
+        dl[h] = valid ? delta[bh * a.q_len + row0 + 8 * h] : 0.0f;
+    }
+
+    float dq[D / 8][4];
+    zero(dq);
+    const int64_t keys = visible_keys(a, q0);
+    for (int64_t k0 = 0; k0 < keys; k0 += TILE) {
+        __syncthreads();  /* every warp is done with the previous keys */
+        load_tile(sk, k, k0);
+        load_tile(sv, v, k0);
+        async_commit();
+        async_wait<0>();
+        __syncthreads();
+
+        float p[TILE / 8][4];
+        zero(p);
+        times_rows<T>(p, qa, sk);
+        const int64_t key0 = k0 + 2 * (lane % 4);
+        const bool edge = k0 + TILE > a.kv_len || (a.causal && k0 + TILE - 1 > q0 + warp * 16);
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                p[n][e] = !edge || visible(a, row0 + 8 * (e / 2), key0 + n * 8 + e % 2)
+                              ? exp2f(p[n][e] * scale - lse[e / 2])
+                              : 0.0f;
+        float ds[TILE / 8][4];  /* dP = dout V^T, then dS */
+        zero(ds);
+        times_rows<T>(ds, doa, sv);
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                ds[n][e] = p[n][e] * (ds[n][e] - dl[e / 2]);
+        times_tile<T>(dq, ds, sk);
+    }
+    store_rows<T>(b.dq, bh, a.heads, a.q_len, q0 + warp * 16, dq, a.scale, a.scale);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Host                                                                      */
+/* ------------------------------------------------------------------------ */
+
+bool aligned(const ampc_attention_arg &x)
+{
+    /* 16-byte rows for cp.async; 4-byte pairs for the stores */
+    return reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && x.stride[0] % 8 == 0 && x.stride[1] % 8 == 0 &&
+           x.stride[2] % 8 == 0;
+}
+
+/* AMPC_OK when the kernels serve a; else AMPC_ERR_UNSUPPORTED with why. */
+int served(const ampc_attention &a, int device)
+{
+    int major = 0;
+    AMPC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "reading the GPU");
+    if (major < 8)
+        return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention needs sm_80 or newer");
+    if (a.head_dim != D || (a.dtype != AMPC_FLOAT16 && a.dtype != AMPC_BFLOAT16))
+        return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention takes 16-bit operands of head_dim 64");
+    if (!aligned(a.q) || !aligned(a.k) || !aligned(a.v) || !aligned(a.o))
+        return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention needs 16-byte aligned rows");
+    if (a.kv_len == 0)
+        return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention: no keys");
+    if (a.batch * a.heads > 65535 || (a.q_len + TILE - 1) / TILE > INT32_MAX || a.kv_len > INT32_MAX)
+        return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention: too many heads or rows for its grid");
+    return AMPC_OK;
+}
+
+template <class Fn>
+int with_type(ampc_dtype dtype, Fn fn)
+{
+    return dtype == AMPC_FLOAT16 ? fn(__half()) : fn(__nv_bfloat16());
+}
+
+dim3 grid_of(int64_t rows, const ampc_attention &a)
+{
+    return dim3((unsigned)((rows + TILE - 1) / TILE), (unsigned)(a.batch * a.heads));
+}
+
+}  // namespace
+
+extern "C" int ampc_cuda_attention(int device, void *stream, const ampc_attention *a)
+{
+    return ampc_on_device(device, [&] {
+        int rc = served(*a, device);
+        if (rc != AMPC_OK || a->batch * a->heads * a->q_len == 0)
+            return rc;
+        return with_type(a->dtype, [&](auto type) {
+            using T = decltype(type);
+            forward_kernel<T><<<grid_of(a->q_len, *a), THREADS, 0, as_stream(stream)>>>(*a);
+            return ampc_cuda_launched("attention kernel");
+        });
+    });
+}
+
+extern "C" int ampc_cuda_attention_backward(int device, void *stream, const ampc_attention_backward *b)
+{
+    const ampc_attention &a = b->fwd;
+    return ampc_on_device(device, [&] {
+        int rc = served(a, device);
+        if (rc != AMPC_OK || a.batch * a.heads == 0)
+            return rc;
+        if (a.q_len == 0)  /* dk and dv are zeros: the composed backward writes them */
+            return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention backward: no queries");
+        if (!aligned(b->dout) || !aligned(b->dq) || !aligned(b->dk) || !aligned(b->dv))
+            return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention needs 16-byte aligned rows");
+        const size_t nbytes = (size_t)(a.batch * a.heads * a.q_len) * sizeof(float);
+        float *delta = NULL;
+        if ((rc = ampc_cuda_alloc(device, nbytes, stream, (void **)&delta)) != AMPC_OK)
+            return rc;
+        rc = with_type(a.dtype, [&](auto type) {
+            using T = decltype(type);
+            const cudaStream_t s = as_stream(stream);
+            const int64_t rows = a.batch * a.heads * a.q_len;
+            delta_kernel<T><<<grid_for(rows, WARPS), THREADS, 0, s>>>(*b, delta);
+            int status = ampc_cuda_launched("attention backward kernel (delta)");
+            if (status != AMPC_OK)
+                return status;
+            dkdv_kernel<T><<<grid_of(a.kv_len, a), THREADS, 0, s>>>(*b, delta);
+            if ((status = ampc_cuda_launched("attention backward kernel (dk, dv)")) != AMPC_OK)
+                return status;
+            dq_kernel<T><<<grid_of(a.q_len, a), THREADS, 0, s>>>(*b, delta);
+            return ampc_cuda_launched("attention backward kernel (dq)");
+        });
+        const int freed = ampc_cuda_free(device, delta, nbytes, stream);
+        return rc != AMPC_OK ? rc : freed;
+    });
+}

@@ -1,0 +1,166 @@
+"""The fused attention kernels (cuda/attention.cu through ampc._C._attention and
+_attention_backward): forward, log-sum-exp and the three gradients against float64 references and
+torch, causal and not, tails of both lengths, GPT-2's strided head views, the same bits on every
+run; what they do not serve answers None and takes the composed path; a GPT trained on them
+against the composed path."""
+
+import math
+
+import numpy as np
+import pytest
+
+import ampc
+from ampc import _C
+from ampc.nn import _attention
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+from test_ops_gpu import ID, autograd, close, randn, seed  # noqa: E402,F401 (seed: the autouse fixture)
+
+TF = torch.nn.functional
+F = ampc.nn.functional
+LOW = [torch.float16, torch.bfloat16]
+# The kernels round the probabilities (and dS) to the inputs' dtype before the products, as
+# FlashAttention does: a few units of the dtype's rounding, relative to the largest output.
+RTOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+SHAPES = [(1, 1, 64, 64), (2, 3, 100, 37), (2, 2, 37, 100), (1, 2, 1, 1), (1, 1, 130, 3), (2, 4, 1024, 1024)]
+
+
+def sm80():
+    return torch.cuda.get_device_capability()[0] >= 8
+
+
+def heads_of_projection(b, length, h, dtype):
+    """q, k, v as GPT-2 makes them: (b, h, length, 64) views of one (b, length, 3 * h * 64) projection."""
+    qkv = randn(b, length, 3 * h * 64, dtype=dtype)
+    return [z.reshape(b, length, h, 64).transpose(1, 2) for z in qkv.split(h * 64, dim=2)]
+
+
+def reference(q, k, v, causal):
+    return TF.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+
+
+def scores64(q, k, causal):
+    s = q.double() @ k.double().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], device="cuda", dtype=torch.bool).tril()
+        s = s.masked_fill(~keep, -math.inf)
+    return s
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_forward(shape, causal, dtype):
+    if not sm80():
+        pytest.skip("the fused kernels need sm_80")
+    b, h, L, S = shape
+    q, k, v = randn(b, h, L, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype)
+    served = _C._attention(q, k, v, causal, 0.125)
+    assert served is not None
+    out, lse = served
+    assert out.dtype == dtype and lse.dtype == torch.float32 and lse.shape == (b, h, L)
+    close(out, reference(q, k, v, causal), dtype, rtol=RTOL[dtype], scale=1.0, what="output vs float64")
+    close(out, TF.scaled_dot_product_attention(q, k, v, is_causal=causal), dtype, rtol=2 * RTOL[dtype], scale=1.0,
+          what="output vs torch")
+    want = torch.logsumexp(scores64(q, k, causal), -1)
+    assert (lse.double() - want).abs().max().item() < 1e-4 * (1 + want.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_backward(shape, causal, dtype):
+    if not sm80():
+        pytest.skip("the fused kernels need sm_80")
+    b, h, L, S = shape
+    q, k, v = randn(b, h, L, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype)
+    out, lse = _C._attention(q, k, v, causal, 0.125)
+    g = randn(b, h, L, 64, dtype=dtype)
+    got = _C._attention_backward(g, q, k, v, out, lse, causal, 0.125)
+    assert got is not None
+    want = autograd(lambda x, y, z: TF.scaled_dot_product_attention(x, y, z, is_causal=causal), [q, k, v], g)
+    for name, a, r in zip("qkv", got, want):
+        assert a.shape == r.shape and a.dtype == dtype
+        close(a, r, dtype, rtol=8 * RTOL[dtype], scale=r.abs().max().item(), what=f"grad_{name}")
+    again = _C._attention_backward(g, q, k, v, out, lse, causal, 0.125)
+    for a, r in zip(got, again):
+        assert torch.equal(a.view(torch.int16), r.view(torch.int16)), "two runs gave different bits"
+
+
+@pytest.mark.parametrize("dtype", LOW, ids=ID.get)
+def test_gpt2_head_views_and_output_layout(dtype):
+    """The strided (b, h, L, 64) views of one projection are read in place, and the output (and the
+    gradients) come back in the views' memory order: transposed to (b, L, h, 64), dense."""
+    if not sm80():
+        pytest.skip("the fused kernels need sm_80")
+    q, k, v = heads_of_projection(2, 200, 3, dtype)
+    assert not q.is_contiguous()
+    out, lse = _C._attention(q, k, v, True, 0.125)
+    assert out.transpose(1, 2).is_contiguous()
+    close(out, reference(q, k, v, True), dtype, rtol=RTOL[dtype], scale=1.0, what="strided output")
+    g = randn(2, 200, 3, 64, dtype=dtype).transpose(1, 2)  # the gradient arrives as the output's layout
+    got = _C._attention_backward(g, q, k, v, out, lse, True, 0.125)
+    want = autograd(lambda x, y, z: TF.scaled_dot_product_attention(x, y, z, is_causal=True), [q, k, v], g)
+    for name, a, r in zip("qkv", got, want):
+        assert a.transpose(1, 2).is_contiguous()
+        close(a, r, dtype, rtol=8 * RTOL[dtype], scale=r.abs().max().item(), what=f"strided grad_{name}")
+
+
+def test_what_is_not_served_answers_none():
+    x16 = randn(1, 2, 8, 64, dtype=torch.float16)
+    assert _C._attention(randn(1, 2, 8, 32, dtype=torch.float16), *[randn(1, 2, 8, 32, dtype=torch.float16)] * 2,
+                         False, 0.1) is None  # head_dim 32
+    assert _C._attention(x16.float(), x16.float(), x16.float(), False, 0.1) is None  # float32
+    assert _C._attention(x16, x16.bfloat16(), x16, False, 0.1) is None  # mixed dtypes
+    assert _C._attention(x16.cpu(), x16.cpu(), x16.cpu(), False, 0.1) is None  # CPU
+    assert _C._attention(x16, randn(1, 1, 8, 64, dtype=torch.float16), x16, False, 0.1) is None  # grouped heads
+    wide = randn(1, 2, 8, 72, dtype=torch.float16)
+    unaligned = wide[..., 1:65]  # rows start 2 bytes past a 16-byte boundary
+    assert _C._attention(unaligned, x16, x16, False, 0.1) is None
+    out = F.scaled_dot_product_attention(unaligned, x16, x16)  # composed instead
+    close(out, reference(unaligned, x16, x16, False), torch.float16, rtol=RTOL[torch.float16], scale=1.0,
+          what="composed fallback")
+
+
+def test_bad_forward_results_are_refused():
+    if not sm80():
+        pytest.skip("the fused kernels need sm_80")
+    q = randn(1, 2, 8, 64, dtype=torch.float16)
+    out, lse = _C._attention(q, q, q, False, 0.125)
+    with pytest.raises(ValueError, match="lse must have shape"):
+        _C._attention_backward(q, q, q, q, out, lse[:, :1], False, 0.125)
+    with pytest.raises(TypeError, match="grad_output and output must have query's dtype"):
+        _C._attention_backward(q.float(), q, q, q, out, lse, False, 0.125)
+    with pytest.raises(ValueError, match="grad_output has shape"):
+        _C._attention_backward(q[:, :1], q, q, q, out, lse, False, 0.125)
+
+
+@pytest.mark.parametrize("dtype", [ampc.float16, ampc.bfloat16], ids=str)
+def test_gpt_trains_the_same_on_the_fused_kernels(dtype, monkeypatch):
+    """A GPT with 64-wide heads under autocast: losses and gradients with the fused kernels against
+    the composed attention (fused_forward answering None)."""
+    if not sm80():
+        pytest.skip("the fused kernels need sm_80")
+
+    def run():
+        ampc.manual_seed(0)
+        model = ampc.models.gpt(vocab_size=64, block_size=96, n_layer=2, n_head=2, n_embd=128).to("cuda")
+        rng = np.random.default_rng(0)
+        idx, targets = (_C._to_device(rng.integers(0, 64, (3, 96)), 0) for _ in range(2))
+        with ampc.autocast("cuda", dtype=dtype):
+            _, loss = model(idx, targets)
+        loss.backward()
+        grads = {n: np.asarray(_C._to_device(p.grad, -1), dtype=np.float64) for n, p in model.named_parameters()}
+        return float(np.asarray(_C._to_device(loss.data, -1))), grads
+
+    fused_loss, fused = run()
+    calls = []
+    real = _attention.fused_forward
+    monkeypatch.setattr(_attention, "fused_forward", lambda *a, **k: calls.append(real(*a, **k)))
+    composed_loss, composed = run()
+    assert len(calls) == 2 and all(c is not None for c in calls), "the fused kernels did not serve the GPT"
+    assert abs(fused_loss - composed_loss) < 1e-2 * abs(composed_loss)
+    for name, want in composed.items():
+        np.testing.assert_allclose(fused[name], want, rtol=0.1, atol=0.05 * np.abs(want).max() + 1e-6, err_msg=name)
