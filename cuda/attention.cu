@@ -162,6 +162,18 @@ struct Rows {
     }
 };
 
+/* One (batch, head)'s rows of each operand of the backward pass. */
+template <class T>
+struct Heads {
+    Rows<T> q, k, v, dout;
+
+    __device__ Heads(const ampc_attention_backward &b, int64_t bh)
+        : q(b.fwd.q, bh, b.fwd.heads, b.fwd.q_len), k(b.fwd.k, bh, b.fwd.heads, b.fwd.kv_len),
+          v(b.fwd.v, bh, b.fwd.heads, b.fwd.kv_len), dout(b.dout, bh, b.fwd.heads, b.fwd.q_len)
+    {
+    }
+};
+
 /* Queue rows [row0, row0 + TILE) into a shared tile (rows past the end: zeros). */
 template <class T>
 __device__ __forceinline__ void load_tile(T *tile, const Rows<T> &x, int64_t row0)
@@ -182,6 +194,28 @@ __device__ __forceinline__ void load_operand_rows(uint32_t (&a)[D / 16][4], cons
 #pragma unroll
     for (int k = 0; k < D / 16; k++)
         ldmatrix4<false>(a[k], tile + (row0 + lane % 16) * PITCH + k * 16 + (lane / 16) * 8);
+}
+
+/* Tiles of rows row0.. of x and y, loaded and visible to the whole block. */
+template <class T>
+__device__ __forceinline__ void load_tiles(T *sx, T *sy, const Rows<T> &x, const Rows<T> &y, int64_t row0)
+{
+    load_tile(sx, x, row0);
+    load_tile(sy, y, row0);
+    async_commit();
+    async_wait<0>();
+    __syncthreads();
+}
+
+/* The same, and the A operands of this warp's 16 rows of each: what a
+ * backward block keeps in registers while it walks the other operands. */
+template <class T>
+__device__ __forceinline__ void load_operands(uint32_t (&xa)[D / 16][4], uint32_t (&ya)[D / 16][4], T *sx, T *sy,
+                                              const Rows<T> &x, const Rows<T> &y, int64_t row0)
+{
+    load_tiles(sx, sy, x, y, row0);
+    load_operand_rows(xa, sx, threadIdx.x / 32 * 16);
+    load_operand_rows(ya, sy, threadIdx.x / 32 * 16);
 }
 
 /* acc (16 x TILE) += a (16 x D) x^T, x a tile of TILE rows of D columns:
@@ -381,31 +415,43 @@ __global__ void __launch_bounds__(THREADS) delta_kernel(ampc_attention_backward 
     }
 }
 
+/* ds = p (a x^T - delta): the gradient of a warp's 16 x TILE scores from their
+ * probabilities p and the gradient of the probabilities a x^T (x a tile of
+ * TILE rows); delta_at(n, e) is delta for element e of accumulator n. */
+template <class T, class Delta>
+__device__ __forceinline__ void score_gradients(float (&ds)[TILE / 8][4], const float (&p)[TILE / 8][4],
+                                                const uint32_t (&a)[D / 16][4], const T *tile, Delta delta_at)
+{
+    zero(ds);
+    times_rows<T>(ds, a, tile);
+#pragma unroll
+    for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            ds[n][e] = p[n][e] * (ds[n][e] - delta_at(n, e));
+}
+
+/* A backward block's shared tiles: the rows it keeps (their A operands go to
+ * registers) and the rows it walks. */
+template <class T>
+struct __align__(16) BackwardTiles {
+    T q[TILE * PITCH], dout[TILE * PITCH], k[TILE * PITCH], v[TILE * PITCH];
+};
+
 /* dK and dV of 64 keys: a block per (64 keys, batch * head), walking the
  * queries that see them. */
 template <class T>
 __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b, const float *delta)
 {
-    __shared__ __align__(16) T sk[TILE * PITCH];
-    __shared__ __align__(16) T sv[TILE * PITCH];
-    __shared__ __align__(16) T sq[TILE * PITCH];
-    __shared__ __align__(16) T sdo[TILE * PITCH];
+    __shared__ BackwardTiles<T> s;
     __shared__ float slse[TILE], sdelta[TILE];
     const ampc_attention &a = b.fwd;
     const int64_t bh = blockIdx.y, k0 = (int64_t)blockIdx.x * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const Rows<T> q(a.q, bh, a.heads, a.q_len), k(a.k, bh, a.heads, a.kv_len), v(a.v, bh, a.heads, a.kv_len);
-    const Rows<T> dout(b.dout, bh, a.heads, a.q_len);
+    const Heads<T> head(b, bh);
     const float scale = a.scale * LOG2E;
-
-    load_tile(sk, k, k0);
-    load_tile(sv, v, k0);
-    async_commit();
-    async_wait<0>();
-    __syncthreads();
     uint32_t ka[D / 16][4], va[D / 16][4];
-    load_operand_rows(ka, sk, warp * 16);
-    load_operand_rows(va, sv, warp * 16);
+    load_operands(ka, va, s.k, s.v, head.k, head.v, k0);
 
     float dk[D / 8][4], dv[D / 8][4];
     zero(dk);
@@ -413,20 +459,16 @@ __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b
     const int64_t key = k0 + warp * 16 + lane / 4;  /* this lane's keys: key, key + 8 */
     for (int64_t q0 = a.causal ? k0 : 0; q0 < a.q_len; q0 += TILE) {
         __syncthreads();  /* every warp is done with the previous queries */
-        load_tile(sq, q, q0);
-        load_tile(sdo, dout, q0);
-        async_commit();
         for (int i = threadIdx.x; i < TILE; i += THREADS) {
             const bool valid = q0 + i < a.q_len;  /* past the end: lse +inf, probabilities 0 */
             slse[i] = valid ? a.lse[bh * a.q_len + q0 + i] * LOG2E : INFINITY;
             sdelta[i] = valid ? delta[bh * a.q_len + q0 + i] : 0.0f;
         }
-        async_wait<0>();
-        __syncthreads();
+        load_tiles(s.q, s.dout, head.q, head.dout, q0);
 
         float p[TILE / 8][4];  /* P^T: this warp's 16 keys x 64 queries */
         zero(p);
-        times_rows<T>(p, ka, sq);
+        times_rows<T>(p, ka, s.q);
         const int64_t query0 = q0 + 2 * (lane % 4);
         const bool edge = a.causal && k0 + warp * 16 + 15 > q0;
 #pragma unroll
@@ -437,17 +479,11 @@ __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b
                 p[n][e] = !edge || key + 8 * (e / 2) <= query0 + n * 8 + e % 2 ? exp2f(p[n][e] * scale - slse[c])
                                                                                  : 0.0f;
             }
-        times_tile<T>(dv, p, sdo);
+        times_tile<T>(dv, p, s.dout);
 
-        float ds[TILE / 8][4];  /* dP^T, then dS^T */
-        zero(ds);
-        times_rows<T>(ds, va, sdo);
-#pragma unroll
-        for (int n = 0; n < TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                ds[n][e] = p[n][e] * (ds[n][e] - sdelta[n * 8 + 2 * (lane % 4) + e % 2]);
-        times_tile<T>(dk, ds, sq);
+        float ds[TILE / 8][4];  /* dS^T = P^T (V dout^T - delta), delta by query (column) */
+        score_gradients<T>(ds, p, va, s.dout, [&](int n, int e) { return sdelta[n * 8 + 2 * (lane % 4) + e % 2]; });
+        times_tile<T>(dk, ds, s.q);
     }
     store_rows<T>(b.dk, bh, a.heads, a.kv_len, k0 + warp * 16, dk, a.scale, a.scale);
     store_rows<T>(b.dv, bh, a.heads, a.kv_len, k0 + warp * 16, dv, 1.0f, 1.0f);
@@ -458,25 +494,14 @@ __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b
 template <class T>
 __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, const float *delta)
 {
-    __shared__ __align__(16) T sq[TILE * PITCH];
-    __shared__ __align__(16) T sdo[TILE * PITCH];
-    __shared__ __align__(16) T sk[TILE * PITCH];
-    __shared__ __align__(16) T sv[TILE * PITCH];
+    __shared__ BackwardTiles<T> s;
     const ampc_attention &a = b.fwd;
     const int64_t bh = blockIdx.y, q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const Rows<T> q(a.q, bh, a.heads, a.q_len), k(a.k, bh, a.heads, a.kv_len), v(a.v, bh, a.heads, a.kv_len);
-    const Rows<T> dout(b.dout, bh, a.heads, a.q_len);
+    const Heads<T> head(b, bh);
     const float scale = a.scale * LOG2E;
-
-    load_tile(sq, q, q0);
-    load_tile(sdo, dout, q0);
-    async_commit();
-    async_wait<0>();
-    __syncthreads();
     uint32_t qa[D / 16][4], doa[D / 16][4];
-    load_operand_rows(qa, sq, warp * 16);
-    load_operand_rows(doa, sdo, warp * 16);
+    load_operands(qa, doa, s.q, s.dout, head.q, head.dout, q0);
     const int64_t row0 = q0 + warp * 16 + lane / 4;  /* this lane's queries: row0, row0 + 8 */
     float lse[2], dl[2];
 #pragma unroll
@@ -491,15 +516,11 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, 
     const int64_t keys = visible_keys(a, q0);
     for (int64_t k0 = 0; k0 < keys; k0 += TILE) {
         __syncthreads();  /* every warp is done with the previous keys */
-        load_tile(sk, k, k0);
-        load_tile(sv, v, k0);
-        async_commit();
-        async_wait<0>();
-        __syncthreads();
+        load_tiles(s.k, s.v, head.k, head.v, k0);
 
         float p[TILE / 8][4];
         zero(p);
-        times_rows<T>(p, qa, sk);
+        times_rows<T>(p, qa, s.k);
         const int64_t key0 = k0 + 2 * (lane % 4);
         const bool edge = k0 + TILE > a.kv_len || (a.causal && k0 + TILE - 1 > q0 + warp * 16);
 #pragma unroll
@@ -509,15 +530,9 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, 
                 p[n][e] = !edge || visible(a, row0 + 8 * (e / 2), key0 + n * 8 + e % 2)
                               ? exp2f(p[n][e] * scale - lse[e / 2])
                               : 0.0f;
-        float ds[TILE / 8][4];  /* dP = dout V^T, then dS */
-        zero(ds);
-        times_rows<T>(ds, doa, sv);
-#pragma unroll
-        for (int n = 0; n < TILE / 8; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                ds[n][e] = p[n][e] * (ds[n][e] - dl[e / 2]);
-        times_tile<T>(dq, ds, sk);
+        float ds[TILE / 8][4];  /* dS = P (dout V^T - delta), delta by query (row) */
+        score_gradients<T>(ds, p, doa, s.v, [&](int, int e) { return dl[e / 2]; });
+        times_tile<T>(dq, ds, s.k);
     }
     store_rows<T>(b.dq, bh, a.heads, a.q_len, q0 + warp * 16, dq, a.scale, a.scale);
 }

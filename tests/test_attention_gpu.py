@@ -31,6 +31,14 @@ def sm80():
     return torch.cuda.get_device_capability()[0] >= 8
 
 
+def operands(shape, dtype):
+    """Fresh q (b, h, L, 64), k and v (b, h, S, 64) for shape (b, h, L, S); skips before sm_80."""
+    if not sm80():
+        pytest.skip("the fused kernels need sm_80")
+    b, h, L, S = shape
+    return randn(b, h, L, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype)
+
+
 def heads_of_projection(b, length, h, dtype):
     """q, k, v as GPT-2 makes them: (b, h, length, 64) views of one (b, length, 3 * h * 64) projection."""
     qkv = randn(b, length, 3 * h * 64, dtype=dtype)
@@ -53,10 +61,8 @@ def scores64(q, k, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_forward(shape, causal, dtype):
-    if not sm80():
-        pytest.skip("the fused kernels need sm_80")
     b, h, L, S = shape
-    q, k, v = randn(b, h, L, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype)
+    q, k, v = operands(shape, dtype)
     served = _C._attention(q, k, v, causal, 0.125)
     assert served is not None
     out, lse = served
@@ -72,12 +78,9 @@ def test_forward(shape, causal, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_backward(shape, causal, dtype):
-    if not sm80():
-        pytest.skip("the fused kernels need sm_80")
-    b, h, L, S = shape
-    q, k, v = randn(b, h, L, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype), randn(b, h, S, 64, dtype=dtype)
+    q, k, v = operands(shape, dtype)
     out, lse = _C._attention(q, k, v, causal, 0.125)
-    g = randn(b, h, L, 64, dtype=dtype)
+    g = randn(*q.shape, dtype=dtype)
     got = _C._attention_backward(g, q, k, v, out, lse, causal, 0.125)
     assert got is not None
     want = autograd(lambda x, y, z: TF.scaled_dot_product_attention(x, y, z, is_causal=causal), [q, k, v], g)
