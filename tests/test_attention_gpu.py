@@ -143,7 +143,7 @@ def test_bad_forward_results_are_refused():
 @pytest.mark.parametrize("dtype", [ampc.float16, ampc.bfloat16], ids=str)
 def test_gpt_trains_the_same_on_the_fused_kernels(dtype, monkeypatch):
     """A GPT with 64-wide heads under autocast: losses and gradients with the fused kernels against
-    the composed attention (fused_forward answering None)."""
+    the composed attention (AMPC_FUSED_ATTENTION=0)."""
     if not sm80():
         pytest.skip("the fused kernels need sm_80")
 
@@ -158,12 +158,14 @@ def test_gpt_trains_the_same_on_the_fused_kernels(dtype, monkeypatch):
         grads = {n: np.asarray(_C._to_device(p.grad, -1), dtype=np.float64) for n, p in model.named_parameters()}
         return float(np.asarray(_C._to_device(loss.data, -1))), grads
 
-    fused_loss, fused = run()
     calls = []
     real = _attention.fused_forward
-    monkeypatch.setattr(_attention, "fused_forward", lambda *a, **k: calls.append(real(*a, **k)))
-    composed_loss, composed = run()
+    monkeypatch.setattr(_attention, "fused_forward", lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
+    fused_loss, fused = run()
     assert len(calls) == 2 and all(c is not None for c in calls), "the fused kernels did not serve the GPT"
+    monkeypatch.setattr(_attention, "FUSED", False)  # AMPC_FUSED_ATTENTION=0
+    composed_loss, composed = run()
+    assert calls[2:] == [None, None]
     assert abs(fused_loss - composed_loss) < 1e-2 * abs(composed_loss)
     for name, want in composed.items():
         np.testing.assert_allclose(fused[name], want, rtol=0.1, atol=0.05 * np.abs(want).max() + 1e-6, err_msg=name)

@@ -519,6 +519,22 @@ def test_linear_backward_finite_differences(rng):
     assert_close(gb, numeric_grad(lambda v: F.linear(x, w, v), b.copy(), r), F64, rtol=1e-6)
 
 
+@pytest.mark.parametrize("xshape", [(2, 3, 5), (5,)], ids=str)
+def test_linear_of_one_feature(rng, xshape):
+    """A 1-D weight (in_features,) with a 0-d bias: torch's single output feature, its dimension
+    dropped (ampc refused it: 'a transposed operand needs 2 dimensions'); forward and backward."""
+    x, w, b = rng.standard_normal(xshape), rng.standard_normal(5), np.asarray(rng.standard_normal())
+    y = F.linear(x, w, b)
+    assert y.shape == xshape[:-1]
+    assert_close(y, f64(x) @ w + b, F64)
+    r = rng.standard_normal(xshape[:-1])
+    gi, gw, gb = F.linear_backward(r, x, w)
+    assert gi.shape == x.shape and gw.shape == w.shape and gb.shape == ()
+    assert_close(gi, numeric_grad(lambda v: F.linear(v, w, b), x.copy(), r), F64, rtol=1e-6)
+    assert_close(gw, numeric_grad(lambda v: F.linear(x, v, b), w.copy(), r), F64, rtol=1e-6)
+    assert_close(gb, np.sum(r), F64, rtol=1e-12)
+
+
 def test_matmul_backward_finite_differences(rng):
     for ashape, bshape in [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2)), ((4,), (4, 5)),
                            ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4,)), ((4,), (2, 4, 5))]:

@@ -18,6 +18,7 @@ heads of a key/value head are viewed as one head of G * L rows, so each product 
 keys and values once (and the backward's products sum the G heads' key and value gradients).
 """
 import math
+import os
 
 import numpy as np
 
@@ -67,6 +68,11 @@ def _additive_mask(attn_mask):
     return attn_mask
 
 
+# AMPC_FUSED_ATTENTION=0 composes every attention (as torch.backends.cuda.enable_flash_sdp(False)
+# turns its flash kernel off): for comparing the two, or as a way round a kernel's fault.
+FUSED = os.environ.get("AMPC_FUSED_ATTENTION", "1") != "0"
+
+
 class Fused:
     """What the fused forward leaves the backward pass: its output and each query's log-sum-exp of
     its scaled scores (float32, (batch, heads, L))."""
@@ -80,7 +86,7 @@ class Fused:
 def fused_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """(output, Fused) from the fused kernels, or None where they do not serve these arguments
     (NumPy arrays, a mask, dropout, grouped heads, other dtypes or shapes: ampc._C._attention says)."""
-    if attn_mask is not None or dropout_p > 0.0 or isinstance(query, np.ndarray):
+    if not FUSED or attn_mask is not None or dropout_p > 0.0 or isinstance(query, np.ndarray):
         return None
     _check(query, key, value, attn_mask, is_causal, enable_gqa)
     if _groups(query, key, enable_gqa) > 1:

@@ -23,6 +23,7 @@ from ampc._C import as_dtype
 from ampc.amp import autocast_op
 from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
+from ampc.nn._common import shape_of as _shape_of
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -97,12 +98,21 @@ def _reduction_grad(grad_output, shape, reduction):
 
 @autocast_op(name="linear")
 def linear(input, weight, bias=None):
-    """y = input @ weight.T + bias (weight: (out_features, in_features))."""
+    """y = input @ weight.T + bias (weight: (out_features, in_features), or (in_features,) with a
+    0-d bias for one output feature, the dimension dropped, as torch's)."""
+    if len(_shape_of(weight, "linear", "weight")) == 1:
+        y = linear(input, _reshape(weight, (1, -1)), None if bias is None else _reshape(bias, (1,)))
+        return _reshape(y, tuple(y.shape[:-1]))
     return _C._matmul(input, weight, bias=bias, transpose_b=True, op="linear")
 
 
 def linear_backward(grad_output, input, weight, *, input_grad=True, weight_grad=True, bias_grad=True):
     """(grad_input, grad_weight, grad_bias) of linear; None for the ones not asked for."""
+    if len(_shape_of(weight, "linear_backward", "weight")) == 1:  # one output feature, its dimension dropped
+        gi, gw, gb = linear_backward(_reshape(grad_output, tuple(grad_output.shape) + (1,)), input,
+                                     _reshape(weight, (1, -1)), input_grad=input_grad, weight_grad=weight_grad,
+                                     bias_grad=bias_grad)
+        return gi, None if gw is None else _reshape(gw, (-1,)), None if gb is None else _reshape(gb, ())
     gi = _C._matmul(grad_output, weight, op="linear_backward") if input_grad else None
     gw = gb = None
     if weight_grad or bias_grad:
