@@ -161,6 +161,9 @@ const char *ampc_device_str(ampc_device device, char *buf, size_t size);
 /* repr(obj) for an error message, or "<T object>" where that repr raises
  * (the message must not turn into the object's own exception). */
 PyObject *ampc_safe_repr(PyObject *obj);
+/* Raise exc with format % (name, safe_repr(obj)): format takes a %s, then a
+ * %U. Returns -1. */
+int ampc_raise_with_repr(PyObject *exc, const char *format, const char *name, PyObject *obj);
 /* Hand a result (an ndarray or ampc.Array, stolen) back as the type the
  * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out. */
 PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source);

@@ -737,14 +737,10 @@ static int parse_policy(PyObject *obj, const char *caller)
 {
     const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
     const int p = s ? ampc_policy_from_name(s) : -1;
-    if (p < 0 && !PyErr_Occurred()) {
-        PyObject *r = ampc_safe_repr(obj);
-        if (r != NULL)
-            PyErr_Format(PyUnicode_Check(obj) ? PyExc_ValueError : PyExc_TypeError,
-                         "%s: policy must be one of 'lower_precision_fp', 'fp32', 'fp32_set_opt_dtype', "
-                         "'fp32_append_dtype', 'promote', 'banned' or 'none', got %U", caller, r);
-        Py_XDECREF(r);
-    }
+    if (p < 0 && !PyErr_Occurred())
+        ampc_raise_with_repr(PyUnicode_Check(obj) ? PyExc_ValueError : PyExc_TypeError,
+                             "%s: policy must be one of 'lower_precision_fp', 'fp32', 'fp32_set_opt_dtype', "
+                             "'fp32_append_dtype', 'promote', 'banned' or 'none', got %U", caller, obj);
     return p;
 }
 

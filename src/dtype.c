@@ -100,20 +100,10 @@ static int is_torch_dtype(PyObject *obj)
     return strcmp(Py_TYPE(obj)->tp_name, "torch.dtype") == 0;
 }
 
-/* TypeError(format % (argname, repr(obj))); format takes %s then %U. */
-static int refuse(PyObject *obj, const char *argname, const char *format)
-{
-    PyObject *r = ampc_safe_repr(obj);
-    if (r != NULL)
-        PyErr_Format(PyExc_TypeError, format, argname, r);
-    Py_XDECREF(r);
-    return -1;
-}
-
 static int unsupported(PyObject *obj, const char *argname)
 {
-    return refuse(obj, argname, "%s: ampc does not support dtype %U; it knows float32, float16, bfloat16, "
-                                "float64, bool and the integer types");
+    return ampc_raise_with_repr(PyExc_TypeError, "%s: ampc does not support dtype %U; it knows float32, float16, "
+                                "bfloat16, float64, bool and the integer types", argname, obj);
 }
 
 int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dtype *out)
@@ -164,8 +154,8 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
     PyArray_Descr *descr = NULL;
     if (PyArray_DescrConverter(obj, &descr) != NPY_SUCCEED) {
         PyErr_Clear();
-        return refuse(obj, argname, "%s: %U is not a dtype; expected a NumPy or torch dtype, or a name such as "
-                                    "'float16', 'bfloat16', 'float32'");
+        return ampc_raise_with_repr(PyExc_TypeError, "%s: %U is not a dtype; expected a NumPy or torch dtype, or a "
+                                    "name such as 'float16', 'bfloat16', 'float32'", argname, obj);
     }
     d = ampc_dtype_from_descr(st, descr);
     Py_DECREF(descr);

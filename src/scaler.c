@@ -678,13 +678,9 @@ static int Scaler_init(PyObject *op, PyObject *args, PyObject *kwargs)
         }
         if (PyUnicode_CompareWithASCIIString(device, "cpu") == 0)
             c.cuda = 0;
-        else if (PyUnicode_CompareWithASCIIString(device, "cuda") != 0) {
-            PyObject *r = ampc_safe_repr(device);
-            if (r != NULL)
-                PyErr_Format(PyExc_ValueError, "GradScaler: device must be 'cuda' or 'cpu', got %U", r);
-            Py_XDECREF(r);
-            return -1;
-        }
+        else if (PyUnicode_CompareWithASCIIString(device, "cuda") != 0)
+            return ampc_raise_with_repr(PyExc_ValueError, "%s: device must be 'cuda' or 'cpu', got %U", "GradScaler",
+                                        device);
     }
     if ((init_scale && as_double(init_scale, "init_scale", &c.init_scale) < 0) ||
         (growth && as_double(growth, "growth_factor", &c.growth_factor) < 0) ||

@@ -34,6 +34,15 @@ PyObject *ampc_safe_repr(PyObject *obj)
     return PyUnicode_FromFormat("<%.200s object>", Py_TYPE(obj)->tp_name);
 }
 
+int ampc_raise_with_repr(PyObject *exc, const char *format, const char *name, PyObject *obj)
+{
+    PyObject *r = ampc_safe_repr(obj);
+    if (r != NULL)
+        PyErr_Format(exc, format, name, r);
+    Py_XDECREF(r);
+    return -1;
+}
+
 int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *v)
 {
     const int dtype = ampc_dtype_from_descr(st, PyArray_DESCR(a));

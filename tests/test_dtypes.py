@@ -77,7 +77,18 @@ def test_an_interrupt_inside_repr_is_not_swallowed():
         def __repr__(self):
             raise KeyError("no repr")
 
+    class FailingStr(str):
+        def __repr__(self):
+            raise KeyError("no repr")
+
     with pytest.raises(KeyboardInterrupt):
         ampc.as_dtype(Interrupting())
     with pytest.raises(TypeError, match="Failing object"):
         ampc.as_dtype(Failing())
+    # every message that names an object by its repr goes through the same helper
+    with pytest.raises(ValueError, match="GradScaler: device must be 'cuda' or 'cpu', got <FailingStr object>"):
+        ampc.GradScaler(FailingStr("gpu"))
+    with pytest.raises(ValueError, match="register_autocast: policy must be one of .* got <FailingStr object>"):
+        ampc.register_autocast("an_op_of_mine", FailingStr("fastest"))
+    with pytest.raises(TypeError, match="register_autocast: policy must be one of .* got <Failing object>"):
+        ampc.register_autocast("an_op_of_mine", Failing())
