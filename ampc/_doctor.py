@@ -119,6 +119,7 @@ def doctor(out=sys.stdout, measure=True):
         row("memory", f"{p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
         row("Tensor Cores", "yes (fp16)" if cc >= (7, 0) else "no")
         row("bfloat16", "native" if cc >= (8, 0) else "emulated (casts only)")
+        row("fused attention", "16-bit, head_dim 64" if cc >= (8, 0) else "no (composed from products and softmax)")
         if measure:
             mm, conv = _speedups(i, ampc.float16)
             row("fp16 vs fp32", f"matmul 4096^3 {mm:.1f}x, conv2d 3x3 64x256x14^2 {conv:.1f}x (measured)")

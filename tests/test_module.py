@@ -37,6 +37,12 @@ def test_doctor_runs():
     if ampc.cuda.is_built():
         for needle in ("CUDA runtime", "driver", "cuBLASLt", "cuDNN"):
             assert needle in r.stdout
+    # each GPU says whether attention runs fused there (sm_80 on)
+    fused_rows = [line for line in r.stdout.splitlines() if line.startswith("  fused attention ")]
+    assert len(fused_rows) == ampc.cuda.device_count()
+    for i, line in enumerate(fused_rows):
+        served = ampc.cuda.get_device_capability(i) >= (8, 0)
+        assert line.split(None, 2)[2].startswith("16-bit, head_dim 64" if served else "no"), line
 
 
 # A GPU array as far as DLPack can tell; ampc must refuse it before asking for the memory.
