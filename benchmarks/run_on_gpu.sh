@@ -5,7 +5,9 @@
 # torch. Logs go to $OUT (or ./out); the summary is printed last.
 # SKIP="tests memcheck" (any of tests, memcheck, racecheck, initcheck, benchmarks, ops, demo) leaves
 # steps out, to split the work over calls of 10 minutes; AMPC_CUDA_ARCH=90
-# builds for the H200 alone, three times faster.
+# builds for the H200 alone, three times faster. SANITIZE_TESTS="tests/test_layers_gpu.py ..."
+# also runs those GPU test files under each of compute-sanitizer's tools (SANITIZE_TOOLS, default
+# "memcheck racecheck initcheck"), torch's caching allocator off so that its pool hides nothing.
 #
 #   bash benchmarks/run_on_gpu.sh [pytest args...]
 set -uo pipefail
@@ -43,6 +45,21 @@ for tool in memcheck racecheck initcheck; do
             >"$OUT/$tool.log" 2>&1 || status=1
         tail -3 "$OUT/$tool.log"
     fi
+done
+
+# The GPU test files themselves under the sanitizer, a file and a tool at a time (slow: every
+# launch is checked), each line of the table: tool, file, exit status, the sanitizer's summary.
+for file in ${SANITIZE_TESTS:-}; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
+        step "$tool $file"
+        log="$OUT/sanitize_${tool}_$(basename "$file" .py).log"
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+            python3 -m pytest -q -x -p no:cacheprovider --require-gpu "$file" >"$log" 2>&1
+        rc=$?
+        [ $rc -eq 0 ] || status=1
+        echo "$tool $file rc=$rc $(grep -E 'ERROR SUMMARY|passed|failed' "$log" | tail -2 | tr '\n' ' ')" |
+            tee -a "$OUT/sanitize_table.txt"
+    done
 done
 
 if ! skipped benchmarks; then
