@@ -17,6 +17,7 @@ Grouped-query attention (enable_gqa: G query heads per key/value head) copies no
 heads of a key/value head are viewed as one head of G * L rows, so each product reads the shared
 keys and values once (and the backward's products sum the G heads' key and value gradients).
 """
+
 import math
 import os
 

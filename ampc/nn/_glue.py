@@ -38,18 +38,23 @@ def _dim(op, dim, ndim, name="dim"):
     return dim % n
 
 
-def reshape(input, shape, *, _op="reshape"):
-    size = math.prod(shape_of(input, _op))
-    shape = as_ints(_op, "shape", shape)
+def _reshaped(op, input, shape, name):
+    """input viewed (or copied, where its library must) as shape, checked as torch checks it."""
+    size = math.prod(shape_of(input, op))
+    shape = as_ints(op, name, shape)
     known = math.prod(s for s in shape if s != -1)
     if shape.count(-1) > 1 or any(s < -1 for s in shape) or (
             known != size if -1 not in shape else known == 0 or size % known != 0):
-        raise ValueError(f"{_op}: shape '{list(shape)}' is invalid for input of size {size}")  # torch's text
+        raise ValueError(f"{op}: shape '{list(shape)}' is invalid for input of size {size}")  # torch's text
     return _library(input).reshape(input, shape)
 
 
+def reshape(input, shape):
+    return _reshaped("reshape", input, shape, "shape")
+
+
 def reshape_backward(grad_output, input_shape):
-    return reshape(grad_output, as_ints("reshape_backward", "input_shape", input_shape), _op="reshape_backward")
+    return _reshaped("reshape_backward", grad_output, input_shape, "input_shape")
 
 
 def transpose(input, dim0, dim1):

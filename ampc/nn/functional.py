@@ -526,18 +526,24 @@ def mean(input, dim=None, keepdim=False, *, dtype=None):
     return _C._sum(input, dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype, name="mean")
 
 
-def sum_backward(grad_output, input_shape, dim=None, keepdim=False, scale=1.0, *, _op="sum_backward"):
-    """The gradient of sum (scale 1) or mean (scale 1/count) over dim: grad_output broadcast
-    back to input_shape."""
-    input_shape = _as_ints(_op, "input_shape", input_shape)
-    dims = _dims(dim, _op, len(input_shape))
+def _sum_gradient(op, grad_output, input_shape, dim, keepdim, scale):
+    """grad_output * scale broadcast back to input_shape over the reduced dims: sum's gradient
+    (scale 1) and mean's (1/count); op names the caller in messages."""
+    input_shape = _as_ints(op, "input_shape", input_shape)
+    dims = _dims(dim, op, len(input_shape))
     if dims is None:
         dims = tuple(range(len(input_shape)))
     dims = tuple(d % max(len(input_shape), 1) for d in dims)
     if not keepdim:
         kept = [1 if d in dims else s for d, s in enumerate(input_shape)]
         grad_output = _reshape(grad_output, kept)
-    return _C._ew(_OPS["copy"], grad_output, scale=scale, shape=input_shape, name=_op, names=("grad_output",))
+    return _C._ew(_OPS["copy"], grad_output, scale=scale, shape=input_shape, name=op, names=("grad_output",))
+
+
+def sum_backward(grad_output, input_shape, dim=None, keepdim=False, scale=1.0):
+    """The gradient of sum (scale 1) or mean (scale 1/count) over dim: grad_output broadcast
+    back to input_shape."""
+    return _sum_gradient("sum_backward", grad_output, input_shape, dim, keepdim, scale)
 
 
 def mean_backward(grad_output, input_shape, dim=None, keepdim=False):
@@ -545,7 +551,7 @@ def mean_backward(grad_output, input_shape, dim=None, keepdim=False):
     shape = _as_ints("mean_backward", "input_shape", input_shape)
     dims = _dims(dim, "mean_backward", len(shape))
     count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
-    return sum_backward(grad_output, shape, dim, keepdim, 1.0 / count if count else math.nan, _op="mean_backward")
+    return _sum_gradient("mean_backward", grad_output, shape, dim, keepdim, 1.0 / count if count else math.nan)
 
 
 def _gradient_at_input(kernel, op, grad_output, input, param=1.0):
