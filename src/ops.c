@@ -1139,7 +1139,8 @@ static PyObject *mod_ew_ops(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg
 PyMethodDef ampc_ops_methods[] = {
     {"_ew_ops", mod_ew_ops, METH_NOARGS, "The elementwise op codes of _ew, by name."},
     {"_ew", (PyCFunction)(void (*)(void))mod_ew, METH_VARARGS | METH_KEYWORDS,
-     "_ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None): f(a, b; param) * c * scale, broadcast."},
+     "_ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None, shape=None, name='elementwise', names=None): "
+     "f(a, b; param) * c * scale, broadcast; errors name the op `name` and the operands `names`."},
     {"_softmax", (PyCFunction)(void (*)(void))mod_softmax, METH_VARARGS | METH_KEYWORDS,
      "_softmax(input, dim, log, dtype=None, *, causal=False): causal masks the last two dimensions as attention's "
      "is_causal does (query row i takes key columns 0..i)."},
@@ -1151,7 +1152,7 @@ PyMethodDef ampc_ops_methods[] = {
      "_layer_norm_backward(grad_output, input, mean, rstd, n, weight=None, weight_grads=True, input_grad=True) "
      "-> (grad_input, grad_weight, grad_bias)"},
     {"_sum", (PyCFunction)(void (*)(void))mod_sum, METH_VARARGS | METH_KEYWORDS,
-     "_sum(input, dims=None, keepdim=False, scale=1.0, *, dtype=None)"},
+     "_sum(input, dims=None, keepdim=False, scale=1.0, *, dtype=None, name='sum')"},
     {"_cross_entropy", (PyCFunction)(void (*)(void))mod_cross_entropy, METH_VARARGS | METH_KEYWORDS,
      "_cross_entropy(input, target, weight=None, ignore_index=-100, label_smoothing=0.0, reduction='mean', "
      "log_probs=False) -> (loss, lse, denom)"},
