@@ -1,0 +1,430 @@
+/*
+ * attention_kernels.cuh: the fused attention kernels of attention.cu (see
+ * its comment for the algorithm), apart from the host code that launches
+ * them, so that tests/emulated_cuda can run this very code on the CPU. It
+ * includes nothing itself: the includer brings ops.h's types, packs.cuh's
+ * to_float and mma.cuh's instructions (or their CPU models) first.
+ */
+#ifndef AMPC_ATTENTION_KERNELS_CUH
+#define AMPC_ATTENTION_KERNELS_CUH
+
+namespace {
+
+using namespace ops;
+using namespace mma_sm80;
+
+constexpr int D = 64;              /* the head dimension served */
+constexpr int TILE = 64;           /* rows of a tile: queries or keys */
+constexpr int PITCH = D + 8;       /* elements of a tile row in shared memory */
+constexpr int WARPS = 4;           /* a warp per 16 rows of the tile */
+constexpr int THREADS = 32 * WARPS;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+/* The A operand (16 x 16) made of accumulators c[2k] and c[2k + 1]: columns
+ * 16k .. 16k + 15 of a warp's 16 rows. */
+template <class T>
+__device__ __forceinline__ void as_operand(uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4])
+{
+    a[0] = pack2<T>(c0[0], c0[1]);
+    a[1] = pack2<T>(c0[2], c0[3]);
+    a[2] = pack2<T>(c1[0], c1[1]);
+    a[3] = pack2<T>(c1[2], c1[3]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tiles                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* The rows of one (batch, head) of an operand. */
+template <class T>
+struct Rows {
+    const T *base;
+    int64_t stride;  /* elements from a row to the next */
+    int64_t len;
+
+    __device__ Rows(const ampc_attention_arg &x, int64_t bh, int64_t heads, int64_t n)
+        : base(static_cast<const T *>(x.data) + (bh / heads) * x.stride[0] + (bh % heads) * x.stride[1]),
+          stride(x.stride[2]), len(n)
+    {
+    }
+};
+
+/* One (batch, head)'s rows of each operand of the backward pass. */
+template <class T>
+struct Heads {
+    Rows<T> q, k, v, dout;
+
+    __device__ Heads(const ampc_attention_backward &b, int64_t bh)
+        : q(b.fwd.q, bh, b.fwd.heads, b.fwd.q_len), k(b.fwd.k, bh, b.fwd.heads, b.fwd.kv_len),
+          v(b.fwd.v, bh, b.fwd.heads, b.fwd.kv_len), dout(b.dout, bh, b.fwd.heads, b.fwd.q_len)
+    {
+    }
+};
+
+/* Queue rows [row0, row0 + TILE) into a shared tile (rows past the end: zeros). */
+template <class T>
+__device__ __forceinline__ void load_tile(T *tile, const Rows<T> &x, int64_t row0)
+{
+    constexpr int PIECES = D / 8;  /* 16-byte pieces a row */
+    for (int i = threadIdx.x; i < TILE * PIECES; i += THREADS) {
+        const int r = i / PIECES, c = (i % PIECES) * 8;
+        const bool valid = row0 + r < x.len;
+        copy16_async(tile + r * PITCH + c, valid ? x.base + (row0 + r) * x.stride + c : x.base, valid);
+    }
+}
+
+/* A operands of a warp's 16 rows of a tile, all D columns (16 at a time). */
+template <class T>
+__device__ __forceinline__ void load_operand_rows(uint32_t (&a)[D / 16][4], const T *tile, int row0)
+{
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int k = 0; k < D / 16; k++)
+        ldmatrix4<false>(a[k], tile + (row0 + lane % 16) * PITCH + k * 16 + (lane / 16) * 8);
+}
+
+/* Tiles of rows row0.. of x and y, loaded and visible to the whole block. */
+template <class T>
+__device__ __forceinline__ void load_tiles(T *sx, T *sy, const Rows<T> &x, const Rows<T> &y, int64_t row0)
+{
+    load_tile(sx, x, row0);
+    load_tile(sy, y, row0);
+    async_commit();
+    async_wait<0>();
+    __syncthreads();
+}
+
+/* The same, and the A operands of this warp's 16 rows of each: what a
+ * backward block keeps in registers while it walks the other operands. */
+template <class T>
+__device__ __forceinline__ void load_operands(uint32_t (&xa)[D / 16][4], uint32_t (&ya)[D / 16][4], T *sx, T *sy,
+                                              const Rows<T> &x, const Rows<T> &y, int64_t row0)
+{
+    load_tiles(sx, sy, x, y, row0);
+    load_operand_rows(xa, sx, threadIdx.x / 32 * 16);
+    load_operand_rows(ya, sy, threadIdx.x / 32 * 16);
+}
+
+/* acc (16 x TILE) += a (16 x D) x^T, x a tile of TILE rows of D columns:
+ * the scores of a warp's rows against every row of the tile. */
+template <class T>
+__device__ __forceinline__ void times_rows(float (&acc)[TILE / 8][4], const uint32_t (&a)[D / 16][4], const T *tile)
+{
+    const int lane = threadIdx.x % 32, m = lane / 8;
+#pragma unroll
+    for (int k = 0; k < D / 16; k++)
+#pragma unroll
+        for (int n = 0; n < TILE / 16; n++) {
+            uint32_t b[4];
+            ldmatrix4<false>(b, tile + (n * 16 + (m / 2) * 8 + lane % 8) * PITCH + k * 16 + (m % 2) * 8);
+            mma<T>(acc[2 * n], a[k], b[0], b[1]);
+            mma<T>(acc[2 * n + 1], a[k], b[2], b[3]);
+        }
+}
+
+/* acc (16 x D) += p (16 x TILE, as accumulators) x, x a tile of TILE rows of
+ * D columns: probabilities times values, and the like. */
+template <class T>
+__device__ __forceinline__ void times_tile(float (&acc)[D / 8][4], const float (&p)[TILE / 8][4], const T *tile)
+{
+    const int lane = threadIdx.x % 32, m = lane / 8;
+#pragma unroll
+    for (int k = 0; k < TILE / 16; k++) {
+        uint32_t a[4];
+        as_operand<T>(a, p[2 * k], p[2 * k + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 16; n++) {
+            uint32_t b[4];
+            ldmatrix4<true>(b, tile + (k * 16 + (m % 2) * 8 + lane % 8) * PITCH + n * 16 + (m / 2) * 8);
+            mma<T>(acc[2 * n], a, b[0], b[1]);
+            mma<T>(acc[2 * n + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+template <int N>
+__device__ __forceinline__ void zero(float (&acc)[N][4])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+}
+
+/* Store a warp's 16 x D accumulators, times `scale`, as rows row0.. of an
+ * operand (rows past len are not written). */
+template <class T>
+__device__ __forceinline__ void store_rows(const ampc_attention_arg &x, int64_t bh, int64_t heads, int64_t len,
+                                           int64_t row0, const float (&acc)[D / 8][4], float scale0, float scale1)
+{
+    const int lane = threadIdx.x % 32;
+    T *base = static_cast<T *>(x.data) + (bh / heads) * x.stride[0] + (bh % heads) * x.stride[1];
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int64_t row = row0 + lane / 4 + 8 * half;
+        if (row >= len)
+            continue;
+        const float s = half ? scale1 : scale0;
+        uint32_t *out = reinterpret_cast<uint32_t *>(base + row * x.stride[2] + 2 * (lane % 4));
+#pragma unroll
+        for (int n = 0; n < D / 8; n++)
+            out[n * 4] = pack2<T>(acc[n][2 * half] * s, acc[n][2 * half + 1] * s);
+    }
+}
+
+/* The keys queries q0 .. q0 + TILE - 1 see: all, or causally those up to the last query. */
+__device__ __forceinline__ int64_t visible_keys(const ampc_attention &a, int64_t q0)
+{
+    return a.causal && q0 + TILE < a.kv_len ? q0 + TILE : a.kv_len;
+}
+
+/* Whether key `key` counts for query `query`. */
+__device__ __forceinline__ bool visible(const ampc_attention &a, int64_t query, int64_t key)
+{
+    return key < a.kv_len && (!a.causal || key <= query);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* A block per (64 queries, batch * head); the causal diagonal's longest
+ * rows first. */
+template <class T>
+__global__ void __launch_bounds__(THREADS) forward_kernel(ampc_attention a)
+{
+    __shared__ __align__(16) T sq[TILE * PITCH];
+    __shared__ __align__(16) T sk[2][TILE * PITCH];
+    __shared__ __align__(16) T sv[2][TILE * PITCH];
+    const int64_t bh = blockIdx.y, q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Rows<T> q(a.q, bh, a.heads, a.q_len), k(a.k, bh, a.heads, a.kv_len), v(a.v, bh, a.heads, a.kv_len);
+    const int blocks = (int)((visible_keys(a, q0) + TILE - 1) / TILE);
+    const float scale = a.scale * LOG2E;
+
+    load_tile(sq, q, q0);
+    load_tile(sk[0], k, 0);
+    load_tile(sv[0], v, 0);
+    async_commit();
+
+    uint32_t qa[D / 16][4];
+    float o[D / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    zero(o);
+    const int64_t row0 = q0 + warp * 16 + lane / 4;  /* this lane's rows: row0, row0 + 8 */
+    for (int j = 0; j < blocks; j++) {
+        if (j + 1 < blocks) {  /* the next keys and values load while these are used */
+            load_tile(sk[(j + 1) & 1], k, (int64_t)(j + 1) * TILE);
+            load_tile(sv[(j + 1) & 1], v, (int64_t)(j + 1) * TILE);
+            async_commit();
+            async_wait<1>();
+        }
+        else {
+            async_wait<0>();
+        }
+        __syncthreads();
+        if (j == 0)
+            load_operand_rows(qa, sq, warp * 16);
+        float s[TILE / 8][4];
+        zero(s);
+        times_rows<T>(s, qa, sk[j & 1]);
+
+        const int64_t kb = (int64_t)j * TILE, key0 = kb + 2 * (lane % 4);
+        const bool edge = kb + TILE > a.kv_len || (a.causal && kb + TILE - 1 > q0 + warp * 16);
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = !edge || visible(a, row0 + 8 * (e / 2), key0 + n * 8 + e % 2) ? s[n][e] * scale : -INFINITY;
+
+#pragma unroll
+        for (int h = 0; h < 2; h++) {  /* rows row0 and row0 + 8 */
+            float mx = m[h];
+#pragma unroll
+            for (int n = 0; n < TILE / 8; n++)
+                mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float base = mx == -INFINITY ? 0.0f : mx;  /* a row with nothing visible yet */
+            const float rescale = exp2f(m[h] - base);
+            m[h] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < TILE / 8; n++) {
+                s[n][2 * h] = exp2f(s[n][2 * h] - base);
+                s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] - base);
+                sum += s[n][2 * h] + s[n][2 * h + 1];
+            }
+            l[h] = l[h] * rescale + sum;  /* this lane's share; the row's four lanes add up at the end */
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                o[n][2 * h] *= rescale;
+                o[n][2 * h + 1] *= rescale;
+            }
+        }
+        times_tile<T>(o, s, sv[j & 1]);
+        __syncthreads();  /* before the next iteration's loads overwrite this stage */
+    }
+
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        inv[h] = 1.0f / l[h];
+        const int64_t row = row0 + 8 * h;
+        if (lane % 4 == 0 && row < a.q_len)
+            a.lse[bh * a.q_len + row] = (m[h] + log2f(l[h])) * LN2;
+    }
+    store_rows<T>(a.o, bh, a.heads, a.q_len, q0 + warp * 16, o, inv[0], inv[1]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* delta[bh * q_len + i] = sum_d dout[i][d] * o[i][d]: a warp per row. */
+template <class T>
+__global__ void __launch_bounds__(THREADS) delta_kernel(ampc_attention_backward b, float *delta)
+{
+    const ampc_attention &a = b.fwd;
+    const int64_t rows = a.batch * a.heads * a.q_len;
+    const int lane = threadIdx.x % 32;
+    for (int64_t r = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / 32; r < rows; r += (int64_t)gridDim.x * WARPS) {
+        const int64_t bh = r / a.q_len, i = r % a.q_len;
+        const Rows<T> dout(b.dout, bh, a.heads, a.q_len), o(a.o, bh, a.heads, a.q_len);
+        float sum = 0.0f;
+        for (int d = lane; d < D; d += 32)
+            sum += to_float(dout.base[i * dout.stride + d]) * to_float(o.base[i * o.stride + d]);
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2)
+            sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (lane == 0)
+            delta[r] = sum;
+    }
+}
+
+/* ds = p (a x^T - delta): the gradient of a warp's 16 x TILE scores from their
+ * probabilities p and the gradient of the probabilities a x^T (x a tile of
+ * TILE rows); delta_at(n, e) is delta for element e of accumulator n. */
+template <class T, class Delta>
+__device__ __forceinline__ void score_gradients(float (&ds)[TILE / 8][4], const float (&p)[TILE / 8][4],
+                                                const uint32_t (&a)[D / 16][4], const T *tile, Delta delta_at)
+{
+    zero(ds);
+    times_rows<T>(ds, a, tile);
+#pragma unroll
+    for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            ds[n][e] = p[n][e] * (ds[n][e] - delta_at(n, e));
+}
+
+/* A backward block's shared tiles: the rows it keeps (their A operands go to
+ * registers) and the rows it walks. */
+template <class T>
+struct __align__(16) BackwardTiles {
+    T q[TILE * PITCH], dout[TILE * PITCH], k[TILE * PITCH], v[TILE * PITCH];
+};
+
+/* dK and dV of 64 keys: a block per (64 keys, batch * head), walking the
+ * queries that see them. */
+template <class T>
+__global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b, const float *delta)
+{
+    __shared__ BackwardTiles<T> s;
+    __shared__ float slse[TILE], sdelta[TILE];
+    const ampc_attention &a = b.fwd;
+    const int64_t bh = blockIdx.y, k0 = (int64_t)blockIdx.x * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Heads<T> head(b, bh);
+    const float scale = a.scale * LOG2E;
+    uint32_t ka[D / 16][4], va[D / 16][4];
+    load_operands(ka, va, s.k, s.v, head.k, head.v, k0);
+
+    float dk[D / 8][4], dv[D / 8][4];
+    zero(dk);
+    zero(dv);
+    const int64_t key = k0 + warp * 16 + lane / 4;  /* this lane's keys: key, key + 8 */
+    for (int64_t q0 = a.causal ? k0 : 0; q0 < a.q_len; q0 += TILE) {
+        __syncthreads();  /* every warp is done with the previous queries */
+        for (int i = threadIdx.x; i < TILE; i += THREADS) {
+            const bool valid = q0 + i < a.q_len;  /* past the end: lse +inf, probabilities 0 */
+            slse[i] = valid ? a.lse[bh * a.q_len + q0 + i] * LOG2E : INFINITY;
+            sdelta[i] = valid ? delta[bh * a.q_len + q0 + i] : 0.0f;
+        }
+        load_tiles(s.q, s.dout, head.q, head.dout, q0);
+
+        float p[TILE / 8][4];  /* P^T: this warp's 16 keys x 64 queries */
+        zero(p);
+        times_rows<T>(p, ka, s.q);
+        const int64_t query0 = q0 + 2 * (lane % 4);
+        const bool edge = a.causal && k0 + warp * 16 + 15 > q0;
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = n * 8 + 2 * (lane % 4) + e % 2;
+                p[n][e] = !edge || key + 8 * (e / 2) <= query0 + n * 8 + e % 2 ? exp2f(p[n][e] * scale - slse[c])
+                                                                                 : 0.0f;
+            }
+        times_tile<T>(dv, p, s.dout);
+
+        float ds[TILE / 8][4];  /* dS^T = P^T (V dout^T - delta), delta by query (column) */
+        score_gradients<T>(ds, p, va, s.dout, [&](int n, int e) { return sdelta[n * 8 + 2 * (lane % 4) + e % 2]; });
+        times_tile<T>(dk, ds, s.q);
+    }
+    store_rows<T>(b.dk, bh, a.heads, a.kv_len, k0 + warp * 16, dk, a.scale, a.scale);
+    store_rows<T>(b.dv, bh, a.heads, a.kv_len, k0 + warp * 16, dv, 1.0f, 1.0f);
+}
+
+/* dQ of 64 queries: a block per (64 queries, batch * head), walking the
+ * keys they see. */
+template <class T>
+__global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, const float *delta)
+{
+    __shared__ BackwardTiles<T> s;
+    const ampc_attention &a = b.fwd;
+    const int64_t bh = blockIdx.y, q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const Heads<T> head(b, bh);
+    const float scale = a.scale * LOG2E;
+    uint32_t qa[D / 16][4], doa[D / 16][4];
+    load_operands(qa, doa, s.q, s.dout, head.q, head.dout, q0);
+    const int64_t row0 = q0 + warp * 16 + lane / 4;  /* this lane's queries: row0, row0 + 8 */
+    float lse[2], dl[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const bool valid = row0 + 8 * h < a.q_len;
+        lse[h] = valid ? a.lse[bh * a.q_len + row0 + 8 * h] * LOG2E : INFINITY;
+        dl[h] = valid ? delta[bh * a.q_len + row0 + 8 * h] : 0.0f;
+    }
+
+    float dq[D / 8][4];
+    zero(dq);
+    const int64_t keys = visible_keys(a, q0);
+    for (int64_t k0 = 0; k0 < keys; k0 += TILE) {
+        __syncthreads();  /* every warp is done with the previous keys */
+        load_tiles(s.k, s.v, head.k, head.v, k0);
+
+        float p[TILE / 8][4];
+        zero(p);
+        times_rows<T>(p, qa, s.k);
+        const int64_t key0 = k0 + 2 * (lane % 4);
+        const bool edge = k0 + TILE > a.kv_len || (a.causal && k0 + TILE - 1 > q0 + warp * 16);
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                p[n][e] = !edge || visible(a, row0 + 8 * (e / 2), key0 + n * 8 + e % 2)
+                              ? exp2f(p[n][e] * scale - lse[e / 2])
+                              : 0.0f;
+        float ds[TILE / 8][4];  /* dS = P (dout V^T - delta), delta by query (row) */
+        score_gradients<T>(ds, p, doa, s.v, [&](int, int e) { return dl[e / 2]; });
+        times_tile<T>(dq, ds, s.k);
+    }
+    store_rows<T>(b.dq, bh, a.heads, a.q_len, q0 + warp * 16, dq, a.scale, a.scale);
+}
+
+}  // namespace
+
+#endif /* AMPC_ATTENTION_KERNELS_CUH */

@@ -1,0 +1,36 @@
+"""The fused attention kernels (cuda/attention_kernels.cuh, the very source nvcc compiles) run on
+the CPU: tests/emulated_cuda/cuda_model.h models CUDA's threads, barriers and the warp
+instructions they use (mma.sync, ldmatrix, shuffles, cp.async landing only when waited for), and
+attention.cpp checks the outputs, log-sum-exp and gradients against a float64 reference, with
+every output poisoned first and gaps between rows that must stay untouched. Built with
+AddressSanitizer and UndefinedBehaviorSanitizer, so a read or write outside a tile or an operand
+fails too. A check of the kernels' indexing, masking and synchronisation on a machine without a
+GPU; the GPU tests (test_attention_gpu.py) check the instructions themselves."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(ROOT, "tests", "emulated_cuda")
+# the sanitizer run's preloaded runtime is not for the compiler or this binary (which links its own)
+CLEAN_ENV = {k: v for k, v in os.environ.items()
+             if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS", "PYTHONMALLOC")}
+
+
+@pytest.mark.skipif(shutil.which("g++") is None or not sys.platform.startswith("linux"), reason="needs g++")
+def test_attention_kernels_on_the_cpu_model(tmp_path, test_seed):
+    exe = tmp_path / "attention"
+    build = subprocess.run(
+        ["g++", "-std=c++20", "-O1", "-g", "-pthread", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+         "-fno-omit-frame-pointer", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", f"-I{HERE}",
+         f"-I{os.path.join(ROOT, 'src')}", f"-I{os.path.join(ROOT, 'cuda')}", os.path.join(HERE, "attention.cpp"),
+         "-o", str(exe)], capture_output=True, text=True, env=CLEAN_ENV)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([str(exe), str(test_seed)], capture_output=True, text=True, env=CLEAN_ENV, timeout=600)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0, run.stdout + run.stderr[-4000:]
+    assert len(lines) == 9 and all(line.startswith("ok ") for line in lines), run.stdout
