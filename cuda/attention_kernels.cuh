@@ -84,28 +84,6 @@ __device__ __forceinline__ void load_operand_rows(uint32_t (&a)[D / 16][4], cons
         ldmatrix4<false>(a[k], tile + (row0 + lane % 16) * PITCH + k * 16 + (lane / 16) * 8);
 }
 
-/* Tiles of rows row0.. of x and y, loaded and visible to the whole block. */
-template <class T>
-__device__ __forceinline__ void load_tiles(T *sx, T *sy, const Rows<T> &x, const Rows<T> &y, int64_t row0)
-{
-    load_tile(sx, x, row0);
-    load_tile(sy, y, row0);
-    async_commit();
-    async_wait<0>();
-    __syncthreads();
-}
-
-/* The same, and the A operands of this warp's 16 rows of each: what a
- * backward block keeps in registers while it walks the other operands. */
-template <class T>
-__device__ __forceinline__ void load_operands(uint32_t (&xa)[D / 16][4], uint32_t (&ya)[D / 16][4], T *sx, T *sy,
-                                              const Rows<T> &x, const Rows<T> &y, int64_t row0)
-{
-    load_tiles(sx, sy, x, y, row0);
-    load_operand_rows(xa, sx, threadIdx.x / 32 * 16);
-    load_operand_rows(ya, sy, threadIdx.x / 32 * 16);
-}
-
 /* acc (16 x TILE) += a (16 x D) x^T, x a tile of TILE rows of D columns:
  * the scores of a warp's rows against every row of the tile. */
 template <class T>
@@ -319,44 +297,95 @@ __device__ __forceinline__ void score_gradients(float (&ds)[TILE / 8][4], const 
             ds[n][e] = p[n][e] * (ds[n][e] - delta_at(n, e));
 }
 
-/* A backward block's shared tiles: the rows it keeps (their A operands go to
- * registers) and the rows it walks. */
+/* A backward block's shared tiles: two stages of the two operands it walks
+ * (queries and their output gradients, or keys and values), so that the next
+ * tiles load while these are used. The rows the block keeps load into the
+ * second stage first; once their A operands are in registers, the stage is
+ * free. */
 template <class T>
 struct __align__(16) BackwardTiles {
-    T q[TILE * PITCH], dout[TILE * PITCH], k[TILE * PITCH], v[TILE * PITCH];
+    T x[2][TILE * PITCH], y[2][TILE * PITCH];
 };
+
+/* Queue tiles of rows row0.. of x and y into stage `stage` (one cp.async group). */
+template <class T>
+__device__ __forceinline__ void stage_tiles(BackwardTiles<T> &s, int stage, const Rows<T> &x, const Rows<T> &y,
+                                            int64_t row0)
+{
+    load_tile(s.x[stage], x, row0);
+    load_tile(s.y[stage], y, row0);
+    async_commit();
+}
+
+/* Wait for the current stage (the next one stays in flight where `more`),
+ * and make it visible to the block. */
+__device__ __forceinline__ void stage_ready(bool more)
+{
+    if (more)
+        async_wait<1>();
+    else
+        async_wait<0>();
+    __syncthreads();
+}
+
+/* The rows a backward block keeps (rows row0.. of x and y): loaded through
+ * stage 1, the A operands of this warp's 16 rows of each taken into
+ * registers; the stage is free again afterwards. */
+template <class T>
+__device__ __forceinline__ void keep_rows(uint32_t (&xa)[D / 16][4], uint32_t (&ya)[D / 16][4], BackwardTiles<T> &s,
+                                          const Rows<T> &x, const Rows<T> &y, int64_t row0)
+{
+    stage_tiles(s, 1, x, y, row0);
+    stage_ready(false);
+    load_operand_rows(xa, s.x[1], threadIdx.x / 32 * 16);
+    load_operand_rows(ya, s.y[1], threadIdx.x / 32 * 16);
+    __syncthreads();  /* every warp has its operands */
+}
 
 /* dK and dV of 64 keys: a block per (64 keys, batch * head), walking the
  * queries that see them. */
 template <class T>
 __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b, const float *delta)
 {
-    __shared__ BackwardTiles<T> s;
-    __shared__ float slse[TILE], sdelta[TILE];
+    __shared__ BackwardTiles<T> s;  /* x: queries, y: their output gradients */
+    __shared__ float slse[2][TILE], sdelta[2][TILE];
     const ampc_attention &a = b.fwd;
     const int64_t bh = blockIdx.y, k0 = (int64_t)blockIdx.x * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const Heads<T> head(b, bh);
     const float scale = a.scale * LOG2E;
     uint32_t ka[D / 16][4], va[D / 16][4];
-    load_operands(ka, va, s.k, s.v, head.k, head.v, k0);
+    keep_rows(ka, va, s, head.k, head.v, k0);
 
+    /* Queue the queries from q0 into `stage`, with their lse (past the end:
+     * +inf, probabilities 0) and delta. */
+    const auto stage_queries = [&](int stage, int64_t q0) {
+        stage_tiles(s, stage, head.q, head.dout, q0);
+        for (int i = threadIdx.x; i < TILE; i += THREADS) {
+            const bool valid = q0 + i < a.q_len;
+            slse[stage][i] = valid ? a.lse[bh * a.q_len + q0 + i] * LOG2E : INFINITY;
+            sdelta[stage][i] = valid ? delta[bh * a.q_len + q0 + i] : 0.0f;
+        }
+    };
     float dk[D / 8][4], dv[D / 8][4];
     zero(dk);
     zero(dv);
     const int64_t key = k0 + warp * 16 + lane / 4;  /* this lane's keys: key, key + 8 */
-    for (int64_t q0 = a.causal ? k0 : 0; q0 < a.q_len; q0 += TILE) {
-        __syncthreads();  /* every warp is done with the previous queries */
-        for (int i = threadIdx.x; i < TILE; i += THREADS) {
-            const bool valid = q0 + i < a.q_len;  /* past the end: lse +inf, probabilities 0 */
-            slse[i] = valid ? a.lse[bh * a.q_len + q0 + i] * LOG2E : INFINITY;
-            sdelta[i] = valid ? delta[bh * a.q_len + q0 + i] : 0.0f;
-        }
-        load_tiles(s.q, s.dout, head.q, head.dout, q0);
+    const int64_t first = a.causal ? k0 : 0;
+    if (first < a.q_len)
+        stage_queries(0, first);
+    int st = 0;
+    for (int64_t q0 = first; q0 < a.q_len; q0 += TILE, st ^= 1) {
+        const bool more = q0 + TILE < a.q_len;
+        if (more)  /* the next queries load while these are used */
+            stage_queries(st ^ 1, q0 + TILE);
+        stage_ready(more);
+        const T *sq = s.x[st], *sdo = s.y[st];
+        const float *sl = slse[st], *sd = sdelta[st];
 
         float p[TILE / 8][4];  /* P^T: this warp's 16 keys x 64 queries */
         zero(p);
-        times_rows<T>(p, ka, s.q);
+        times_rows<T>(p, ka, sq);
         const int64_t query0 = q0 + 2 * (lane % 4);
         const bool edge = a.causal && k0 + warp * 16 + 15 > q0;
 #pragma unroll
@@ -364,14 +393,15 @@ __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int c = n * 8 + 2 * (lane % 4) + e % 2;
-                p[n][e] = !edge || key + 8 * (e / 2) <= query0 + n * 8 + e % 2 ? exp2f(p[n][e] * scale - slse[c])
+                p[n][e] = !edge || key + 8 * (e / 2) <= query0 + n * 8 + e % 2 ? exp2f(p[n][e] * scale - sl[c])
                                                                                  : 0.0f;
             }
-        times_tile<T>(dv, p, s.dout);
+        times_tile<T>(dv, p, sdo);
 
         float ds[TILE / 8][4];  /* dS^T = P^T (V dout^T - delta), delta by query (column) */
-        score_gradients<T>(ds, p, va, s.dout, [&](int n, int e) { return sdelta[n * 8 + 2 * (lane % 4) + e % 2]; });
-        times_tile<T>(dk, ds, s.q);
+        score_gradients<T>(ds, p, va, sdo, [&](int n, int e) { return sd[n * 8 + 2 * (lane % 4) + e % 2]; });
+        times_tile<T>(dk, ds, sq);
+        __syncthreads();  /* every warp is done with this stage before it is loaded again */
     }
     store_rows<T>(b.dk, bh, a.heads, a.kv_len, k0 + warp * 16, dk, a.scale, a.scale);
     store_rows<T>(b.dv, bh, a.heads, a.kv_len, k0 + warp * 16, dv, 1.0f, 1.0f);
@@ -382,14 +412,14 @@ __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b
 template <class T>
 __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, const float *delta)
 {
-    __shared__ BackwardTiles<T> s;
+    __shared__ BackwardTiles<T> s;  /* x: keys, y: values */
     const ampc_attention &a = b.fwd;
     const int64_t bh = blockIdx.y, q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const Heads<T> head(b, bh);
     const float scale = a.scale * LOG2E;
     uint32_t qa[D / 16][4], doa[D / 16][4];
-    load_operands(qa, doa, s.q, s.dout, head.q, head.dout, q0);
+    keep_rows(qa, doa, s, head.q, head.dout, q0);
     const int64_t row0 = q0 + warp * 16 + lane / 4;  /* this lane's queries: row0, row0 + 8 */
     float lse[2], dl[2];
 #pragma unroll
@@ -402,13 +432,18 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, 
     float dq[D / 8][4];
     zero(dq);
     const int64_t keys = visible_keys(a, q0);
-    for (int64_t k0 = 0; k0 < keys; k0 += TILE) {
-        __syncthreads();  /* every warp is done with the previous keys */
-        load_tiles(s.k, s.v, head.k, head.v, k0);
+    stage_tiles(s, 0, head.k, head.v, 0);
+    int st = 0;
+    for (int64_t k0 = 0; k0 < keys; k0 += TILE, st ^= 1) {
+        const bool more = k0 + TILE < keys;
+        if (more)  /* the next keys and values load while these are used */
+            stage_tiles(s, st ^ 1, head.k, head.v, k0 + TILE);
+        stage_ready(more);
+        const T *sk = s.x[st], *sv = s.y[st];
 
         float p[TILE / 8][4];
         zero(p);
-        times_rows<T>(p, qa, s.k);
+        times_rows<T>(p, qa, sk);
         const int64_t key0 = k0 + 2 * (lane % 4);
         const bool edge = k0 + TILE > a.kv_len || (a.causal && k0 + TILE - 1 > q0 + warp * 16);
 #pragma unroll
@@ -419,8 +454,9 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, 
                               ? exp2f(p[n][e] * scale - lse[e / 2])
                               : 0.0f;
         float ds[TILE / 8][4];  /* dS = P (dout V^T - delta), delta by query (row) */
-        score_gradients<T>(ds, p, doa, s.v, [&](int, int e) { return dl[e / 2]; });
-        times_tile<T>(dq, ds, s.k);
+        score_gradients<T>(ds, p, doa, sv, [&](int, int e) { return dl[e / 2]; });
+        times_tile<T>(dq, ds, sk);
+        __syncthreads();  /* every warp is done with this stage before it is loaded again */
     }
     store_rows<T>(b.dq, bh, a.heads, a.q_len, q0 + warp * 16, dq, a.scale, a.scale);
 }
