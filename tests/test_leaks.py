@@ -57,6 +57,7 @@ rng = np.random.default_rng(0)
 X = rng.standard_normal((16, 32)).astype(np.float32)
 W = rng.standard_normal((8, 32)).astype(np.float32)
 T = rng.integers(0, 8, 16)
+ATTENTION = rng.standard_normal((1, 2, 70, 64)).astype(np.float32)  # (batch, heads, tokens, head_dim)
 
 
 def test_casts():
@@ -165,6 +166,10 @@ def test_gpu_pool_does_not_grow():
         scaler.step(opt)
         scaler.update()
         ampc.cast(x, "bfloat16")
+        q = ampc.cast(ampc._C._to_device(ATTENTION, 0), "float16")  # the fused attention kernels and their scratch
+        served = ampc._C._attention(q, q, q, True, 0.125)
+        if served is not None:
+            ampc._C._attention_backward(served[0], q, q, q, *served, True, 0.125)
 
     for _ in range(20):
         run()
