@@ -23,6 +23,7 @@ import numpy as np
 import ampc
 from ampc import nn
 from ampc.data import load_digits
+from ampc.nn import _attention
 from ampc.nn.modules import _device_index
 
 F = nn.functional
@@ -280,6 +281,11 @@ def run_synthetic(args, index):
             f"GPT-2 small (124M), batch {batch} x {args.seq_len} random tokens, AdamW")
     print(f"ampc {ampc.__version__} demo: {what}, on {where}; one training step, median of {args.steps} after "
           f"{args.warmup} warm-up steps")
+    if kind == "gpt2" and index >= 0:
+        fused = _attention.FUSED and ampc.cuda.get_device_capability(index) >= (8, 0)
+        print("attention: " + ("ampc's fused kernels in AMP (16-bit heads of 64), composed in float32" if fused
+                               else "composed from products and a softmax"
+                               + (" (AMPC_FUSED_ATTENTION=0)" if not _attention.FUSED else "")))
     if index >= 0:
         # ampc's first steps time each convolution's algorithms in a workspace of up to 1 GiB, taken
         # only where free (less when memory is short): that transient is the warm-up's, not the run's

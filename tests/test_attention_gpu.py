@@ -169,3 +169,15 @@ def test_gpt_trains_the_same_on_the_fused_kernels(dtype, monkeypatch):
     assert abs(fused_loss - composed_loss) < 1e-2 * abs(composed_loss)
     for name, want in composed.items():
         np.testing.assert_allclose(fused[name], want, rtol=0.1, atol=0.05 * np.abs(want).max() + 1e-6, err_msg=name)
+
+
+def test_the_gpt2_demo_says_how_attention_runs(capsys):
+    """The GPT-2 table names the attention it was measured with, and the run trains all three rows."""
+    from ampc.__main__ import main
+
+    assert main(["demo", "--model", "gpt2", "--device", "cuda", "--batch-size", "1", "--seq-len", "64",
+                 "--steps", "1", "--warmup", "0"]) == 0
+    out = capsys.readouterr().out
+    assert ("attention: ampc's fused kernels in AMP" in out) == sm80(), out
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == ["run", "fp32", "AMP bf16", "AMP fp16"]
