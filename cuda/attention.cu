@@ -64,6 +64,9 @@ int served(const ampc_attention &a, int device)
         return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention needs 16-byte aligned rows");
     if (a.kv_len == 0)
         return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention: no keys");
+    if (a.kv_heads < 1 || a.heads % a.kv_heads != 0)
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "fused attention: %lld query heads for %lld key/value heads",
+                                  (long long)a.heads, (long long)a.kv_heads);
     if (a.batch * a.heads > 65535 || (a.q_len + TILE - 1) / TILE > INT32_MAX || a.kv_len > INT32_MAX)
         return ampc_cuda_fail_msg(AMPC_ERR_UNSUPPORTED, "fused attention: too many heads or rows for its grid");
     return AMPC_OK;
@@ -119,7 +122,8 @@ extern "C" int ampc_cuda_attention_backward(int device, void *stream, const ampc
             int status = ampc_cuda_launched("attention backward kernel (delta)");
             if (status != AMPC_OK)
                 return status;
-            dkdv_kernel<T><<<grid_of(a.kv_len, a), THREADS, 0, s>>>(*b, delta);
+            const dim3 key_tiles((unsigned)((a.kv_len + TILE - 1) / TILE), (unsigned)(a.batch * a.kv_heads));
+            dkdv_kernel<T><<<key_tiles, THREADS, 0, s>>>(*b, delta);
             if ((status = ampc_cuda_launched("attention backward kernel (dk, dv)")) != AMPC_OK)
                 return status;
             dq_kernel<T><<<grid_of(a.q_len, a), THREADS, 0, s>>>(*b, delta);

@@ -36,6 +36,9 @@ __device__ __forceinline__ void as_operand(uint32_t (&a)[4], const float (&c0)[4
 /* Tiles                                                                     */
 /* ------------------------------------------------------------------------ */
 
+/* Query heads a key/value head serves (grouped-query attention; 1: none). */
+__device__ __forceinline__ int64_t group_of(const ampc_attention &a) { return a.heads / a.kv_heads; }
+
 /* The rows of one (batch, head) of an operand. */
 template <class T>
 struct Rows {
@@ -43,21 +46,23 @@ struct Rows {
     int64_t stride;  /* elements from a row to the next */
     int64_t len;
 
-    __device__ Rows(const ampc_attention_arg &x, int64_t bh, int64_t heads, int64_t n)
-        : base(static_cast<const T *>(x.data) + (bh / heads) * x.stride[0] + (bh % heads) * x.stride[1]),
+    __device__ Rows(const ampc_attention_arg &x, int64_t batch, int64_t head, int64_t n)
+        : base(static_cast<const T *>(x.data) + batch * x.stride[0] + head * x.stride[1]),
           stride(x.stride[2]), len(n)
     {
     }
 };
 
-/* One (batch, head)'s rows of each operand of the backward pass. */
+/* The rows of query head `head` of batch `batch` in each operand of the
+ * backward pass: its queries and output gradients, and the keys and values
+ * of the key/value head its group shares. */
 template <class T>
 struct Heads {
     Rows<T> q, k, v, dout;
 
-    __device__ Heads(const ampc_attention_backward &b, int64_t bh)
-        : q(b.fwd.q, bh, b.fwd.heads, b.fwd.q_len), k(b.fwd.k, bh, b.fwd.heads, b.fwd.kv_len),
-          v(b.fwd.v, bh, b.fwd.heads, b.fwd.kv_len), dout(b.dout, bh, b.fwd.heads, b.fwd.q_len)
+    __device__ Heads(const ampc_attention_backward &b, int64_t batch, int64_t head)
+        : q(b.fwd.q, batch, head, b.fwd.q_len), k(b.fwd.k, batch, head / group_of(b.fwd), b.fwd.kv_len),
+          v(b.fwd.v, batch, head / group_of(b.fwd), b.fwd.kv_len), dout(b.dout, batch, head, b.fwd.q_len)
     {
     }
 };
@@ -132,11 +137,11 @@ __device__ __forceinline__ void zero(float (&acc)[N][4])
 /* Store a warp's 16 x D accumulators, times `scale`, as rows row0.. of an
  * operand (rows past len are not written). */
 template <class T>
-__device__ __forceinline__ void store_rows(const ampc_attention_arg &x, int64_t bh, int64_t heads, int64_t len,
+__device__ __forceinline__ void store_rows(const ampc_attention_arg &x, int64_t batch, int64_t head, int64_t len,
                                            int64_t row0, const float (&acc)[D / 8][4], float scale0, float scale1)
 {
     const int lane = threadIdx.x % 32;
-    T *base = static_cast<T *>(x.data) + (bh / heads) * x.stride[0] + (bh % heads) * x.stride[1];
+    T *base = static_cast<T *>(x.data) + batch * x.stride[0] + head * x.stride[1];
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int64_t row = row0 + lane / 4 + 8 * half;
@@ -167,16 +172,20 @@ __device__ __forceinline__ bool visible(const ampc_attention &a, int64_t query, 
 /* ------------------------------------------------------------------------ */
 
 /* A block per (64 queries, batch * head); the causal diagonal's longest
- * rows first. */
+ * rows first. Three blocks a multiprocessor (their 46 KB of shared memory
+ * each allow it): without the bound ptxas kept to 128 registers and
+ * spilled. */
 template <class T>
-__global__ void __launch_bounds__(THREADS) forward_kernel(ampc_attention a)
+__global__ void __launch_bounds__(THREADS, 3) forward_kernel(ampc_attention a)
 {
     __shared__ __align__(16) T sq[TILE * PITCH];
     __shared__ __align__(16) T sk[2][TILE * PITCH];
     __shared__ __align__(16) T sv[2][TILE * PITCH];
-    const int64_t bh = blockIdx.y, q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
+    const int64_t bh = blockIdx.y, batch = bh / a.heads, head = bh % a.heads;
+    const int64_t q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const Rows<T> q(a.q, bh, a.heads, a.q_len), k(a.k, bh, a.heads, a.kv_len), v(a.v, bh, a.heads, a.kv_len);
+    const Rows<T> q(a.q, batch, head, a.q_len), k(a.k, batch, head / group_of(a), a.kv_len),
+        v(a.v, batch, head / group_of(a), a.kv_len);
     const int blocks = (int)((visible_keys(a, q0) + TILE - 1) / TILE);
     const float scale = a.scale * LOG2E;
 
@@ -253,7 +262,7 @@ __global__ void __launch_bounds__(THREADS) forward_kernel(ampc_attention a)
         if (lane % 4 == 0 && row < a.q_len)
             a.lse[bh * a.q_len + row] = (m[h] + log2f(l[h])) * LN2;
     }
-    store_rows<T>(a.o, bh, a.heads, a.q_len, q0 + warp * 16, o, inv[0], inv[1]);
+    store_rows<T>(a.o, batch, head, a.q_len, q0 + warp * 16, o, inv[0], inv[1]);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -269,7 +278,8 @@ __global__ void __launch_bounds__(THREADS) delta_kernel(ampc_attention_backward 
     const int lane = threadIdx.x % 32;
     for (int64_t r = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / 32; r < rows; r += (int64_t)gridDim.x * WARPS) {
         const int64_t bh = r / a.q_len, i = r % a.q_len;
-        const Rows<T> dout(b.dout, bh, a.heads, a.q_len), o(a.o, bh, a.heads, a.q_len);
+        const int64_t batch = bh / a.heads, head = bh % a.heads;
+        const Rows<T> dout(b.dout, batch, head, a.q_len), o(a.o, batch, head, a.q_len);
         float sum = 0.0f;
         for (int d = lane; d < D; d += 32)
             sum += to_float(dout.base[i * dout.stride + d]) * to_float(o.base[i * o.stride + d]);
@@ -342,44 +352,51 @@ __device__ __forceinline__ void keep_rows(uint32_t (&xa)[D / 16][4], uint32_t (&
     __syncthreads();  /* every warp has its operands */
 }
 
-/* dK and dV of 64 keys: a block per (64 keys, batch * head), walking the
- * queries that see them. */
+/* dK and dV of 64 keys: a block per (64 keys, batch * key/value head),
+ * walking the queries that see them, of every query head of its group. */
 template <class T>
 __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b, const float *delta)
 {
     __shared__ BackwardTiles<T> s;  /* x: queries, y: their output gradients */
     __shared__ float slse[2][TILE], sdelta[2][TILE];
     const ampc_attention &a = b.fwd;
-    const int64_t bh = blockIdx.y, k0 = (int64_t)blockIdx.x * TILE;
+    const int64_t group = group_of(a), batch = blockIdx.y / a.kv_heads, kv_head = blockIdx.y % a.kv_heads;
+    const int64_t k0 = (int64_t)blockIdx.x * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const Heads<T> head(b, bh);
     const float scale = a.scale * LOG2E;
     uint32_t ka[D / 16][4], va[D / 16][4];
-    keep_rows(ka, va, s, head.k, head.v, k0);
+    const Heads<T> group_head(b, batch, kv_head * group);
+    keep_rows(ka, va, s, group_head.k, group_head.v, k0);
 
-    /* Queue the queries from q0 into `stage`, with their lse (past the end:
-     * +inf, probabilities 0) and delta. */
-    const auto stage_queries = [&](int stage, int64_t q0) {
-        stage_tiles(s, stage, head.q, head.dout, q0);
+    /* The steps: every query head of the group, every tile of its queries
+     * that see these keys. Step `step` queued into `stage`, with the queries'
+     * lse (past the end: +inf, probabilities 0) and delta. */
+    const int64_t first = a.causal ? k0 : 0;
+    const int64_t tiles = first < a.q_len ? (a.q_len - first + TILE - 1) / TILE : 0, steps = group * tiles;
+    const auto stage_step = [&](int stage, int64_t step) {
+        const int64_t head = kv_head * group + step / tiles, q0 = first + step % tiles * TILE;
+        const Heads<T> rows(b, batch, head);
+        stage_tiles(s, stage, rows.q, rows.dout, q0);
+        const int64_t at = (batch * a.heads + head) * a.q_len + q0;
         for (int i = threadIdx.x; i < TILE; i += THREADS) {
             const bool valid = q0 + i < a.q_len;
-            slse[stage][i] = valid ? a.lse[bh * a.q_len + q0 + i] * LOG2E : INFINITY;
-            sdelta[stage][i] = valid ? delta[bh * a.q_len + q0 + i] : 0.0f;
+            slse[stage][i] = valid ? a.lse[at + i] * LOG2E : INFINITY;
+            sdelta[stage][i] = valid ? delta[at + i] : 0.0f;
         }
     };
     float dk[D / 8][4], dv[D / 8][4];
     zero(dk);
     zero(dv);
     const int64_t key = k0 + warp * 16 + lane / 4;  /* this lane's keys: key, key + 8 */
-    const int64_t first = a.causal ? k0 : 0;
-    if (first < a.q_len)
-        stage_queries(0, first);
+    if (steps > 0)
+        stage_step(0, 0);
     int st = 0;
-    for (int64_t q0 = first; q0 < a.q_len; q0 += TILE, st ^= 1) {
-        const bool more = q0 + TILE < a.q_len;
+    for (int64_t step = 0; step < steps; step++, st ^= 1) {
+        const bool more = step + 1 < steps;
         if (more)  /* the next queries load while these are used */
-            stage_queries(st ^ 1, q0 + TILE);
+            stage_step(st ^ 1, step + 1);
         stage_ready(more);
+        const int64_t q0 = first + step % tiles * TILE;
         const T *sq = s.x[st], *sdo = s.y[st];
         const float *sl = slse[st], *sd = sdelta[st];
 
@@ -403,8 +420,8 @@ __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b
         times_tile<T>(dk, ds, sq);
         __syncthreads();  /* every warp is done with this stage before it is loaded again */
     }
-    store_rows<T>(b.dk, bh, a.heads, a.kv_len, k0 + warp * 16, dk, a.scale, a.scale);
-    store_rows<T>(b.dv, bh, a.heads, a.kv_len, k0 + warp * 16, dv, 1.0f, 1.0f);
+    store_rows<T>(b.dk, batch, kv_head, a.kv_len, k0 + warp * 16, dk, a.scale, a.scale);
+    store_rows<T>(b.dv, batch, kv_head, a.kv_len, k0 + warp * 16, dv, 1.0f, 1.0f);
 }
 
 /* dQ of 64 queries: a block per (64 queries, batch * head), walking the
@@ -416,10 +433,10 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, 
     const ampc_attention &a = b.fwd;
     const int64_t bh = blockIdx.y, q0 = (int64_t)(gridDim.x - 1 - blockIdx.x) * TILE;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const Heads<T> head(b, bh);
+    const Heads<T> rows(b, bh / a.heads, bh % a.heads);
     const float scale = a.scale * LOG2E;
     uint32_t qa[D / 16][4], doa[D / 16][4];
-    keep_rows(qa, doa, s, head.q, head.dout, q0);
+    keep_rows(qa, doa, s, rows.q, rows.dout, q0);
     const int64_t row0 = q0 + warp * 16 + lane / 4;  /* this lane's queries: row0, row0 + 8 */
     float lse[2], dl[2];
 #pragma unroll
@@ -432,12 +449,12 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, 
     float dq[D / 8][4];
     zero(dq);
     const int64_t keys = visible_keys(a, q0);
-    stage_tiles(s, 0, head.k, head.v, 0);
+    stage_tiles(s, 0, rows.k, rows.v, 0);
     int st = 0;
     for (int64_t k0 = 0; k0 < keys; k0 += TILE, st ^= 1) {
         const bool more = k0 + TILE < keys;
         if (more)  /* the next keys and values load while these are used */
-            stage_tiles(s, st ^ 1, head.k, head.v, k0 + TILE);
+            stage_tiles(s, st ^ 1, rows.k, rows.v, k0 + TILE);
         stage_ready(more);
         const T *sk = s.x[st], *sv = s.y[st];
 
@@ -458,7 +475,7 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, 
         times_tile<T>(dq, ds, sk);
         __syncthreads();  /* every warp is done with this stage before it is loaded again */
     }
-    store_rows<T>(b.dq, bh, a.heads, a.q_len, q0 + warp * 16, dq, a.scale, a.scale);
+    store_rows<T>(b.dq, bh / a.heads, bh % a.heads, a.q_len, q0 + warp * 16, dq, a.scale, a.scale);
 }
 
 }  // namespace

@@ -379,7 +379,9 @@ typedef struct {
 
 /* o = softmax(q k^T * scale) v, FlashAttention-2's way: the scores never
  * reach memory. causal: query i sees keys 0..i (torch's is_causal, counted
- * from the top left). q, k, v, o share a dtype, float16 or bfloat16; lse
+ * from the top left). k and v may have fewer heads than q, a divisor of
+ * them (grouped-query attention: query head h reads key/value head
+ * h / (heads / kv_heads)). q, k, v, o share a dtype, float16 or bfloat16; lse
  * (batch, heads, q_len) float32, dense: each query's log-sum-exp of its
  * scaled scores, from which the backward pass recomputes the
  * probabilities. A GPU or shape the kernels do not serve (head_dim other
@@ -387,7 +389,7 @@ typedef struct {
  * AMPC_ERR_UNSUPPORTED, and the caller composes the attention instead. */
 typedef struct {
     ampc_dtype dtype;
-    int64_t batch, heads, q_len, kv_len, head_dim;
+    int64_t batch, heads, kv_heads, q_len, kv_len, head_dim;
     int causal;
     float scale;
     ampc_attention_arg q, k, v, o;

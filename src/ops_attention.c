@@ -9,7 +9,9 @@
  *                       grad_value) or None
  * None says "not served here" (arrays on the CPU, another dtype or head
  * dimension, a GPU before sm_80, unaligned rows): the caller composes the
- * attention from products and a softmax instead. Outputs take the memory
+ * attention from products and a softmax instead. key and value may have
+ * fewer heads than query, a divisor of them: grouped-query attention, whose
+ * caller has checked that it was asked for (torch's enable_gqa). Outputs take the memory
  * order of the operand they belong to, so attention's (batch, len, heads,
  * head_dim) views give outputs that transpose back without a copy.
  */
@@ -61,13 +63,16 @@ static int read_operands(ampc_op_args *a, PyObject *const objs[3], ampc_view *vi
     if (a->device.type == AMPC_DEVICE_CPU || q->ndim != 4 || k->ndim != 4 || v->ndim != 4 ||
         k->dtype != q->dtype || v->dtype != q->dtype || (q->dtype != AMPC_FLOAT16 && q->dtype != AMPC_BFLOAT16))
         return 0;
-    for (int dim = 0; dim < 2; dim++)
-        if (k->shape[dim] != q->shape[dim] || v->shape[dim] != q->shape[dim])
-            return 0;  /* grouped heads, broadcast batches: composed */
+    /* one batch; key and value heads alike, query heads a multiple of them (grouped-query
+     * attention); the rest (broadcast batches, other head dimensions of value) is composed */
+    if (k->shape[0] != q->shape[0] || v->shape[0] != q->shape[0] || v->shape[1] != k->shape[1] ||
+        k->shape[1] == 0 || q->shape[1] % k->shape[1] != 0)
+        return 0;
     if (k->shape[3] != q->shape[3] || v->shape[3] != q->shape[3] || v->shape[2] != k->shape[2])
         return 0;
-    *d = (ampc_attention){.dtype = q->dtype, .batch = q->shape[0], .heads = q->shape[1], .q_len = q->shape[2],
-                          .kv_len = k->shape[2], .head_dim = q->shape[3], .causal = causal, .scale = (float)scale};
+    *d = (ampc_attention){.dtype = q->dtype, .batch = q->shape[0], .heads = q->shape[1], .kv_heads = k->shape[1],
+                          .q_len = q->shape[2], .kv_len = k->shape[2], .head_dim = q->shape[3], .causal = causal,
+                          .scale = (float)scale};
     if (operand_of(a, views[0], &d->q) < 0 || operand_of(a, views[1], &d->k) < 0 ||
         operand_of(a, views[2], &d->v) < 0)
         return -1;

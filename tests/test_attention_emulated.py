@@ -33,4 +33,4 @@ def test_attention_kernels_on_the_cpu_model(tmp_path, test_seed):
     run = subprocess.run([str(exe), str(test_seed)], capture_output=True, text=True, env=CLEAN_ENV, timeout=600)
     lines = run.stdout.splitlines()
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
-    assert len(lines) == 9 and all(line.startswith("ok ") for line in lines), run.stdout
+    assert len(lines) == 11 and all(line.startswith("ok ") for line in lines), run.stdout

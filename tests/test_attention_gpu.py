@@ -111,6 +111,27 @@ def test_gpt2_head_views_and_output_layout(dtype):
         close(a, r, dtype, rtol=8 * RTOL[dtype], scale=r.abs().max().item(), what=f"strided grad_{name}")
 
 
+@pytest.mark.parametrize("dtype", LOW, ids=ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 2), (3, 1)], ids=str)
+def test_grouped_query_heads(heads, kv_heads, causal, dtype):
+    """enable_gqa: query head h reads key/value head h // G; the key and value gradients add the
+    G heads' up, against torch's enable_gqa through its autograd."""
+    if not sm80():
+        pytest.skip("the fused kernels need sm_80")
+    q = randn(2, heads, 100, 64, dtype=dtype)
+    k, v = randn(2, kv_heads, 70, 64, dtype=dtype), randn(2, kv_heads, 70, 64, dtype=dtype)
+    fn = lambda x, y, z: TF.scaled_dot_product_attention(x, y, z, is_causal=causal, enable_gqa=True)  # noqa: E731
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    close(out, fn(q.double(), k.double(), v.double()), dtype, rtol=RTOL[dtype], scale=1.0, what="gqa output")
+    served = _C._attention(q, k, v, causal, 0.125)
+    g = randn(*out.shape, dtype=dtype)
+    got = _C._attention_backward(g, q, k, v, *served, causal, 0.125)
+    for name, a, r in zip("qkv", got, autograd(fn, [q, k, v], g)):
+        assert a.shape == r.shape
+        close(a, r, dtype, rtol=8 * RTOL[dtype], scale=r.abs().max().item(), what=f"gqa grad_{name}")
+
+
 def test_what_is_not_served_answers_none():
     x16 = randn(1, 2, 8, 64, dtype=torch.float16)
     assert _C._attention(randn(1, 2, 8, 32, dtype=torch.float16), *[randn(1, 2, 8, 32, dtype=torch.float16)] * 2,
@@ -118,7 +139,7 @@ def test_what_is_not_served_answers_none():
     assert _C._attention(x16.float(), x16.float(), x16.float(), False, 0.1) is None  # float32
     assert _C._attention(x16, x16.bfloat16(), x16, False, 0.1) is None  # mixed dtypes
     assert _C._attention(x16.cpu(), x16.cpu(), x16.cpu(), False, 0.1) is None  # CPU
-    assert _C._attention(x16, randn(1, 1, 8, 64, dtype=torch.float16), x16, False, 0.1) is None  # grouped heads
+    assert _C._attention(x16, randn(1, 3, 8, 64, dtype=torch.float16), x16, False, 0.1) is None  # 2 heads by 3
     wide = randn(1, 2, 8, 72, dtype=torch.float16)
     unaligned = wide[..., 1:65]  # rows start 2 bytes past a 16-byte boundary
     assert _C._attention(unaligned, x16, x16, False, 0.1) is None

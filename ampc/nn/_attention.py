@@ -1,7 +1,7 @@
 """scaled_dot_product_attention and its backward pass, on the lower-precision list as in torch.
 
 On a GPU (sm_80 on), for 16-bit query, key and value of head dimension 64 without a mask or
-dropout, the fused kernels of cuda/attention.cu run it (FlashAttention-2: the scores never reach
+dropout (grouped query heads too), the fused kernels of cuda/attention.cu run it (FlashAttention-2: the scores never reach
 memory; the tape keeps the output and each query's log-sum-exp, from which the backward pass
 recomputes the probabilities tile by tile).
 
@@ -86,12 +86,11 @@ class Fused:
 
 def fused_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """(output, Fused) from the fused kernels, or None where they do not serve these arguments
-    (NumPy arrays, a mask, dropout, grouped heads, other dtypes or shapes: ampc._C._attention says)."""
+    (NumPy arrays, a mask, dropout, other dtypes or shapes: ampc._C._attention says). Grouped query
+    heads (enable_gqa) they take as they are: query head h reads key/value head h // G."""
     if not FUSED or attn_mask is not None or dropout_p > 0.0 or isinstance(query, np.ndarray):
         return None
     _check(query, key, value, attn_mask, is_causal, enable_gqa)
-    if _groups(query, key, enable_gqa) > 1:
-        return None
     served = _C._attention(query, key, value, bool(is_causal), _scale(query, scale))
     return None if served is None else (served[0], Fused(*served))
 

@@ -71,7 +71,7 @@ void poison(Operand &x)
 }
 
 struct Case {
-    int64_t batch, heads, q_len, kv_len;
+    int64_t batch, heads, kv_heads, q_len, kv_len;
     bool causal, heads_inner;
 };
 
@@ -102,11 +102,11 @@ double compare(const Operand &got, const std::vector<double> &want)
 template <class T>
 bool run(const Case &c, std::mt19937 &rng)
 {
-    const int64_t B = c.batch, H = c.heads, L = c.q_len, S = c.kv_len, gap = 8;
+    const int64_t B = c.batch, H = c.heads, HK = c.kv_heads, G = H / HK, L = c.q_len, S = c.kv_len, gap = 8;
     const float scale = 0.125f;
-    Operand q(B, H, L, c.heads_inner, gap), k(B, H, S, c.heads_inner, gap), v(B, H, S, c.heads_inner, gap);
+    Operand q(B, H, L, c.heads_inner, gap), k(B, HK, S, c.heads_inner, gap), v(B, HK, S, c.heads_inner, gap);
     Operand o(B, H, L, c.heads_inner, gap), dout(B, H, L, c.heads_inner, gap);
-    Operand dq(B, H, L, c.heads_inner, gap), dk(B, H, S, c.heads_inner, gap), dv(B, H, S, c.heads_inner, gap);
+    Operand dq(B, H, L, c.heads_inner, gap), dk(B, HK, S, c.heads_inner, gap), dv(B, HK, S, c.heads_inner, gap);
     for (Operand *x : {&q, &k, &v, &dout})
         fill_random<T>(*x, rng);
     for (Operand *x : {&o, &dq, &dk, &dv})
@@ -115,23 +115,23 @@ bool run(const Case &c, std::mt19937 &rng)
 
     ampc_attention a = {};
     a.dtype = std::is_same<T, __half>::value ? AMPC_FLOAT16 : AMPC_BFLOAT16;
-    a.batch = B, a.heads = H, a.q_len = L, a.kv_len = S, a.head_dim = D, a.causal = c.causal, a.scale = scale;
+    a.batch = B, a.heads = H, a.kv_heads = HK, a.q_len = L, a.kv_len = S, a.head_dim = D, a.causal = c.causal, a.scale = scale;
     a.q = q.arg(), a.k = k.arg(), a.v = v.arg(), a.o = o.arg(), a.lse = lse.data();
     const unsigned q_tiles = (unsigned)((L + TILE - 1) / TILE), kv_tiles = (unsigned)((S + TILE - 1) / TILE);
     launch(q_tiles, (unsigned)(B * H), forward_kernel<T>, a);
     ampc_attention_backward bw = {a, dout.arg(), dq.arg(), dk.arg(), dv.arg()};
     launch((unsigned)((B * H * L + WARPS - 1) / WARPS), 1, delta_kernel<T>, bw, delta.data());
-    launch(kv_tiles, (unsigned)(B * H), dkdv_kernel<T>, bw, (const float *)delta.data());
+    launch(kv_tiles, (unsigned)(B * HK), dkdv_kernel<T>, bw, (const float *)delta.data());
     launch(q_tiles, (unsigned)(B * H), dq_kernel<T>, bw, (const float *)delta.data());
 
     /* float64 reference from the same 16-bit inputs */
-    std::vector<double> ro((size_t)(B * H * L * D)), rdq(ro.size()), rdk((size_t)(B * H * S * D)), rdv(rdk.size());
+    std::vector<double> ro((size_t)(B * H * L * D)), rdq(ro.size()), rdk((size_t)(B * HK * S * D)), rdv(rdk.size());
     double lse_err = 0.0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
-            const int64_t bh = b * H + h;
+            const int64_t bh = b * H + h, bhk = b * HK + h / G;  /* the key/value head of h's group */
             auto at = [&](const Operand &x, int64_t i, int64_t d) {
-                return (double)value<T>(x.buf[(size_t)x.index(b, h, i, d)]);
+                return (double)value<T>(x.buf[(size_t)x.index(b, &x == &k || &x == &v ? h / G : h, i, d)]);
             };
             std::vector<double> p((size_t)(L * S)), dp((size_t)(L * S));
             for (int64_t i = 0; i < L; i++) {
@@ -180,8 +180,8 @@ bool run(const Case &c, std::mt19937 &rng)
                         gk += dp[i * S + j] * at(q, i, d);
                         gv += p[i * S + j] * at(dout, i, d);
                     }
-                    rdk[(size_t)((bh * S + j) * D + d)] = gk * scale;
-                    rdv[(size_t)((bh * S + j) * D + d)] = gv;
+                    rdk[(size_t)((bhk * S + j) * D + d)] += gk * scale;  /* the group's heads add up */
+                    rdv[(size_t)((bhk * S + j) * D + d)] += gv;
                 }
             }
         }
@@ -189,8 +189,9 @@ bool run(const Case &c, std::mt19937 &rng)
     const double tol_o = half ? 4e-3 : 3e-2, tol_g = half ? 2e-2 : 1.2e-1;
     const double eo = compare<T>(o, ro), eq = compare<T>(dq, rdq), ek = compare<T>(dk, rdk), ev = compare<T>(dv, rdv);
     const bool ok = eo < tol_o && eq < tol_g && ek < tol_g && ev < tol_g && lse_err < 1e-4;
-    std::printf("%s %s B=%lld H=%lld L=%lld S=%lld causal=%d %s: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
-                ok ? "ok  " : "FAIL", half ? "fp16" : "bf16", (long long)B, (long long)H, (long long)L, (long long)S,
+    std::printf("%s %s B=%lld H=%lld/%lld L=%lld S=%lld causal=%d %s: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                ok ? "ok  " : "FAIL", half ? "fp16" : "bf16", (long long)B, (long long)H, (long long)HK, (long long)L,
+                (long long)S,
                 (int)c.causal, c.heads_inner ? "heads-inner" : "dense", eo, lse_err, eq, ek, ev);
     return ok;
 }
@@ -200,13 +201,14 @@ bool run(const Case &c, std::mt19937 &rng)
 int main(int argc, char **argv)
 {
     std::mt19937 rng(argc > 1 ? (unsigned)std::stoul(argv[1]) : 0u);
-    /* {batch, heads, q_len, kv_len, causal, heads_inner}: tails of both lengths, several tiles
-     * each way, a causal diagonal inside and across tiles; float16 for all, bfloat16 (the other
-     * rounding of pack2 and of the instructions' operands) for two. */
+    /* {batch, heads, kv_heads, q_len, kv_len, causal, heads_inner}: tails of both lengths, several
+     * tiles each way, a causal diagonal inside and across tiles, grouped query heads (2 and 3 to a
+     * key/value head); float16 for all, bfloat16 (the other rounding of pack2 and of the
+     * instructions' operands) for two. */
     const Case cases[] = {
-        {1, 2, 70, 37, false, false}, {1, 2, 70, 37, true, false}, {2, 1, 37, 100, true, true},
-        {1, 1, 64, 64, true, false},  {1, 2, 5, 130, false, true}, {1, 1, 130, 3, true, false},
-        {1, 2, 77, 77, true, true},
+        {1, 2, 2, 70, 37, false, false}, {1, 2, 2, 70, 37, true, false}, {2, 1, 1, 37, 100, true, true},
+        {1, 1, 1, 64, 64, true, false},  {1, 2, 2, 5, 130, false, true}, {1, 1, 1, 130, 3, true, false},
+        {1, 2, 2, 77, 77, true, true},   {1, 4, 2, 70, 70, true, true},  {2, 3, 1, 20, 90, false, false},
     };
     bool ok = true;
     for (const Case &c : cases)
