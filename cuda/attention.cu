@@ -20,6 +20,12 @@
  * That is 7 products a tile where one kernel with atomic dQ additions does
  * 5, for bits that do not depend on the schedule.
  *
+ * Grouped query heads read their group's key/value head; a dK/dV block
+ * walks the queries of every head of its group. Dropout takes the composed
+ * attention's mask (philox.h's draw, element by element of the (batch,
+ * heads, L, S) probabilities), so both drop the same elements for a seed;
+ * the kernels are compiled with and without it.
+ *
  * Warps own 16 rows of a tile (queries forward and in dq_kernel, keys in
  * dkdv_kernel). Fragments follow PTX's m16n8k16 layouts: a lane holds rows
  * lane / 4 and lane / 4 + 8, columns 2 * (lane % 4) and the next, of each
@@ -36,6 +42,7 @@
  */
 #include "packs.cuh"
 #include "mma.cuh"
+#include "philox.h"
 #include "attention_kernels.cuh"
 
 namespace {
@@ -72,10 +79,14 @@ int served(const ampc_attention &a, int device)
     return AMPC_OK;
 }
 
+/* fn(T(), std::integral_constant<bool, DROP>()): a's storage type, and whether it drops. */
 template <class Fn>
-int with_type(ampc_dtype dtype, Fn fn)
+int with_variant(const ampc_attention &a, Fn fn)
 {
-    return dtype == AMPC_FLOAT16 ? fn(__half()) : fn(__nv_bfloat16());
+    const bool drop = a.keep_below < (1u << 24);
+    if (a.dtype == AMPC_FLOAT16)
+        return drop ? fn(__half(), std::true_type()) : fn(__half(), std::false_type());
+    return drop ? fn(__nv_bfloat16(), std::true_type()) : fn(__nv_bfloat16(), std::false_type());
 }
 
 dim3 grid_of(int64_t rows, const ampc_attention &a)
@@ -91,9 +102,9 @@ extern "C" int ampc_cuda_attention(int device, void *stream, const ampc_attentio
         int rc = served(*a, device);
         if (rc != AMPC_OK || a->batch * a->heads * a->q_len == 0)
             return rc;
-        return with_type(a->dtype, [&](auto type) {
+        return with_variant(*a, [&](auto type, auto drop) {
             using T = decltype(type);
-            forward_kernel<T><<<grid_of(a->q_len, *a), THREADS, 0, as_stream(stream)>>>(*a);
+            forward_kernel<T, decltype(drop)::value><<<grid_of(a->q_len, *a), THREADS, 0, as_stream(stream)>>>(*a);
             return ampc_cuda_launched("attention kernel");
         });
     });
@@ -114,8 +125,9 @@ extern "C" int ampc_cuda_attention_backward(int device, void *stream, const ampc
         float *delta = NULL;
         if ((rc = ampc_cuda_alloc(device, nbytes, stream, (void **)&delta)) != AMPC_OK)
             return rc;
-        rc = with_type(a.dtype, [&](auto type) {
+        rc = with_variant(a, [&](auto type, auto drop) {
             using T = decltype(type);
+            constexpr bool DROP = decltype(drop)::value;
             const cudaStream_t s = as_stream(stream);
             const int64_t rows = a.batch * a.heads * a.q_len;
             delta_kernel<T><<<grid_for(rows, WARPS), THREADS, 0, s>>>(*b, delta);
@@ -123,10 +135,10 @@ extern "C" int ampc_cuda_attention_backward(int device, void *stream, const ampc
             if (status != AMPC_OK)
                 return status;
             const dim3 key_tiles((unsigned)((a.kv_len + TILE - 1) / TILE), (unsigned)(a.batch * a.kv_heads));
-            dkdv_kernel<T><<<key_tiles, THREADS, 0, s>>>(*b, delta);
+            dkdv_kernel<T, DROP><<<key_tiles, THREADS, 0, s>>>(*b, delta);
             if ((status = ampc_cuda_launched("attention backward kernel (dk, dv)")) != AMPC_OK)
                 return status;
-            dq_kernel<T><<<grid_of(a.q_len, a), THREADS, 0, s>>>(*b, delta);
+            dq_kernel<T, DROP><<<grid_of(a.q_len, a), THREADS, 0, s>>>(*b, delta);
             return ampc_cuda_launched("attention backward kernel (dq)");
         });
         const int freed = ampc_cuda_free(device, delta, nbytes, stream);

@@ -2,8 +2,9 @@
  * attention_kernels.cuh: the fused attention kernels of attention.cu (see
  * its comment for the algorithm), apart from the host code that launches
  * them, so that tests/emulated_cuda can run this very code on the CPU. It
- * includes nothing itself: the includer brings ops.h's types, packs.cuh's
- * to_float and mma.cuh's instructions (or their CPU models) first.
+ * includes nothing itself: the includer brings ops.h's types, philox.h,
+ * packs.cuh's to_float and mma.cuh's instructions (or their CPU models)
+ * first.
  */
 #ifndef AMPC_ATTENTION_KERNELS_CUH
 #define AMPC_ATTENTION_KERNELS_CUH
@@ -168,6 +169,74 @@ __device__ __forceinline__ bool visible(const ampc_attention &a, int64_t query, 
 }
 
 /* ------------------------------------------------------------------------ */
+/* Dropout                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* The composed attention's mask, so that both drop the same elements:
+ * element i of head bh's probabilities is i = (bh * q_len + query) * kv_len
+ * + key in the draw, and word i % 4 of Philox block offset + i / 4 decides
+ * it (philox.h). A lane's elements of a tile are bits n * 4 + e of a
+ * 32-bit mask (accumulator n, element e). The kernels take DROP as a
+ * template argument: without dropout they keep none of its registers. */
+
+__device__ __forceinline__ uint32_t word(const ampc_philox_block &r, int w)
+{
+    return w == 0 ? r.v[0] : w == 1 ? r.v[1] : w == 2 ? r.v[2] : r.v[3];
+}
+
+/* Keep bits of elements i and i + 1 of the draw (bit 0, bit 1). */
+__device__ __forceinline__ uint32_t keep_pair(const ampc_attention &a, uint64_t i)
+{
+    const int w = (int)(i % 4);
+    const ampc_philox_block r = ampc_philox(a.seed, a.offset + i / 4);
+    const uint32_t next = w < 3 ? word(r, w + 1) : ampc_philox(a.seed, a.offset + i / 4 + 1).v[0];
+    return (uint32_t)ampc_philox_keep(word(r, w), a.keep_below) | (uint32_t)ampc_philox_keep(next, a.keep_below) << 1;
+}
+
+/* A warp whose rows are queries (row0, row0 + 8: the lane's) and columns
+ * keys (key0 + n * 8 and the next: the lane's). */
+__device__ __forceinline__ uint32_t keep_by_query(const ampc_attention &a, int64_t bh, int64_t row0, int64_t key0)
+{
+    uint32_t bits = 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const uint64_t at = (uint64_t)((bh * a.q_len + row0 + 8 * h) * a.kv_len + key0);
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+            bits |= keep_pair(a, at + n * 8) << (n * 4 + 2 * h);
+    }
+    return bits;
+}
+
+/* A warp whose rows are keys (key, key + 8: the lane's) and columns queries
+ * (query0 + n * 8 and the next): the transpose, a block a element. */
+__device__ __forceinline__ uint32_t keep_by_key(const ampc_attention &a, int64_t bh, int64_t key, int64_t query0)
+{
+    uint32_t bits = 0;
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const uint64_t i = (uint64_t)((bh * a.q_len + query0 + n * 8 + c) * a.kv_len + key + 8 * h);
+                const ampc_philox_block r = ampc_philox(a.seed, a.offset + i / 4);
+                bits |= (uint32_t)ampc_philox_keep(word(r, (int)(i % 4)), a.keep_below) << (n * 4 + 2 * h + c);
+            }
+    return bits;
+}
+
+/* p times the dropout factor: keep_scale where kept, 0 where dropped. */
+__device__ __forceinline__ void apply_keep(float (&p)[TILE / 8][4], uint32_t keep, float kept)
+{
+#pragma unroll
+    for (int n = 0; n < TILE / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            p[n][e] = keep >> (n * 4 + e) & 1 ? p[n][e] * kept : 0.0f;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Forward                                                                   */
 /* ------------------------------------------------------------------------ */
 
@@ -175,7 +244,7 @@ __device__ __forceinline__ bool visible(const ampc_attention &a, int64_t query, 
  * rows first. Three blocks a multiprocessor (their 46 KB of shared memory
  * each allow it): without the bound ptxas kept to 128 registers and
  * spilled. */
-template <class T>
+template <class T, bool DROP>
 __global__ void __launch_bounds__(THREADS, 3) forward_kernel(ampc_attention a)
 {
     __shared__ __align__(16) T sq[TILE * PITCH];
@@ -248,6 +317,8 @@ __global__ void __launch_bounds__(THREADS, 3) forward_kernel(ampc_attention a)
                 o[n][2 * h + 1] *= rescale;
             }
         }
+        if constexpr (DROP)  /* l has summed the probabilities whole; o takes them dropped */
+            apply_keep(s, keep_by_query(a, bh, row0, key0), a.keep_scale);
         times_tile<T>(o, s, sv[j & 1]);
         __syncthreads();  /* before the next iteration's loads overwrite this stage */
     }
@@ -291,12 +362,15 @@ __global__ void __launch_bounds__(THREADS) delta_kernel(ampc_attention_backward 
     }
 }
 
-/* ds = p (a x^T - delta): the gradient of a warp's 16 x TILE scores from their
- * probabilities p and the gradient of the probabilities a x^T (x a tile of
- * TILE rows); delta_at(n, e) is delta for element e of accumulator n. */
+/* ds = p (z a x^T - delta): the gradient of a warp's 16 x TILE scores from
+ * their probabilities p and the gradient of the dropped probabilities a x^T
+ * (x a tile of TILE rows), z dropout's factor (bits `keep` of the lane's
+ * elements, each kept one times `kept`); delta_at(n, e) is delta for
+ * element e of accumulator n. */
 template <class T, class Delta>
 __device__ __forceinline__ void score_gradients(float (&ds)[TILE / 8][4], const float (&p)[TILE / 8][4],
-                                                const uint32_t (&a)[D / 16][4], const T *tile, Delta delta_at)
+                                                const uint32_t (&a)[D / 16][4], const T *tile, uint32_t keep,
+                                                float kept, Delta delta_at)
 {
     zero(ds);
     times_rows<T>(ds, a, tile);
@@ -304,7 +378,7 @@ __device__ __forceinline__ void score_gradients(float (&ds)[TILE / 8][4], const 
     for (int n = 0; n < TILE / 8; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-            ds[n][e] = p[n][e] * (ds[n][e] - delta_at(n, e));
+            ds[n][e] = p[n][e] * ((keep >> (n * 4 + e) & 1 ? kept : 0.0f) * ds[n][e] - delta_at(n, e));
 }
 
 /* A backward block's shared tiles: two stages of the two operands it walks
@@ -354,7 +428,7 @@ __device__ __forceinline__ void keep_rows(uint32_t (&xa)[D / 16][4], uint32_t (&
 
 /* dK and dV of 64 keys: a block per (64 keys, batch * key/value head),
  * walking the queries that see them, of every query head of its group. */
-template <class T>
+template <class T, bool DROP>
 __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b, const float *delta)
 {
     __shared__ BackwardTiles<T> s;  /* x: queries, y: their output gradients */
@@ -413,10 +487,15 @@ __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b
                 p[n][e] = !edge || key + 8 * (e / 2) <= query0 + n * 8 + e % 2 ? exp2f(p[n][e] * scale - sl[c])
                                                                                  : 0.0f;
             }
+        const int64_t bh = batch * a.heads + kv_head * group + step / tiles;  /* the query head */
+        const uint32_t keep = DROP ? keep_by_key(a, bh, key, query0) : ~0u;
+        const float kept = DROP ? a.keep_scale : 1.0f;
+        float ds[TILE / 8][4];  /* dS^T = P^T (Z^T V dout^T - delta), delta by query (column) */
+        score_gradients<T>(ds, p, va, sdo, keep, kept,
+                           [&](int n, int e) { return sd[n * 8 + 2 * (lane % 4) + e % 2]; });
+        if constexpr (DROP)
+            apply_keep(p, keep, kept);  /* dV takes the probabilities dropped */
         times_tile<T>(dv, p, sdo);
-
-        float ds[TILE / 8][4];  /* dS^T = P^T (V dout^T - delta), delta by query (column) */
-        score_gradients<T>(ds, p, va, sdo, [&](int n, int e) { return sd[n * 8 + 2 * (lane % 4) + e % 2]; });
         times_tile<T>(dk, ds, sq);
         __syncthreads();  /* every warp is done with this stage before it is loaded again */
     }
@@ -426,7 +505,7 @@ __global__ void __launch_bounds__(THREADS) dkdv_kernel(ampc_attention_backward b
 
 /* dQ of 64 queries: a block per (64 queries, batch * head), walking the
  * keys they see. */
-template <class T>
+template <class T, bool DROP>
 __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, const float *delta)
 {
     __shared__ BackwardTiles<T> s;  /* x: keys, y: values */
@@ -471,7 +550,9 @@ __global__ void __launch_bounds__(THREADS) dq_kernel(ampc_attention_backward b, 
                               ? exp2f(p[n][e] * scale - lse[e / 2])
                               : 0.0f;
         float ds[TILE / 8][4];  /* dS = P (dout V^T - delta), delta by query (row) */
-        score_gradients<T>(ds, p, doa, sv, [&](int, int e) { return dl[e / 2]; });
+        const uint32_t keep = DROP ? keep_by_query(a, bh, row0, key0) : ~0u;
+        score_gradients<T>(ds, p, doa, sv, keep, DROP ? a.keep_scale : 1.0f,
+                           [&](int, int e) { return dl[e / 2]; });
         times_tile<T>(dq, ds, sk);
         __syncthreads();  /* every warp is done with this stage before it is loaded again */
     }

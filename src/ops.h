@@ -394,6 +394,14 @@ typedef struct {
     float scale;
     ampc_attention_arg q, k, v, o;
     float *lse;
+    /* Dropout on the probabilities, the composed attention's mask: element
+     * i of the (batch, heads, q_len, kv_len) probabilities kept where
+     * ampc_philox_keep(element i of the draw (seed, offset), keep_below)
+     * (philox.h), then times keep_scale = 1 / (1 - p). keep_below = 2^24:
+     * no dropout. */
+    uint64_t seed, offset;
+    uint32_t keep_below;
+    float keep_scale;
 } ampc_attention;
 
 /* dq, dk, dv (strided as the forward's operands may be) from dout and the

@@ -3,10 +3,11 @@
  * ampc_attention; kernels in cuda/attention.cu), as private functions of
  * ampc._C that ampc.nn's scaled_dot_product_attention takes when they serve
  * its arguments:
- *   _attention(query, key, value, is_causal, scale) -> (output, lse) or None
+ *   _attention(query, key, value, is_causal, scale, dropout_p=0, seed=0,
+ *              offset=0) -> (output, lse) or None
  *   _attention_backward(grad_output, query, key, value, output, lse,
- *                       is_causal, scale) -> (grad_query, grad_key,
- *                       grad_value) or None
+ *                       is_causal, scale, dropout_p=0, seed=0, offset=0)
+ *                       -> (grad_query, grad_key, grad_value) or None
  * None says "not served here" (arrays on the CPU, another dtype or head
  * dimension, a GPU before sm_80, unaligned rows): the caller composes the
  * attention from products and a softmax instead. key and value may have
@@ -17,8 +18,25 @@
  */
 #include "ampc.h"
 
+#include <math.h>
+
 #include "ops.h"
 #include "ops_args.h"
+
+/* Dropout's terms in d (ops.h): p in [0, 1] (0: none), the draw (seed, offset) as the composed
+ * attention's dropout takes it. -1 with ValueError for another p. */
+static int set_dropout(ampc_attention *d, double p, unsigned long long seed, unsigned long long offset)
+{
+    if (!(p >= 0.0 && p <= 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "dropout probability has to be between 0 and 1");
+        return -1;
+    }
+    d->seed = seed;
+    d->offset = offset;
+    d->keep_below = (uint32_t)llround((1.0 - p) * 16777216.0);
+    d->keep_scale = p < 1.0 ? (float)(1.0 / (1.0 - p)) : 0.0f;
+    return 0;
+}
 
 /* x as a kernel operand: element strides of its first three dimensions
  * (after ampc_op_dense where head_dim's stride is not 1). */
@@ -111,8 +129,10 @@ static PyObject *mod_attention(PyObject *module, PyObject *args)
     ampc_state *st = ampc_state_of(module);
     PyObject *objs[3], *result = NULL;
     int causal;
-    double scale;
-    if (!PyArg_ParseTuple(args, "OOOpd:_attention", &objs[0], &objs[1], &objs[2], &causal, &scale))
+    double scale, dropout_p = 0.0;
+    unsigned long long seed = 0, offset = 0;
+    if (!PyArg_ParseTuple(args, "OOOpd|dKK:_attention", &objs[0], &objs[1], &objs[2], &causal, &scale, &dropout_p,
+                          &seed, &offset))
         return NULL;
     ampc_op_args a;
     ampc_op_args_init(&a, st, "scaled_dot_product_attention");
@@ -120,6 +140,8 @@ static PyObject *mod_attention(PyObject *module, PyObject *args)
     ampc_attention d;
     void *stream;
     int served = read_operands(&a, objs, views, causal, scale, &d);
+    if (served > 0 && set_dropout(&d, dropout_p, seed, offset) < 0)
+        served = -1;
     if (served <= 0)
         goto done;
     const int64_t out_shape[4] = {d.batch, d.heads, d.q_len, d.head_dim}, lse_shape[3] = {d.batch, d.heads, d.q_len};
@@ -168,9 +190,10 @@ static PyObject *mod_attention_backward(PyObject *module, PyObject *args)
     ampc_state *st = ampc_state_of(module);
     PyObject *g_obj, *objs[3], *o_obj, *lse_obj, *result = NULL;
     int causal;
-    double scale;
-    if (!PyArg_ParseTuple(args, "OOOOOOpd:_attention_backward", &g_obj, &objs[0], &objs[1], &objs[2], &o_obj,
-                          &lse_obj, &causal, &scale))
+    double scale, dropout_p = 0.0;
+    unsigned long long seed = 0, offset = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOpd|dKK:_attention_backward", &g_obj, &objs[0], &objs[1], &objs[2], &o_obj,
+                          &lse_obj, &causal, &scale, &dropout_p, &seed, &offset))
         return NULL;
     ampc_op_args a;
     ampc_op_args_init(&a, st, "scaled_dot_product_attention_backward");
@@ -178,6 +201,8 @@ static PyObject *mod_attention_backward(PyObject *module, PyObject *args)
     ampc_attention_backward b;
     void *stream;
     int served = read_operands(&a, objs, views, causal, scale, &b.fwd);
+    if (served > 0 && set_dropout(&b.fwd, dropout_p, seed, offset) < 0)
+        served = -1;
     if (served <= 0)
         goto done;
     PyObject *outs[3] = {NULL, NULL, NULL};
@@ -199,10 +224,10 @@ done:
 
 PyMethodDef ampc_attention_methods[] = {
     {"_attention", mod_attention, METH_VARARGS,
-     "_attention(query, key, value, is_causal, scale) -> (output, lse), or None where the fused kernels do not "
-     "serve the arguments."},
+     "_attention(query, key, value, is_causal, scale, dropout_p=0.0, seed=0, offset=0) -> (output, lse), or None "
+     "where the fused kernels do not serve the arguments; dropout draws at (seed, offset) as ampc's dropout does."},
     {"_attention_backward", mod_attention_backward, METH_VARARGS,
-     "_attention_backward(grad_output, query, key, value, output, lse, is_causal, scale) -> (grad_query, grad_key, "
-     "grad_value), or None where the fused kernels do not serve the arguments."},
+     "_attention_backward(grad_output, query, key, value, output, lse, is_causal, scale, dropout_p=0.0, seed=0, "
+     "offset=0) -> (grad_query, grad_key, grad_value), or None where the fused kernels do not serve the arguments."},
     {NULL, NULL, 0, NULL},
 };

@@ -1,8 +1,9 @@
 """The fused attention kernels (cuda/attention_kernels.cuh, the very source nvcc compiles) run on
 the CPU: tests/emulated_cuda/cuda_model.h models CUDA's threads, barriers and the warp
 instructions they use (mma.sync, ldmatrix, shuffles, cp.async landing only when waited for), and
-attention.cpp checks the outputs, log-sum-exp and gradients against a float64 reference, with
-every output poisoned first and gaps between rows that must stay untouched. Built with
+attention.cpp checks the outputs, log-sum-exp and gradients against a float64 reference (grouped
+query heads and dropout with the composed attention's mask too), with every output poisoned
+first and gaps between rows that must stay untouched. Built with
 AddressSanitizer and UndefinedBehaviorSanitizer, so a read or write outside a tile or an operand
 fails too. A check of the kernels' indexing, masking and synchronisation on a machine without a
 GPU; the GPU tests (test_attention_gpu.py) check the instructions themselves."""
@@ -33,4 +34,4 @@ def test_attention_kernels_on_the_cpu_model(tmp_path, test_seed):
     run = subprocess.run([str(exe), str(test_seed)], capture_output=True, text=True, env=CLEAN_ENV, timeout=600)
     lines = run.stdout.splitlines()
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
-    assert len(lines) == 11 and all(line.startswith("ok ") for line in lines), run.stdout
+    assert len(lines) == 13 and all(line.startswith("ok ") for line in lines), run.stdout

@@ -132,6 +132,39 @@ def test_grouped_query_heads(heads, kv_heads, causal, dtype):
         close(a, r, dtype, rtol=8 * RTOL[dtype], scale=r.abs().max().item(), what=f"gqa grad_{name}")
 
 
+@pytest.mark.parametrize("dtype", LOW, ids=ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_drops_what_the_composed_attention_drops(causal, dtype, monkeypatch):
+    """Dropout in the kernels takes the composed attention's mask (the same Philox draw, element by
+    element), so one seed gives the same output and gradients either way, up to rounding; and
+    the mask really drops (p = 0.4 moves the output by far more than rounding)."""
+    if not sm80():
+        pytest.skip("the fused kernels need sm_80")
+    q, k, v = (randn(2, 4, n, 64, dtype=dtype) for n in (100, 77, 77))
+    g = randn(2, 4, 100, 64, dtype=dtype)
+
+    def run():
+        ampc.manual_seed(5)
+        served = _attention.fused_forward(q, k, v, dropout_p=0.4, is_causal=causal,
+                                          dropout_state=_attention.dropout_state(q, k, 0.4))
+        ampc.manual_seed(5)
+        out, probs, state = F._scaled_dot_product_attention_forward(q, k, v, dropout_p=0.4, is_causal=causal)
+        grads = F.scaled_dot_product_attention_backward(g, q, k, v, probs, 0.4, None, state)
+        return served, out, grads
+
+    served, composed, composed_grads = run()
+    assert served is not None
+    out, fused = served
+    assert fused.dropout_p == 0.4 and fused.dropout_state is not None
+    close(out, composed.double(), dtype, rtol=2 * RTOL[dtype], scale=1.0, what="dropped output vs composed")
+    undropped = _C._attention(q, k, v, causal, 0.125)[0]
+    assert (out.double() - undropped.double()).abs().max().item() > 0.1
+    got = _attention.fused_backward(g, q, k, v, fused, causal)
+    for name, a, r in zip("qkv", got, composed_grads):
+        close(a, r.double(), dtype, rtol=16 * RTOL[dtype], scale=r.double().abs().max().item(),
+              what=f"dropped grad_{name} vs composed")
+
+
 def test_what_is_not_served_answers_none():
     x16 = randn(1, 2, 8, 64, dtype=torch.float16)
     assert _C._attention(randn(1, 2, 8, 32, dtype=torch.float16), *[randn(1, 2, 8, 32, dtype=torch.float16)] * 2,

@@ -1,7 +1,7 @@
 """scaled_dot_product_attention and its backward pass, on the lower-precision list as in torch.
 
-On a GPU (sm_80 on), for 16-bit query, key and value of head dimension 64 without a mask or
-dropout (grouped query heads too), the fused kernels of cuda/attention.cu run it (FlashAttention-2: the scores never reach
+On a GPU (sm_80 on), for 16-bit query, key and value of head dimension 64 without a mask
+(grouped query heads and dropout too), the fused kernels of cuda/attention.cu run it (FlashAttention-2: the scores never reach
 memory; the tape keeps the output and each query's log-sum-exp, from which the backward pass
 recomputes the probabilities tile by tile).
 
@@ -23,10 +23,10 @@ import os
 
 import numpy as np
 
-from ampc import _C
+from ampc import _C, random
 from ampc.amp import autocast_op
-from ampc.nn._common import OPS as _OPS, acc_dtype as _acc, floating_dtype
-from ampc.nn._embedding import _dropout_forward, dropout_backward
+from ampc.nn._common import OPS as _OPS, acc_dtype as _acc, floating_dtype, numel as _numel
+from ampc.nn._embedding import _check_p, dropout_backward
 from ampc.nn._glue import _library, reshape
 
 
@@ -75,43 +75,57 @@ FUSED = os.environ.get("AMPC_FUSED_ATTENTION", "1") != "0"
 
 
 class Fused:
-    """What the fused forward leaves the backward pass: its output and each query's log-sum-exp of
-    its scaled scores (float32, (batch, heads, L))."""
+    """What the fused forward leaves the backward pass: its output, each query's log-sum-exp of
+    its scaled scores (float32, (batch, heads, L)), and its dropout's p and (seed, offset)."""
 
-    __slots__ = ("output", "lse")
+    __slots__ = ("output", "lse", "dropout_p", "dropout_state")
 
-    def __init__(self, output, lse):
-        self.output, self.lse = output, lse
+    def __init__(self, output, lse, dropout_p, dropout_state):
+        self.output, self.lse, self.dropout_p, self.dropout_state = output, lse, dropout_p, dropout_state
 
 
-def fused_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def dropout_state(query, key, dropout_p):
+    """The (seed, offset) of the attention's dropout mask, one number per probability (None without
+    dropout): drawn before the fused kernels or the composed path run, so that either drops the
+    same elements."""
+    if _check_p(dropout_p, "scaled_dot_product_attention") == 0.0:
+        return None
+    return random._draw(math.prod(int(n) for n in query.shape[:-1]) * int(key.shape[-2]))
+
+
+def fused_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+                  dropout_state=None):
     """(output, Fused) from the fused kernels, or None where they do not serve these arguments
-    (NumPy arrays, a mask, dropout, other dtypes or shapes: ampc._C._attention says). Grouped query
-    heads (enable_gqa) they take as they are: query head h reads key/value head h // G."""
-    if not FUSED or attn_mask is not None or dropout_p > 0.0 or isinstance(query, np.ndarray):
+    (NumPy arrays, a mask, other dtypes or shapes: ampc._C._attention says). Grouped query heads
+    (enable_gqa) they take as they are: query head h reads key/value head h // G. Dropout draws
+    at dropout_state (dropout_state() made it)."""
+    if not FUSED or attn_mask is not None or isinstance(query, np.ndarray):
         return None
     _check(query, key, value, attn_mask, is_causal, enable_gqa)
-    served = _C._attention(query, key, value, bool(is_causal), _scale(query, scale))
-    return None if served is None else (served[0], Fused(*served))
+    p = float(dropout_p) if dropout_state is not None else 0.0
+    served = _C._attention(query, key, value, bool(is_causal), _scale(query, scale), p, *(dropout_state or (0, 0)))
+    return None if served is None else (served[0], Fused(served[0], served[1], p, dropout_state))
 
 
 def fused_backward(grad_output, query, key, value, fused, is_causal=False, scale=None):
     """(grad_query, grad_key, grad_value) from the fused kernels, or None where they do not serve
     (grad_output laid out so that its rows are not 16-byte aligned)."""
     return _C._attention_backward(grad_output, query, key, value, fused.output, fused.lse, bool(is_causal),
-                                  _scale(query, scale))
+                                  _scale(query, scale), fused.dropout_p, *(fused.dropout_state or (0, 0)))
 
 
-def _forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+def _forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False,
+             dropout_state=None):
     """(output, probs, dropout_state): the attention, its probabilities (the inputs' dtype; for
     grouped queries, shaped (..., H, G * L, S)) and the (seed, offset) of its dropout mask (None
-    without dropout)."""
+    without dropout; drawn here unless given)."""
     _check(query, key, value, attn_mask, is_causal, enable_gqa)
     probs = probabilities(query, key, attn_mask, is_causal, scale, enable_gqa)
-    state = None
+    state = dropout_state
     attended = probs
-    if dropout_p > 0.0:
-        attended, state = _dropout_forward(probs, dropout_p, True)
+    if _check_p(dropout_p, "scaled_dot_product_attention") > 0.0:
+        state = state or random._draw(_numel(probs))
+        attended = _C._dropout(probs, float(dropout_p), *state)
     out = _C._matmul(attended, value, op="scaled_dot_product_attention")
     groups = _groups(query, key, enable_gqa)
     return (out if groups == 1 else reshape(out, tuple(query.shape[:-1]) + (value.shape[-1],))), probs, state
@@ -155,10 +169,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v over
     (..., L, E) queries, (..., S, E) keys and (..., S, Ev) values; is_causal lets query i see keys
     0..i; attn_mask is boolean (True: attend) or added to the scores."""
-    fused = fused_forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    state = dropout_state(query, key, dropout_p)
+    fused = fused_forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, state)
     if fused is not None:
         return fused[0]
-    return _forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]
+    return _forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, state)[0]
 
 
 def scaled_dot_product_attention_backward(grad_output, query, key, value, probs, dropout_p=0.0, scale=None,

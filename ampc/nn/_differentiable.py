@@ -273,12 +273,13 @@ def _embedding_backward(a, saved, g, needs):
 def _attention_forward(a):
     """The output, keeping the fused kernels' output and log-sum-exp, or (composed) only dropout's
     (seed, offset): the probabilities are recomputed."""
+    state = _attention.dropout_state(a["query"], a["key"], a["dropout_p"])
     fused = _attention.fused_forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
-                                     a["is_causal"], a["scale"], a["enable_gqa"])
+                                     a["is_causal"], a["scale"], a["enable_gqa"], state)
     if fused is not None:
         return fused
     out, _, state = _attention._forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
-                                        a["is_causal"], a["scale"], a["enable_gqa"])
+                                        a["is_causal"], a["scale"], a["enable_gqa"], state)
     return out, state
 
 
@@ -287,7 +288,7 @@ def _attention_backward(a, state, g, needs):
         grads = _attention.fused_backward(g, a["query"], a["key"], a["value"], state, a["is_causal"], a["scale"])
         if grads is not None:
             return grads
-        state = None  # no dropout: the fused forward had none
+        state = state.dropout_state  # composed: the same mask, from its (seed, offset)
     probs = _attention.probabilities(a["query"], a["key"], a["attn_mask"], a["is_causal"], a["scale"], a["enable_gqa"])
     return _attention.scaled_dot_product_attention_backward(g, a["query"], a["key"], a["value"], probs,
                                                             a["dropout_p"], a["scale"], state)

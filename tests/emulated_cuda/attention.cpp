@@ -12,6 +12,7 @@
 #include "cuda_model.h"
 
 #include "ops.h"
+#include "philox.h"
 
 #include "attention_kernels.cuh"
 
@@ -73,6 +74,7 @@ void poison(Operand &x)
 struct Case {
     int64_t batch, heads, kv_heads, q_len, kv_len;
     bool causal, heads_inner;
+    double dropout;  /* p: the probabilities dropped with it, as the composed attention drops them */
 };
 
 /* Largest |got - want| over the largest |want|; inf where got is NaN or a
@@ -99,7 +101,7 @@ double compare(const Operand &got, const std::vector<double> &want)
     return err / scale;
 }
 
-template <class T>
+template <class T, bool DROP>
 bool run(const Case &c, std::mt19937 &rng)
 {
     const int64_t B = c.batch, H = c.heads, HK = c.kv_heads, G = H / HK, L = c.q_len, S = c.kv_len, gap = 8;
@@ -117,12 +119,14 @@ bool run(const Case &c, std::mt19937 &rng)
     a.dtype = std::is_same<T, __half>::value ? AMPC_FLOAT16 : AMPC_BFLOAT16;
     a.batch = B, a.heads = H, a.kv_heads = HK, a.q_len = L, a.kv_len = S, a.head_dim = D, a.causal = c.causal, a.scale = scale;
     a.q = q.arg(), a.k = k.arg(), a.v = v.arg(), a.o = o.arg(), a.lse = lse.data();
+    a.seed = rng(), a.offset = rng() % 1000, a.keep_below = (uint32_t)std::llround((1.0 - c.dropout) * 16777216.0);
+    a.keep_scale = c.dropout < 1.0 ? (float)(1.0 / (1.0 - c.dropout)) : 0.0f;
     const unsigned q_tiles = (unsigned)((L + TILE - 1) / TILE), kv_tiles = (unsigned)((S + TILE - 1) / TILE);
-    launch(q_tiles, (unsigned)(B * H), forward_kernel<T>, a);
+    launch(q_tiles, (unsigned)(B * H), forward_kernel<T, DROP>, a);
     ampc_attention_backward bw = {a, dout.arg(), dq.arg(), dk.arg(), dv.arg()};
     launch((unsigned)((B * H * L + WARPS - 1) / WARPS), 1, delta_kernel<T>, bw, delta.data());
-    launch(kv_tiles, (unsigned)(B * HK), dkdv_kernel<T>, bw, (const float *)delta.data());
-    launch(q_tiles, (unsigned)(B * H), dq_kernel<T>, bw, (const float *)delta.data());
+    launch(kv_tiles, (unsigned)(B * HK), dkdv_kernel<T, DROP>, bw, (const float *)delta.data());
+    launch(q_tiles, (unsigned)(B * H), dq_kernel<T, DROP>, bw, (const float *)delta.data());
 
     /* float64 reference from the same 16-bit inputs */
     std::vector<double> ro((size_t)(B * H * L * D)), rdq(ro.size()), rdk((size_t)(B * HK * S * D)), rdv(rdk.size());
@@ -133,7 +137,11 @@ bool run(const Case &c, std::mt19937 &rng)
             auto at = [&](const Operand &x, int64_t i, int64_t d) {
                 return (double)value<T>(x.buf[(size_t)x.index(b, &x == &k || &x == &v ? h / G : h, i, d)]);
             };
-            std::vector<double> p((size_t)(L * S)), dp((size_t)(L * S));
+            std::vector<double> p((size_t)(L * S)), dp((size_t)(L * S)), z((size_t)(L * S), 1.0);
+            for (int64_t e = 0; DROP && e < L * S; e++) {  /* the composed attention's mask */
+                const uint64_t i = (uint64_t)(bh * L * S + e);
+                z[e] = ampc_philox_keep(ampc_philox(a.seed, a.offset + i / 4).v[i % 4], a.keep_below) ? a.keep_scale : 0.0;
+            }
             for (int64_t i = 0; i < L; i++) {
                 double m = -INFINITY;
                 for (int64_t j = 0; j < S; j++) {
@@ -152,7 +160,7 @@ bool run(const Case &c, std::mt19937 &rng)
                 for (int64_t d = 0; d < D; d++) {
                     double acc = 0.0;
                     for (int64_t j = 0; j < S; j++)
-                        acc += p[i * S + j] * at(v, j, d);
+                        acc += p[i * S + j] * z[i * S + j] * at(v, j, d);
                     ro[(size_t)((bh * L + i) * D + d)] = acc;
                 }
             }
@@ -164,7 +172,7 @@ bool run(const Case &c, std::mt19937 &rng)
                     double s = 0.0;
                     for (int64_t d = 0; d < D; d++)
                         s += at(dout, i, d) * at(v, j, d);
-                    dp[i * S + j] = p[i * S + j] * (s - di);  /* dS */
+                    dp[i * S + j] = p[i * S + j] * (z[i * S + j] * s - di);  /* dS */
                 }
             }
             for (int64_t d = 0; d < D; d++) {
@@ -178,7 +186,7 @@ bool run(const Case &c, std::mt19937 &rng)
                     double gk = 0.0, gv = 0.0;
                     for (int64_t i = 0; i < L; i++) {
                         gk += dp[i * S + j] * at(q, i, d);
-                        gv += p[i * S + j] * at(dout, i, d);
+                        gv += p[i * S + j] * z[i * S + j] * at(dout, i, d);
                     }
                     rdk[(size_t)((bhk * S + j) * D + d)] += gk * scale;  /* the group's heads add up */
                     rdv[(size_t)((bhk * S + j) * D + d)] += gv;
@@ -189,10 +197,10 @@ bool run(const Case &c, std::mt19937 &rng)
     const double tol_o = half ? 4e-3 : 3e-2, tol_g = half ? 2e-2 : 1.2e-1;
     const double eo = compare<T>(o, ro), eq = compare<T>(dq, rdq), ek = compare<T>(dk, rdk), ev = compare<T>(dv, rdv);
     const bool ok = eo < tol_o && eq < tol_g && ek < tol_g && ev < tol_g && lse_err < 1e-4;
-    std::printf("%s %s B=%lld H=%lld/%lld L=%lld S=%lld causal=%d %s: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
-                ok ? "ok  " : "FAIL", half ? "fp16" : "bf16", (long long)B, (long long)H, (long long)HK, (long long)L,
-                (long long)S,
-                (int)c.causal, c.heads_inner ? "heads-inner" : "dense", eo, lse_err, eq, ek, ev);
+    std::printf("%s %s B=%lld H=%lld/%lld L=%lld S=%lld causal=%d dropout=%.2f %s: out %.2e lse %.2e dq %.2e "
+                "dk %.2e dv %.2e\n", ok ? "ok  " : "FAIL", half ? "fp16" : "bf16", (long long)B, (long long)H,
+                (long long)HK, (long long)L, (long long)S,
+                (int)c.causal, c.dropout, c.heads_inner ? "heads-inner" : "dense", eo, lse_err, eq, ek, ev);
     return ok;
 }
 
@@ -201,19 +209,23 @@ bool run(const Case &c, std::mt19937 &rng)
 int main(int argc, char **argv)
 {
     std::mt19937 rng(argc > 1 ? (unsigned)std::stoul(argv[1]) : 0u);
-    /* {batch, heads, kv_heads, q_len, kv_len, causal, heads_inner}: tails of both lengths, several
-     * tiles each way, a causal diagonal inside and across tiles, grouped query heads (2 and 3 to a
-     * key/value head); float16 for all, bfloat16 (the other rounding of pack2 and of the
-     * instructions' operands) for two. */
+    /* {batch, heads, kv_heads, q_len, kv_len, causal, heads_inner, dropout}: tails of both lengths,
+     * several tiles each way, a causal diagonal inside and across tiles, grouped query heads (2 and
+     * 3 to a key/value head), dropout (odd kv_len: an element pair straddles two Philox blocks);
+     * float16 for all, bfloat16 (the other rounding of pack2 and of the instructions' operands)
+     * for two. */
     const Case cases[] = {
-        {1, 2, 2, 70, 37, false, false}, {1, 2, 2, 70, 37, true, false}, {2, 1, 1, 37, 100, true, true},
-        {1, 1, 1, 64, 64, true, false},  {1, 2, 2, 5, 130, false, true}, {1, 1, 1, 130, 3, true, false},
-        {1, 2, 2, 77, 77, true, true},   {1, 4, 2, 70, 70, true, true},  {2, 3, 1, 20, 90, false, false},
+        {1, 2, 2, 70, 37, false, false, 0.0}, {1, 2, 2, 70, 37, true, false, 0.0},
+        {2, 1, 1, 37, 100, true, true, 0.0},  {1, 1, 1, 64, 64, true, false, 0.0},
+        {1, 2, 2, 5, 130, false, true, 0.0},  {1, 1, 1, 130, 3, true, false, 0.0},
+        {1, 2, 2, 77, 77, true, true, 0.0},   {1, 4, 2, 70, 70, true, true, 0.0},
+        {2, 3, 1, 20, 90, false, false, 0.0}, {1, 2, 1, 70, 77, true, true, 0.3},
+        {1, 1, 1, 33, 100, false, false, 0.6},
     };
     bool ok = true;
     for (const Case &c : cases)
-        ok = run<__half>(c, rng) && ok;
-    ok = run<__nv_bfloat16>(cases[1], rng) && ok;
-    ok = run<__nv_bfloat16>(cases[6], rng) && ok;
+        ok = (c.dropout > 0.0 ? run<__half, true>(c, rng) : run<__half, false>(c, rng)) && ok;
+    ok = run<__nv_bfloat16, false>(cases[1], rng) && ok;
+    ok = run<__nv_bfloat16, true>(cases[9], rng) && ok;
     return ok ? 0 : 1;
 }
