@@ -187,7 +187,7 @@ for dt in (torch.float16, torch.bfloat16):
         for causal in (False, True):
             _attention.probabilities(q, k, is_causal=causal)
 # The fused attention kernels: tails of both lengths (rows past the end zero-filled and not
-# written), GPT-2's strided head views.
+# written), grouped heads with dropout, GPT-2's strided head views.
 for dt in (torch.float16, torch.bfloat16):
     for L, S in ((70, 37), (5, 130), (64, 64)):
         q, k, v = (torch.randn(2, 3, n, 64, device="cuda", dtype=dt) for n in (L, S, S))
@@ -195,6 +195,10 @@ for dt in (torch.float16, torch.bfloat16):
             served = F._C._attention(q, k, v, causal, 0.125)
             if served is not None:
                 F._C._attention_backward(torch.randn_like(q), q, k, v, *served, causal, 0.125)
+    q, kv = torch.randn(1, 4, 70, 64, device="cuda", dtype=dt), torch.randn(1, 2, 77, 64, device="cuda", dtype=dt)
+    served = F._C._attention(q, kv, kv, True, 0.125, 0.3, 7, 11)  # grouped heads, dropout
+    if served is not None:
+        F._C._attention_backward(torch.randn_like(q), q, kv, kv, *served, True, 0.125, 0.3, 7, 11)
     qkv = torch.randn(2, 77, 3 * 128, device="cuda", dtype=dt)
     q, k, v = (z.reshape(2, 77, 2, 64).transpose(1, 2) for z in qkv.split(128, dim=2))
     served = F._C._attention(q, k, v, True, 0.125)
