@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import ampc
+from ampc.nn import _attention
 import ops_reference as ref
 from ops_reference import BF16, F16, F32, F64, FLOATS, assert_close, f64, numeric_grad
 
@@ -297,6 +298,26 @@ def test_sdpa_masks_scale_dropout(rng):
         F.scaled_dot_product_attention(q, k[..., :5], v)
     with pytest.raises(ValueError, match="positions"):
         F.scaled_dot_product_attention(q, k, v[:, :4])
+
+
+def test_sdpa_dropout_draws_its_mask_once(rng):
+    """The public op, its forward with probabilities, the tape and the fused kernels' entry all draw
+    one (seed, offset) of B*H*L*S numbers for the mask, before choosing a path: one seed drops the
+    same elements whichever runs (on a GPU, the fused kernels take the same draw)."""
+    q, k, v = (ref.random(rng, s, F32) for s in [(2, 3, 4, 6), (2, 3, 5, 6), (2, 3, 5, 3)])
+    ampc.manual_seed(11)
+    want, _, state = F._scaled_dot_product_attention_forward(q, k, v, dropout_p=0.4)
+    after = ampc.random.get_rng_state()
+    ampc.manual_seed(11)
+    assert _attention.dropout_state(q, k, 0.4) == state and ampc.random.get_rng_state() == after
+    ampc.manual_seed(11)
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, v, dropout_p=0.4), want)
+    ampc.manual_seed(11)
+    qp = ampc.nn.Parameter(q.copy())
+    np.testing.assert_array_equal(np.asarray(F.scaled_dot_product_attention(qp, k, v, dropout_p=0.4).data), want)
+    assert _attention.dropout_state(q, k, 0.0) is None
+    with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
+        F.scaled_dot_product_attention(q, k, v, dropout_p=1.5)
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
