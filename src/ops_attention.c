@@ -12,9 +12,10 @@
  * dimension, a GPU before sm_80, unaligned rows): the caller composes the
  * attention from products and a softmax instead. key and value may have
  * fewer heads than query, a divisor of them: grouped-query attention, whose
- * caller has checked that it was asked for (torch's enable_gqa). Outputs take the memory
- * order of the operand they belong to, so attention's (batch, len, heads,
- * head_dim) views give outputs that transpose back without a copy.
+ * caller has checked that it was asked for (torch's enable_gqa). Outputs
+ * take the memory order of the operand they belong to, so attention's
+ * (batch, len, heads, head_dim) views give outputs that transpose back
+ * without a copy.
  */
 #include "ampc.h"
 
