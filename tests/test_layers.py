@@ -309,13 +309,13 @@ def test_sdpa_dropout_draws_its_mask_once(rng):
     want, _, state = F._scaled_dot_product_attention_forward(q, k, v, dropout_p=0.4)
     after = ampc.random.get_rng_state()
     ampc.manual_seed(11)
-    assert _attention.dropout_state(q, k, 0.4) == state and ampc.random.get_rng_state() == after
+    assert _attention.draw_dropout(q, k, 0.4) == state and ampc.random.get_rng_state() == after
     ampc.manual_seed(11)
     np.testing.assert_array_equal(F.scaled_dot_product_attention(q, k, v, dropout_p=0.4), want)
     ampc.manual_seed(11)
     qp = ampc.nn.Parameter(q.copy())
     np.testing.assert_array_equal(np.asarray(F.scaled_dot_product_attention(qp, k, v, dropout_p=0.4).data), want)
-    assert _attention.dropout_state(q, k, 0.0) is None
+    assert _attention.draw_dropout(q, k, 0.0) is None
     with pytest.raises(ValueError, match="dropout probability has to be between 0 and 1"):
         F.scaled_dot_product_attention(q, k, v, dropout_p=1.5)
 

@@ -84,7 +84,7 @@ class Fused:
         self.output, self.lse, self.dropout_p, self.dropout_state = output, lse, dropout_p, dropout_state
 
 
-def dropout_state(query, key, dropout_p):
+def draw_dropout(query, key, dropout_p):
     """The (seed, offset) of the attention's dropout mask, one number per probability (None without
     dropout): drawn before the fused kernels or the composed path run, so that either drops the
     same elements."""
@@ -98,10 +98,12 @@ def fused_forward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fa
     """(output, Fused) from the fused kernels, or None where they do not serve these arguments
     (NumPy arrays, a mask, other dtypes or shapes: ampc._C._attention says). Grouped query heads
     (enable_gqa) they take as they are: query head h reads key/value head h // G. Dropout draws
-    at dropout_state (dropout_state() made it)."""
+    at dropout_state (draw_dropout's; drawn here when not given)."""
     if not FUSED or attn_mask is not None or isinstance(query, np.ndarray):
         return None
     _check(query, key, value, attn_mask, is_causal, enable_gqa)
+    if dropout_state is None:
+        dropout_state = draw_dropout(query, key, dropout_p)
     p = float(dropout_p) if dropout_state is not None else 0.0
     served = _C._attention(query, key, value, bool(is_causal), _scale(query, scale), p, *(dropout_state or (0, 0)))
     return None if served is None else (served[0], Fused(served[0], served[1], p, dropout_state))
@@ -169,7 +171,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v over
     (..., L, E) queries, (..., S, E) keys and (..., S, Ev) values; is_causal lets query i see keys
     0..i; attn_mask is boolean (True: attend) or added to the scores."""
-    state = dropout_state(query, key, dropout_p)
+    state = draw_dropout(query, key, dropout_p)
     fused = fused_forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, state)
     if fused is not None:
         return fused[0]

@@ -273,7 +273,7 @@ def _embedding_backward(a, saved, g, needs):
 def _attention_forward(a):
     """The output, keeping the fused kernels' output and log-sum-exp, or (composed) only dropout's
     (seed, offset): the probabilities are recomputed."""
-    state = _attention.dropout_state(a["query"], a["key"], a["dropout_p"])
+    state = _attention.draw_dropout(a["query"], a["key"], a["dropout_p"])
     fused = _attention.fused_forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
                                      a["is_causal"], a["scale"], a["enable_gqa"], state)
     if fused is not None:
