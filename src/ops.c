@@ -181,6 +181,19 @@ PyObject *ampc_op_result(ampc_op_args *a, PyObject *out)
     return ampc_return_as(a->st, out, a->source);
 }
 
+PyObject *ampc_op_results(ampc_op_args *a, PyObject *const *outs, int n)
+{
+    PyObject *tuple = PyTuple_New(n);
+    for (int i = 0; tuple != NULL && i < n; i++) {
+        PyObject *r = outs[i] != NULL ? ampc_op_result(a, outs[i]) : Py_NewRef(Py_None);
+        if (r == NULL)
+            Py_CLEAR(tuple);
+        else
+            PyTuple_SET_ITEM(tuple, i, r);
+    }
+    return tuple;
+}
+
 int ampc_op_stream_begin(ampc_op_args *a, void **stream)
 {
     *stream = NULL;
@@ -652,14 +665,7 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
     l.bias = b ? buf_of(b) : (ampc_buf){NULL, AMPC_FLOAT32};
     if (AMPC_RUN_KERNEL(&a, ampc_cpu_layer_norm, layer_norm, &l) < 0)
         goto done;
-    PyObject *ry = ampc_op_result(&a, y_obj);
-    PyObject *rm = ry ? ampc_op_result(&a, mean_obj) : NULL;
-    PyObject *rr = rm ? ampc_op_result(&a, rstd_obj) : NULL;
-    if (rr != NULL)
-        result = PyTuple_Pack(3, ry, rm, rr);
-    Py_XDECREF(ry);
-    Py_XDECREF(rm);
-    Py_XDECREF(rr);
+    result = ampc_op_results(&a, (PyObject *[]){y_obj, mean_obj, rstd_obj}, 3);
 done:
     ampc_op_args_release(&a);
     return result;
@@ -729,19 +735,7 @@ static PyObject *mod_layer_norm_backward(PyObject *module, PyObject *args, PyObj
     }
     if (AMPC_RUN_KERNEL(&a, ampc_cpu_layer_norm_backward, layer_norm_backward, &l) < 0)
         goto done;
-    PyObject *outs[3] = {NULL, NULL, NULL};
-    PyObject *objs[3] = {dx_obj, dw_obj, db_obj};
-    int ok = 1;
-    for (int k = 0; k < 3 && ok; k++) {
-        if (objs[k] == NULL)
-            outs[k] = Py_NewRef(Py_None);
-        else
-            ok = (outs[k] = ampc_op_result(&a, objs[k])) != NULL;
-    }
-    if (ok)
-        result = PyTuple_Pack(3, outs[0], outs[1], outs[2]);
-    for (int k = 0; k < 3; k++)
-        Py_XDECREF(outs[k]);
+    result = ampc_op_results(&a, (PyObject *[]){dx_obj, dw_obj, db_obj}, 3);
 done:
     ampc_op_args_release(&a);
     return result;
@@ -1044,14 +1038,7 @@ static PyObject *mod_cross_entropy(PyObject *module, PyObject *args, PyObject *k
     };
     if (AMPC_RUN_KERNEL(&a, ampc_cpu_cross_entropy, cross_entropy, &c) < 0)
         goto done;
-    PyObject *r0 = ampc_op_result(&a, loss_obj);
-    PyObject *r1 = r0 ? ampc_op_result(&a, lse_obj) : NULL;
-    PyObject *r2 = r1 ? ampc_op_result(&a, denom_obj) : NULL;
-    if (r2 != NULL)
-        result = PyTuple_Pack(3, r0, r1, r2);
-    Py_XDECREF(r0);
-    Py_XDECREF(r1);
-    Py_XDECREF(r2);
+    result = ampc_op_results(&a, (PyObject *[]){loss_obj, lse_obj, denom_obj}, 3);
 done:
     ampc_op_args_release(&a);
     return result;

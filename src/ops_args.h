@@ -50,6 +50,9 @@ PyObject *ampc_op_output_strided(ampc_op_args *a, ampc_dtype dtype, int ndim, co
                                  const int64_t *strides, ampc_view *out);
 /* A new reference to an output, as the caller's array type. */
 PyObject *ampc_op_result(ampc_op_args *a, PyObject *out);
+/* A tuple of n results, each as ampc_op_result gives it (None where outs[i]
+ * is NULL: an output nobody asked for). */
+PyObject *ampc_op_results(ampc_op_args *a, PyObject *const *outs, int n);
 /* GPU: the stream to run on, after every argument's stream; and after the
  * kernel, every argument's stream after it. Nothing on the CPU. */
 int ampc_op_stream_begin(ampc_op_args *a, void **stream);

@@ -111,20 +111,6 @@ static int served_by(ampc_op_args *a, void *stream, int status)
     return ampc_op_stream_end(a, stream) < 0 ? -1 : 1;
 }
 
-/* A tuple of the n outputs, each as the caller's array type; NULL with an exception. */
-static PyObject *results(ampc_op_args *a, PyObject *const *outs, int n)
-{
-    PyObject *tuple = PyTuple_New(n);
-    for (int i = 0; tuple != NULL && i < n; i++) {
-        PyObject *r = ampc_op_result(a, outs[i]);
-        if (r == NULL)
-            Py_CLEAR(tuple);
-        else
-            PyTuple_SET_ITEM(tuple, i, r);
-    }
-    return tuple;
-}
-
 static PyObject *mod_attention(PyObject *module, PyObject *args)
 {
     ampc_state *st = ampc_state_of(module);
@@ -155,7 +141,7 @@ static PyObject *mod_attention(PyObject *module, PyObject *args)
     }
     d.lse = (float *)lse.data;
     if ((served = served_by(&a, stream, st->cuda->attention(a.device.index, stream, &d))) > 0)
-        result = results(&a, outs, 2);
+        result = ampc_op_results(&a, outs, 2);
 done:
     ampc_op_args_release(&a);
     return served == 0 ? Py_NewRef(Py_None) : result;
@@ -217,7 +203,7 @@ static PyObject *mod_attention_backward(PyObject *module, PyObject *args)
         goto done;
     }
     if ((served = served_by(&a, stream, st->cuda->attention_backward(a.device.index, stream, &b))) > 0)
-        result = results(&a, outs, 3);
+        result = ampc_op_results(&a, outs, 3);
 done:
     ampc_op_args_release(&a);
     return served == 0 ? Py_NewRef(Py_None) : result;

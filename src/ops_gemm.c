@@ -575,13 +575,8 @@ static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     if (rc == 0 && !want_sums)
         result = ampc_op_result(&a, out_obj);
-    if (rc == 0 && want_sums) {
-        PyObject *pair[2] = {ampc_op_result(&a, out_obj), NULL};
-        if (pair[0] != NULL && (pair[1] = ampc_op_result(&a, sums_obj)) != NULL)
-            result = PyTuple_Pack(2, pair[0], pair[1]);
-        Py_XDECREF(pair[0]);
-        Py_XDECREF(pair[1]);
-    }
+    if (rc == 0 && want_sums)
+        result = ampc_op_results(&a, (PyObject *[]){out_obj, sums_obj}, 2);
 done:
     ampc_op_args_release(&a);
     return result;

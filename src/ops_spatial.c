@@ -695,17 +695,7 @@ static PyObject *mod_batch_norm(PyObject *module, PyObject *args, PyObject *kwar
     for (int i = 2; i < 4; i++)
         if (training && copied[i] && write_back(&a, p[i], *bufs[i]) < 0)
             goto done;
-    PyObject *outs[3] = {ampc_op_result(&a, y_obj), NULL, NULL};
-    int ok = outs[0] != NULL;
-    for (int k = 1; k < 3 && ok; k++) {
-        PyObject *o = k == 1 ? sm_obj : sr_obj;
-        outs[k] = o != NULL ? ampc_op_result(&a, o) : Py_NewRef(Py_None);
-        ok = outs[k] != NULL;
-    }
-    if (ok)
-        result = PyTuple_Pack(3, outs[0], outs[1], outs[2]);
-    for (int k = 0; k < 3; k++)
-        Py_XDECREF(outs[k]);
+    result = ampc_op_results(&a, (PyObject *[]){y_obj, sm_obj, sr_obj}, 3);
 done:
     ampc_op_args_release(&a);
     return result;
@@ -773,16 +763,7 @@ static PyObject *mod_batch_norm_backward(PyObject *module, PyObject *args, PyObj
     }
     if (AMPC_RUN_KERNEL(&a, ampc_cpu_batch_norm_backward, batch_norm_backward, &b) < 0)
         goto done;
-    PyObject *objs[3] = {dx_obj, dw_obj, db_obj}, *outs[3] = {NULL, NULL, NULL};
-    int ok = 1;
-    for (int k = 0; k < 3 && ok; k++) {
-        outs[k] = objs[k] != NULL ? ampc_op_result(&a, objs[k]) : Py_NewRef(Py_None);
-        ok = outs[k] != NULL;
-    }
-    if (ok)
-        result = PyTuple_Pack(3, outs[0], outs[1], outs[2]);
-    for (int k = 0; k < 3; k++)
-        Py_XDECREF(outs[k]);
+    result = ampc_op_results(&a, (PyObject *[]){dx_obj, dw_obj, db_obj}, 3);
 done:
     ampc_op_args_release(&a);
     return result;
@@ -927,12 +908,7 @@ static PyObject *mod_pool(PyObject *module, PyObject *args, PyObject *kwargs)
         pl.indices = buf_of(&idx);
     if (AMPC_RUN_KERNEL(&a, ampc_cpu_pool, pool, &pl) < 0)
         goto done;
-    PyObject *ry = ampc_op_result(&a, y_obj);
-    PyObject *ri = ry == NULL ? NULL : i_obj != NULL ? ampc_op_result(&a, i_obj) : Py_NewRef(Py_None);
-    if (ri != NULL)
-        result = PyTuple_Pack(2, ry, ri);
-    Py_XDECREF(ry);
-    Py_XDECREF(ri);
+    result = ampc_op_results(&a, (PyObject *[]){y_obj, i_obj}, 2);
 done:
     ampc_op_args_release(&a);
     return result;
