@@ -171,11 +171,20 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """torch.nn.functional.scaled_dot_product_attention: softmax(q @ k^T * scale + mask) @ v over
     (..., L, E) queries, (..., S, E) keys and (..., S, Ev) values; is_causal lets query i see keys
     0..i; attn_mask is boolean (True: attend) or added to the scores."""
+    return forward_for_backward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]
+
+
+def forward_for_backward(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False):
+    """(output, state): the fused kernels' output and their Fused, or the composed output and its
+    dropout's (seed, offset) (the backward recomputes the probabilities). The dropout mask is
+    drawn first, so either path drops the same elements."""
     state = draw_dropout(query, key, dropout_p)
     fused = fused_forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, state)
     if fused is not None:
-        return fused[0]
-    return _forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, state)[0]
+        return fused
+    out, _, state = _forward(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, state)
+    return out, state
 
 
 def scaled_dot_product_attention_backward(grad_output, query, key, value, probs, dropout_p=0.0, scale=None,

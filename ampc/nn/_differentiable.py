@@ -271,16 +271,8 @@ def _embedding_backward(a, saved, g, needs):
 
 
 def _attention_forward(a):
-    """The output, keeping the fused kernels' output and log-sum-exp, or (composed) only dropout's
-    (seed, offset): the probabilities are recomputed."""
-    state = _attention.draw_dropout(a["query"], a["key"], a["dropout_p"])
-    fused = _attention.fused_forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
-                                     a["is_causal"], a["scale"], a["enable_gqa"], state)
-    if fused is not None:
-        return fused
-    out, _, state = _attention._forward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
-                                        a["is_causal"], a["scale"], a["enable_gqa"], state)
-    return out, state
+    return _attention.forward_for_backward(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
+                                           a["is_causal"], a["scale"], a["enable_gqa"])
 
 
 def _attention_backward(a, state, g, needs):
