@@ -5,6 +5,7 @@ re-exports (_attention, _embedding) import it without importing each other."""
 import functools
 import inspect
 import math
+import numbers
 import operator
 
 import ml_dtypes
@@ -48,6 +49,11 @@ def not_an_array(op, name, x):
     """The TypeError the C entry points raise for an argument that is no array."""
     return TypeError(f"{op}: {name} must be an array (a NumPy ndarray, or an object with __dlpack__ such as a "
                      f"CuPy array, torch tensor or JAX array), got {type(x).__name__}")
+
+
+def is_number(x):
+    """A Python or NumPy real number (np.int64(2) included), not a bool: what takes a float."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def as_int(op, name, value, what="an int"):

@@ -11,6 +11,7 @@ from ampc import _C
 from ampc.autograd import differentiable
 from ampc.nn import functional as F
 from ampc.nn import _attention, _embedding, _glue, _spatial
+from ampc.nn._common import is_number
 
 
 def raw(op):
@@ -176,7 +177,7 @@ def _addmm_backward(a, saved, g, needs):
 
 
 def _pow_backward(a, saved, g, needs):
-    if not F._is_number(a["exponent"]):
+    if not is_number(a["exponent"]):
         raise NotImplementedError("pow: the gradient of an array exponent is not supported")
     return (F.pow_backward(g, a["input"], a["exponent"]),)
 

@@ -1,10 +1,8 @@
 """embedding and dropout: the rows of a table, and a random mask. Both keep their input's dtype
 (torch's autocast lists neither)."""
 
-import numbers
-
 from ampc import _C, random
-from ampc.nn._common import as_int, in_place, numel as _numel, shape_of as _shape_of
+from ampc.nn._common import as_int, in_place, is_number, numel as _numel, shape_of as _shape_of
 
 
 def _padding_index(op, padding_idx, num):
@@ -68,7 +66,7 @@ def embedding_backward(grad_output, input, num_weights, padding_idx=None):
 
 
 def _check_p(p, op="dropout"):
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
+    if not is_number(p):
         raise TypeError(f"{op}: p must be a float, got {type(p).__name__}")
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")

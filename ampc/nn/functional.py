@@ -23,7 +23,7 @@ from ampc._C import as_dtype
 from ampc.amp import autocast_op
 from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
-from ampc.nn._common import shape_of as _shape_of
+from ampc.nn._common import is_number as _is_number, shape_of as _shape_of
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -558,11 +558,6 @@ def _gradient_at_input(kernel, op, grad_output, input, param=1.0):
     """kernel(grad_output, input) in input's dtype: the gradient of pointwise op `op` at its input."""
     return _ew(kernel, grad_output, input, param=param, dtype=_floating_dtype(op, "input", input), name=op,
                names=("grad_output", "input"))
-
-
-def _is_number(x):
-    """A Python or NumPy real number (np.int64(2) included), which pow takes as a scalar exponent."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @autocast_op(name="exp")
