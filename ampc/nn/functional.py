@@ -13,8 +13,6 @@ the gradients of the inputs, in the dtypes the forward ran in.
 """
 
 import math
-import numbers
-import operator
 
 import numpy as np
 
@@ -505,10 +503,7 @@ def _dims(dim, op="sum", ndim=None):
     where given: int() took 1.5 for 1, a silent wrong answer."""
     if dim is None:
         return None
-    try:
-        dims = tuple(operator.index(d) for d in (dim if isinstance(dim, (list, tuple)) else (dim,)))
-    except TypeError:
-        raise TypeError(f"{op}: dim must be an int or a list or tuple of ints, got {dim!r}") from None
+    dims = _as_ints(op, "dim", dim, "an int or a list or tuple of ints")
     for d in dims if ndim is not None else ():
         _dim(op, d, ndim)  # the glue ops' range check and IndexError text
     return dims
