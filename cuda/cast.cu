@@ -1,6 +1,7 @@
 /*
  * cast.cu: elementwise conversion between float32, float16, bfloat16 and
- * float64 on the GPU.
+ * float64 on the GPU; from integer and bool arrays to those (torch's .to()),
+ * and same-dtype copies of any dtype.
  *
  * Bit for bit the function of src/fp_formats.h, so CPU and GPU results are
  * identical: the float32 <-> 16-bit pairs use the hardware conversions
@@ -26,6 +27,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common.h"
 #include "fp_formats.h"
 #include "strided.cuh"
@@ -36,6 +39,9 @@ struct F32 { typedef uint32_t bits; };
 struct F16 { typedef uint16_t bits; };
 struct BF16 { typedef uint16_t bits; };
 struct F64 { typedef uint64_t bits; };
+/* Integer and bool sources: the bits are the value. */
+template <class T> struct Int { typedef T bits; };
+struct Bool { typedef uint8_t bits; };
 
 /* The hardware conversions (cvt.rn: nearest even, subnormals kept, overflow
  * to inf), right for every input but NaN; float32 -> 16 bits two at a time
@@ -86,7 +92,6 @@ __device__ __forceinline__ uint16_t exact_from_f32(BF16, uint32_t b)
 __device__ __forceinline__ bool is_nan(F32, uint32_t b) { return ampc_f32_bits_isnan(b); }
 __device__ __forceinline__ bool is_nan(F16, uint16_t h) { return ampc_f16_bits_isnan(h); }
 __device__ __forceinline__ bool is_nan(BF16, uint16_t h) { return ampc_bf16_bits_isnan(h); }
-__device__ __forceinline__ bool is_nan(F64, uint64_t b) { return (b & 0x7fffffffffffffffull) > 0x7ff0000000000000ull; }
 
 /*
  * Convert<D, S>: S bits -> D bits, for the float32 and 16-bit formats.
@@ -113,7 +118,7 @@ struct Convert {
 
 /* Same dtype: a copy, every bit kept (signalling NaNs too), as on the CPU. */
 template <class T>
-struct Convert<T, T> {
+struct Copy {
     static constexpr bool fix_nan = false;
     static __device__ __forceinline__ typename T::bits exact(typename T::bits x) { return x; }
     static __device__ __forceinline__ void fast2(typename T::bits a, typename T::bits b,
@@ -123,6 +128,7 @@ struct Convert<T, T> {
         y = b;
     }
 };
+template <class T> struct Convert<T, T> : Copy<T> {};
 
 /* float64 pairs: fp_formats.h directly (exact on every input, NaN included),
  * which rounds float64 to 16 bits once. */
@@ -145,6 +151,38 @@ EXACT_PAIR(F16, F64, ampc_f64_to_f16_bits)
 EXACT_PAIR(BF16, F64, ampc_f64_to_bf16_bits)
 #undef EXACT_PAIR
 
+/* Integer and bool sources, as torch's .to() (c10 constructs a 16-bit
+ * float from an integer through float): the value to float32 (to nearest;
+ * float64 directly), a 16-bit result rounded from there. src/cast_portable.c
+ * is the CPU's same function. */
+__device__ __forceinline__ uint64_t value_to(F64, double v) { return (uint64_t)__double_as_longlong(v); }
+__device__ __forceinline__ uint32_t value_to(F32, float v) { return __float_as_uint(v); }
+__device__ __forceinline__ uint16_t value_to(F16, float v) { return __half_as_ushort(__float2half_rn(v)); }
+__device__ __forceinline__ uint16_t value_to(BF16, float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
+template <class T> __device__ __forceinline__ T value_of(Int<T>, T x) { return x; }
+__device__ __forceinline__ bool value_of(Bool, uint8_t x) { return x != 0; }  /* any nonzero byte is true */
+
+template <class D, class S>
+struct ConvertValue {
+    static constexpr bool fix_nan = false;
+    static __device__ __forceinline__ typename D::bits exact(typename S::bits x)
+    {
+        typedef typename std::conditional<std::is_same<D, F64>::value, double, float>::type Via;
+        return value_to(D(), (Via)value_of(S(), x));
+    }
+    static __device__ __forceinline__ void fast2(typename S::bits a, typename S::bits b,
+                                                 typename D::bits &x, typename D::bits &y)
+    {
+        x = exact(a);
+        y = exact(b);
+    }
+};
+template <class D, class T> struct Convert<D, Int<T>> : ConvertValue<D, Int<T>> {};
+template <class D> struct Convert<D, Bool> : ConvertValue<D, Bool> {};
+template <class T> struct Convert<Int<T>, Int<T>> : Copy<Int<T>> {};
+template <> struct Convert<Bool, Bool> : Copy<Bool> {};
+
 /* Elements per vector thread, and the vectors they move: 16-byte aligned
  * groups of 8 (two or four 16-byte accesses for 4- and 8-byte types). */
 constexpr int VEC = 8;
@@ -160,7 +198,7 @@ __device__ __forceinline__ Vec<typename D::bits> convert_vec(const Vec<typename 
 #pragma unroll
     for (int k = 0; k < VEC; k += 2)
         Convert<D, S>::fast2(in.v[k], in.v[k + 1], out.v[k], out.v[k + 1]);
-    if (Convert<D, S>::fix_nan) {
+    if constexpr (Convert<D, S>::fix_nan) {
         bool any_nan = false;
 #pragma unroll
         for (int k = 0; k < VEC; k++)
@@ -261,10 +299,13 @@ int launch(const ampc_loop *loop, cudaStream_t stream)
     const int64_t n = loop->numel;
     const int contiguous = loop->ndim == 0 || (loop->ndim == 1 && loop->strides[0][0] == sizeof(DT) &&
                                                loop->strides[1][0] == sizeof(ST));
+    /* A vector of 8 one-byte elements is no 16-byte access: those go an
+     * element a thread. */
+    constexpr bool vectors = sizeof(DT) > 1 && sizeof(ST) > 1;
     if (contiguous) {
         DT *dst = reinterpret_cast<DT *>(loop->data[0]);
         const ST *src = reinterpret_cast<const ST *>(loop->data[1]);
-        int64_t head = aligned_head((uintptr_t)dst, sizeof(DT), (uintptr_t)src, sizeof(ST));
+        int64_t head = vectors ? aligned_head((uintptr_t)dst, sizeof(DT), (uintptr_t)src, sizeof(ST)) : -1;
         int64_t nvec = 0;
         if (head >= 0 && head < n)
             nvec = (n - head) / VEC;
@@ -274,7 +315,7 @@ int launch(const ampc_loop *loop, cudaStream_t stream)
         cast_contiguous_kernel<D, S><<<(unsigned)ceil_div(threads, BLOCK), BLOCK, 0, stream>>>(
             dst, src, n, head, nvec);
     }
-    else if (strided_rows(loop, sizeof(DT), sizeof(ST))) {
+    else if (vectors && strided_rows(loop, sizeof(DT), sizeof(ST))) {
         cast_strided_rows_kernel<D, S><<<strided_blocks(n / VEC, BLOCK), BLOCK, 0, stream>>>(
             loop->data[0], loop->data[1], n / VEC, strided_layout(loop));
     }
@@ -294,8 +335,13 @@ int dispatch_dst(ampc_dtype dst, const ampc_loop *loop, cudaStream_t stream)
     case AMPC_FLOAT16: return launch<F16, S>(loop, stream);
     case AMPC_BFLOAT16: return launch<BF16, S>(loop, stream);
     case AMPC_FLOAT64: return launch<F64, S>(loop, stream);
-    default: return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d is not floating", (int)dst);
+    default: break;
     }
+    if constexpr (!std::is_same<S, F32>::value && !std::is_same<S, F16>::value && !std::is_same<S, BF16>::value &&
+                  !std::is_same<S, F64>::value) {
+        return launch<S, S>(loop, stream);  /* an integer or bool copy: src/cast.c asked dst == src */
+    }
+    return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d is not floating", (int)dst);
 }
 
 }  // namespace
@@ -305,6 +351,8 @@ extern "C" int ampc_cuda_cast(int device, void *stream, const ampc_loop *loop, a
 {
     if (loop->numel == 0)
         return AMPC_OK;
+    if (!AMPC_DTYPE_IS_FLOAT(dst) && dst != src)
+        return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d from dtype %d", (int)dst, (int)src);
     cudaStream_t s = (cudaStream_t)stream;
     return ampc_on_device(device, [&] {
         switch (src) {
@@ -312,7 +360,16 @@ extern "C" int ampc_cuda_cast(int device, void *stream, const ampc_loop *loop, a
         case AMPC_FLOAT16: return dispatch_dst<F16>(dst, loop, s);
         case AMPC_BFLOAT16: return dispatch_dst<BF16>(dst, loop, s);
         case AMPC_FLOAT64: return dispatch_dst<F64>(dst, loop, s);
-        default: return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d is not floating", (int)src);
+        case AMPC_BOOL: return dispatch_dst<Bool>(dst, loop, s);
+        case AMPC_INT8: return dispatch_dst<Int<int8_t>>(dst, loop, s);
+        case AMPC_INT16: return dispatch_dst<Int<int16_t>>(dst, loop, s);
+        case AMPC_INT32: return dispatch_dst<Int<int32_t>>(dst, loop, s);
+        case AMPC_INT64: return dispatch_dst<Int<int64_t>>(dst, loop, s);
+        case AMPC_UINT8: return dispatch_dst<Int<uint8_t>>(dst, loop, s);
+        case AMPC_UINT16: return dispatch_dst<Int<uint16_t>>(dst, loop, s);
+        case AMPC_UINT32: return dispatch_dst<Int<uint32_t>>(dst, loop, s);
+        case AMPC_UINT64: return dispatch_dst<Int<uint64_t>>(dst, loop, s);
+        default: return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: unknown dtype %d", (int)src);
         }
     });
 }

@@ -1,6 +1,8 @@
 /*
  * cast.c: ampc.cast(x, dtype, *, out=None), between float32, float16,
- * bfloat16 and float64, on the CPU and on CUDA GPUs.
+ * bfloat16 and float64, on the CPU and on CUDA GPUs; integer and bool arrays
+ * convert to those as torch's .to() converts them, and copy to their own
+ * dtype.
  *
  * Everything is checked before anything is written: dtypes, shapes, devices,
  * a read-only or self-overlapping out=, out= overlapping x. The result keeps
@@ -89,12 +91,14 @@ int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src, int fr
     return 0;
 }
 
-static int check_float(const ampc_view *v, const char *argname)
+/* 0 if cast writes `target` from `source`: a floating dtype from anything,
+ * or a copy of the same dtype; else a TypeError naming `what`. */
+static int check_target(ampc_dtype target, ampc_dtype source, const char *what)
 {
-    if (AMPC_DTYPE_IS_FLOAT(v->dtype))
+    if (AMPC_DTYPE_IS_FLOAT(target) || target == source)
         return 0;
-    PyErr_Format(PyExc_TypeError, "cast: %s has dtype %s; ampc.cast converts between float32, "
-                 "float16, bfloat16 and float64", argname, ampc_dtype_names[v->dtype]);
+    PyErr_Format(PyExc_TypeError, "cast: %s must be float32, float16, bfloat16 or float64 (or x's own dtype, "
+                 "a copy), got %s", what, ampc_dtype_names[target]);
     return -1;
 }
 
@@ -102,13 +106,13 @@ static int check_float(const ampc_view *v, const char *argname)
 static int check_out(const ampc_view *out, const ampc_view *x, int have_dtype, ampc_dtype dtype)
 {
     char a[32], b[32];
-    if (check_float(out, "out") < 0)
-        return -1;
     if (have_dtype && out->dtype != dtype) {
         PyErr_Format(PyExc_TypeError, "cast: out has dtype %s but dtype=%s was asked for",
                      ampc_dtype_names[out->dtype], ampc_dtype_names[dtype]);
         return -1;
     }
+    if (check_target(out->dtype, x->dtype, "out's dtype") < 0)
+        return -1;
     if (out->device.type != x->device.type || out->device.index != x->device.index) {
         PyErr_Format(PyExc_ValueError, "cast: x is on %s but out is on %s",
                      ampc_device_str(x->device, a, sizeof a), ampc_device_str(out->device, b, sizeof b));
@@ -150,18 +154,13 @@ static PyObject *mod_cast(PyObject *module, PyObject *args, PyObject *kwargs)
     const int have_dtype = dtype_obj != Py_None;
     if (have_dtype && ampc_dtype_parse(st, dtype_obj, "cast: dtype", &dtype) < 0)
         return NULL;
-    if (have_dtype && !AMPC_DTYPE_IS_FLOAT(dtype)) {
-        PyErr_Format(PyExc_TypeError, "cast: dtype must be float32, float16, bfloat16 or float64, "
-                     "got %s", ampc_dtype_names[dtype]);
-        return NULL;
-    }
     if (!have_dtype && out_obj == Py_None) {
         PyErr_SetString(PyExc_TypeError, "cast() needs a dtype, or out= to take the dtype from");
         return NULL;
     }
     if (ampc_view_from_object(st, x_obj, "cast: x", AMPC_FOR_READING, &x) < 0)
         goto done;
-    if (check_float(&x, "x") < 0)
+    if (have_dtype && check_target(dtype, x.dtype, "dtype") < 0)
         goto done;
 
     if (out_obj != Py_None) {
@@ -189,7 +188,8 @@ done:
 PyDoc_STRVAR(mod_cast_doc,
 "cast(x, dtype=None, *, out=None)\n--\n\n"
 "Convert x to dtype (float32, float16, bfloat16 or float64), rounding to nearest even.\n\n"
-"NaN stays NaN (quiet, sign and leading payload bits kept), overflow becomes +-inf and\n"
+"An integer or bool x converts as torch's .to() does (through float32 for the 16-bit dtypes),\n"
+"and copies to its own dtype. NaN stays NaN (quiet, sign and leading payload bits kept), overflow becomes +-inf and\n"
 "subnormals are exact, bit for bit the same on the CPU and the GPU. x may be a NumPy array,\n"
 "a Python float, or any DLPack array (CuPy, torch, JAX); the result is a new array of the\n"
 "same type, on the same device, in x's dimension order. With out=, the result is written\n"

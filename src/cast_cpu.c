@@ -1,8 +1,9 @@
 /*
  * cast_cpu.c: the CPU cast driver. Walks an ampc_loop in inner runs, calls
  * the active table's contiguous kernel where both operands are contiguous
- * and the portable strided kernel elsewhere, and splits large loops between
- * ampc's threads.
+ * and the portable strided kernel elsewhere (and always, for an integer or
+ * bool source: no op's hot path converts those), and splits large loops
+ * between ampc's threads.
  */
 #include "cast_cpu.h"
 
@@ -36,7 +37,7 @@
 
 typedef struct {
     const ampc_loop *loop;
-    ampc_cast_contig_fn contig;
+    ampc_cast_contig_fn contig;     /* NULL: the strided kernel throughout */
     ampc_cast_contig_fn streaming;  /* NULL: plain stores only */
     ampc_cast_strided_fn strided;
     int populate;                   /* fresh output: populate each range before streaming */
@@ -78,7 +79,7 @@ static void cast_range(void *arg, int64_t begin, int64_t end)
         contig = job->contig;
     for (int64_t pos = begin; pos < end;) {
         const int64_t n = run < end - pos ? run : end - pos;
-        if (contiguous)
+        if (contiguous && contig != NULL)
             contig(cursor.ptrs[1], cursor.ptrs[0], n);
         else
             job->strided(cursor.ptrs[1], src_stride, cursor.ptrs[0], dst_stride, n);
@@ -93,17 +94,18 @@ void ampc_cast_cpu(const ampc_loop *loop, ampc_dtype dst, ampc_dtype src, int fr
 {
     if (loop->numel == 0)
         return;
-    const ampc_cast_table *table = ampc_isa_table(ampc_isa_active());
-    const ampc_cast_contig_fn contig = table->contig[dst][src];
-    const int large = loop->numel * ampc_dtype_size(dst) >= STREAMING_MIN_BYTES;
     cast_job job = {
         .loop = loop,
-        .contig = contig ? contig : ampc_cast_portable.contig[dst][src],
-        .streaming = large ? table->streaming[dst][src] : NULL,
-        .strided = ampc_cast_strided[dst][src],
-        .populate = large && fresh_output && table->streaming[dst][src],
+        .strided = ampc_cast_strided_any(dst, src),
         .dst_size = ampc_dtype_size(dst),
         .src_size = ampc_dtype_size(src),
     };
+    if (AMPC_DTYPE_IS_FLOAT(dst) && AMPC_DTYPE_IS_FLOAT(src)) {
+        const ampc_cast_table *table = ampc_isa_table(ampc_isa_active());
+        const int large = loop->numel * ampc_dtype_size(dst) >= STREAMING_MIN_BYTES;
+        job.contig = table->contig[dst][src] ? table->contig[dst][src] : ampc_cast_portable.contig[dst][src];
+        job.streaming = large ? table->streaming[dst][src] : NULL;
+        job.populate = large && fresh_output && table->streaming[dst][src];
+    }
     ampc_parallel_for(loop->numel, MIN_ELEMENTS_PER_THREAD, THREAD_ALIGN, cast_range, &job);
 }

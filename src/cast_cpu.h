@@ -39,6 +39,11 @@ typedef enum {
 extern const ampc_cast_table ampc_cast_portable;
 extern const ampc_cast_strided_fn ampc_cast_strided[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES];
 
+/* The strided kernel for any source the CPU casts: the table's for two
+ * floating dtypes; integer and bool sources to a floating dtype (torch's
+ * conversions); a same-dtype copy of any dtype. NULL for anything else. */
+ampc_cast_strided_fn ampc_cast_strided_any(ampc_dtype dst, ampc_dtype src);
+
 /* The SIMD tables (defined empty where the compiler cannot build them). */
 extern const ampc_cast_table ampc_cast_avx2;
 extern const ampc_cast_table ampc_cast_avx512;

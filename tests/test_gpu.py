@@ -102,6 +102,38 @@ def test_strided_rows_bits_equal_the_cpu(src, dst, rng):
         assert out[..., :8].isnan().all() and out[..., 8 + rows:].isnan().all()
 
 
+INTEGERS = [np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+@pytest.mark.parametrize("src", INTEGERS, ids=lambda t: np.dtype(t).name)
+def test_integers_convert_and_copy_as_the_cpu(src, rng):
+    """Integer and bool arrays (CuPy has every width) to each floating dtype, bit for bit the CPU's
+    conversion (torch's .to()), dense at every alignment (1-byte types take no 16-byte vectors),
+    reversed, and as rows of a transposed array; and copies to their own dtype in any layout."""
+    cp = pytest.importorskip("cupy")
+    if src == np.bool_:
+        x = rng.random(4099) < 0.5
+    else:
+        info = np.iinfo(src)
+        x = rng.integers(info.min, info.max, 4099, dtype=src, endpoint=True)
+        x[:4] = [0, info.min, info.max, 2049 if info.max > 2049 else 1]
+    g = cp.asarray(x)
+    for dst in FLOATS:
+        for offset in (0, 1, 3):
+            assert_bits_equal(cp.asnumpy(ampc.cast(g[offset:], dst)), ampc.cast(x[offset:], dst))
+        assert_bits_equal(cp.asnumpy(ampc.cast(g[::-1], dst)), ampc.cast(x[::-1], dst))
+        rows = g[:4096].reshape(16, 256).T[:, ::2]  # strided, no dense run
+        assert_bits_equal(cp.asnumpy(ampc.cast(rows, dst)), ampc.cast(x[:4096].reshape(16, 256).T[:, ::2], dst))
+        heads = x[:4096].reshape(4, 8, 128).transpose(1, 0, 2)  # dense rows of 128 between strided ones
+        assert_bits_equal(cp.asnumpy(ampc.cast(cp.asarray(x[:4096]).reshape(4, 8, 128).transpose(1, 0, 2), dst)),
+                          ampc.cast(heads, dst))
+    poisoned = cp.full((64, 70), 7, dtype=src)
+    view = poisoned[:, 3:67]
+    assert ampc.cast(g[:4096].reshape(64, 64)[:, ::-1], out=view) is view
+    np.testing.assert_array_equal(cp.asnumpy(view), x[:4096].reshape(64, 64)[:, ::-1])
+    assert (poisoned[:, :3] == 7).all() and (poisoned[:, 67:] == 7).all()
+
+
 def test_cupy_in_cupy_out(rng):
     cupy = pytest.importorskip("cupy")
     x = rng.standard_normal(1001).astype(np.float32)
