@@ -102,40 +102,6 @@ int ampc_op_keep(ampc_op_args *a, PyObject *obj)
     return 0;
 }
 
-/* Copy the elements of src (any strides) to dst (dense, in C order or the
- * order its strides give), byte for byte:
- * integer arrays (class indices), which the cast kernels do not take. A
- * same-size floating dtype stands in for 2-, 4- and 8-byte elements (a
- * same-dtype cast copies every bit, on the CPU and the GPU); 1-byte ones are
- * copied here on the CPU. */
-static int copy_bits(ampc_op_args *a, ampc_view *dst, const ampc_view *src)
-{
-    const int64_t size = ampc_dtype_size(src->dtype);
-    const ampc_dtype alias = size == 8 ? AMPC_FLOAT64 : size == 4 ? AMPC_FLOAT32 : AMPC_FLOAT16;
-    if (size > 1) {
-        ampc_view d = *dst, s = *src;
-        d.dtype = s.dtype = alias;
-        return ampc_cast_views(a->st, &d, &s, 1);
-    }
-    if (src->device.type != AMPC_DEVICE_CPU) {
-        PyErr_Format(PyExc_ValueError, "%s: a strided array of 1-byte elements on a GPU: pass a contiguous one",
-                     a->op);
-        return -1;
-    }
-    int64_t index[AMPC_MAX_NDIM] = {0};
-    for (int64_t i = 0; i < src->numel; i++) {
-        int64_t from = 0, to = 0;  /* dst in its own strides: a relayout may ask channels-last */
-        for (int d = 0; d < src->ndim; d++) {
-            from += index[d] * src->strides[d];
-            to += index[d] * dst->strides[d];
-        }
-        dst->data[to] = src->data[from];
-        for (int d = src->ndim - 1; d >= 0 && ++index[d] == src->shape[d]; d--)
-            index[d] = 0;
-    }
-    return 0;
-}
-
 int ampc_op_dense(ampc_op_args *a, ampc_view *v)
 {
     if (ampc_layout_is_c_contiguous(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype)))
@@ -145,14 +111,18 @@ int ampc_op_dense(ampc_op_args *a, ampc_view *v)
 
 int ampc_op_relayout(ampc_op_args *a, ampc_view *v, const int64_t *strides)
 {
+    return ampc_op_convert(a, v, v->dtype, strides);
+}
+
+int ampc_op_convert(ampc_op_args *a, ampc_view *v, ampc_dtype dtype, const int64_t *strides)
+{
     ampc_view copy;
-    PyObject *obj = ampc_array_empty(a->st, v->device, v->dtype, v->ndim, v->shape, strides, &copy);
-    if (obj == NULL || ampc_op_keep(a, obj) < 0)
-        return -1;
-    if ((AMPC_DTYPE_IS_FLOAT(v->dtype) ? ampc_cast_views(a->st, &copy, v, 1) : copy_bits(a, &copy, v)) < 0)
+    PyObject *obj = ampc_array_empty(a->st, v->device, dtype, v->ndim, v->shape, strides, &copy);
+    if (obj == NULL || ampc_op_keep(a, obj) < 0 || ampc_cast_views(a->st, &copy, v, 1) < 0)
         return -1;
     /* The view keeps its owner (harmless) and now reads the copy. */
     v->data = copy.data;
+    v->dtype = dtype;
     for (int d = 0; d < v->ndim; d++)
         v->strides[d] = copy.strides[d];
     v->stream = copy.stream;
@@ -272,24 +242,106 @@ int ampc_op_parse_dtype(const ampc_op_args *a, PyObject *obj, int *have, ampc_dt
     return 0;
 }
 
-ampc_dtype ampc_promote_float(ampc_dtype x, ampc_dtype y)
-{
-    if (x == y)
-        return x;
-    if (x == AMPC_FLOAT64 || y == AMPC_FLOAT64)
-        return AMPC_FLOAT64;
-    return AMPC_FLOAT32;  /* float32 with a 16-bit type, or float16 with bfloat16 */
-}
-
 static ampc_buf buf_of(const ampc_view *v) { return (ampc_buf){v->data, v->dtype}; }
 
 /* ------------------------------------------------------------------------ */
 /* _ew: elementwise with broadcasting                                         */
 /* ------------------------------------------------------------------------ */
 
+/* A Python number (bool included): a wrapped number of torch's promotion. */
 static int is_number(PyObject *obj)
 {
-    return PyFloat_Check(obj) || (PyLong_Check(obj) && !PyBool_Check(obj));
+    return PyFloat_Check(obj) || PyLong_Check(obj);
+}
+
+/* The ops that take integer and bool arrays, as torch's: alongside a floating
+ * operand (the result is floating) or, for the ops torch computes in floating
+ * point whatever their input (exp, division ...), alone, giving float32.
+ * The rest (gelu, the gradients, the losses) are floating only, as torch's
+ * kernels are. */
+static int ew_takes_integers(ampc_ew_op op)
+{
+    switch (op) {
+    case AMPC_EW_COPY: case AMPC_EW_NEG: case AMPC_EW_RELU: case AMPC_EW_ABS: case AMPC_EW_SIGN:
+    case AMPC_EW_POW_SCALAR: case AMPC_EW_ADD: case AMPC_EW_MUL: case AMPC_EW_POW: case AMPC_EW_MAXIMUM:
+    case AMPC_EW_MINIMUM:
+    case AMPC_EW_SIGMOID: case AMPC_EW_TANH: case AMPC_EW_EXP: case AMPC_EW_LOG: case AMPC_EW_SQRT:
+    case AMPC_EW_RSQRT: case AMPC_EW_DIV:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int ew_integers_give_float(ampc_ew_op op)
+{
+    switch (op) {
+    case AMPC_EW_SIGMOID: case AMPC_EW_TANH: case AMPC_EW_EXP: case AMPC_EW_LOG: case AMPC_EW_SQRT:
+    case AMPC_EW_RSQRT: case AMPC_EW_DIV:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Read e's operands into in[] (NULL for a Python number after the first
+ * operand, its value in e->value) and set e->out.dtype: dtype= where given,
+ * else torch's result type (type_promotion.c). Integer and bool arrays are
+ * converted to the compute type (float32, float64 for a float64 result)
+ * first: the kernels read every operand in it, as torch's CUDA kernels do
+ * (float16 + an int64 array adds the integers as float32, not rounded to
+ * float16 first). */
+static int ew_operands(ampc_op_args *a, ampc_ew *e, PyObject *const *objs, const char *const *names,
+                       PyObject *dtype_obj, const ampc_view **in)
+{
+    const int arity = ampc_ew_arity(e->op);
+    const int kind = ew_takes_integers(e->op) ? AMPC_ARG_ANY : AMPC_ARG_FLOAT;
+    ampc_view *arrays[3] = {NULL, NULL, NULL};
+    ampc_promotion types;
+    ampc_promotion_init(&types);
+    for (int x = 0; x < e->nin; x++) {
+        if (x == 1 && arity == 1 && objs[1] == Py_None) {
+            e->value[1] = 0;
+            continue;
+        }
+        if (is_number(objs[x]) && x > 0) {  /* the first operand is an array (a float: a 0-d float64 one) */
+            e->value[x] = PyFloat_AsDouble(objs[x]);
+            if (e->value[x] == -1.0 && PyErr_Occurred())
+                return -1;
+            ampc_promotion_add_number(&types, PyFloat_Check(objs[x]) ? AMPC_CATEGORY_FLOAT
+                                                : PyBool_Check(objs[x]) ? AMPC_CATEGORY_BOOL
+                                                                        : AMPC_CATEGORY_INTEGER);
+            continue;
+        }
+        if ((arrays[x] = ampc_op_arg(a, objs[x], names[x], kind)) == NULL)
+            return -1;
+        ampc_promotion_add_array(&types, arrays[x]);
+    }
+    /* After the operands: a backward op's dtype= is an operand's dtype, and
+     * the message about that operand names it. */
+    int have_dtype;
+    if (ampc_op_parse_dtype(a, dtype_obj, &have_dtype, &e->out.dtype) < 0)
+        return -1;
+    const ampc_type_group result = ampc_promotion_result(&types);
+    if (!have_dtype && result.category == AMPC_CATEGORY_FLOAT)
+        e->out.dtype = result.floating;
+    else if (!have_dtype && ew_integers_give_float(e->op))
+        e->out.dtype = AMPC_FLOAT32;  /* torch's default dtype */
+    else if (!have_dtype) {
+        const int x = arrays[0] != NULL ? 0 : 1;
+        PyErr_Format(PyExc_TypeError, "%s: %s must be a floating array (float32, float16, bfloat16 or float64), "
+                     "got dtype %s: integer and bool operands are taken beside a floating one (torch would give "
+                     "an integer result, which ampc does not compute)", a->op, names[x],
+                     ampc_dtype_names[arrays[x]->dtype]);
+        return -1;
+    }
+    for (int x = 0; x < e->nin; x++) {
+        if (arrays[x] != NULL && !AMPC_DTYPE_IS_FLOAT(arrays[x]->dtype) &&
+            ampc_op_convert(a, arrays[x], e->out.dtype == AMPC_FLOAT64 ? AMPC_FLOAT64 : AMPC_FLOAT32, NULL) < 0)
+            return -1;
+        in[x] = arrays[x];
+    }
+    return 0;
 }
 
 /* Broadcast `v` into the output's shape: element strides, 0 where broadcast. */
@@ -399,30 +451,8 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
     const ampc_view *in[3] = {NULL, NULL, NULL};
-    int have_dtype = 0, have_array = 0;
-    ampc_dtype dtype = AMPC_FLOAT32, promoted = AMPC_FLOAT32;
-    for (int x = 0; x < e.nin; x++) {
-        if (x == 1 && arity == 1 && objs[1] == Py_None) {
-            e.value[1] = 0;
-            continue;
-        }
-        if (is_number(objs[x]) && x > 0) {
-            /* A Python number takes no part in promotion, as in torch. */
-            e.value[x] = PyFloat_AsDouble(objs[x]);
-            if (e.value[x] == -1.0 && PyErr_Occurred())
-                goto done;
-            continue;
-        }
-        if ((in[x] = ampc_op_arg(&a, objs[x], names[x], AMPC_ARG_FLOAT)) == NULL)
-            goto done;
-        promoted = have_array ? ampc_promote_float(promoted, in[x]->dtype) : in[x]->dtype;
-        have_array = 1;
-    }
-    /* After the operands: a backward op's dtype= is an operand's dtype, and
-     * the message about that operand names it. */
-    if (ampc_op_parse_dtype(&a, dtype_obj, &have_dtype, &dtype) < 0)
+    if (ew_operands(&a, &e, objs, names, dtype_obj, in) < 0)
         goto done;
-    e.out.dtype = have_dtype ? dtype : promoted;
     /* The output's shape: the inputs' shapes broadcast together (and to shape=). */
     int64_t want[AMPC_MAX_NDIM];
     int want_ndim = -1;

@@ -43,6 +43,9 @@ int ampc_op_dense(ampc_op_args *a, ampc_view *v);
 /* Make v a copy of itself laid out with these byte strides (NULL: C
  * order), in ampc's memory on v's device, kept by `a`. */
 int ampc_op_relayout(ampc_op_args *a, ampc_view *v, const int64_t *strides);
+/* The same converted to dtype (an integer operand of a floating op), as
+ * ampc.cast converts it. */
+int ampc_op_convert(ampc_op_args *a, ampc_view *v, ampc_dtype dtype, const int64_t *strides);
 /* A new C-order output on the arguments' device (borrowed; kept by `a`). */
 PyObject *ampc_op_output(ampc_op_args *a, ampc_dtype dtype, int ndim, const int64_t *shape, ampc_view *out);
 /* The same laid out with these byte strides (NULL: C order). */
@@ -70,8 +73,26 @@ int ampc_op_check_same_shape(const char *op, const ampc_view *x, const char *xn,
  * ValueError naming `name` when the shapes do not broadcast. */
 int ampc_op_broadcast_strides(const char *op, const char *name, const ampc_view *v, int ndim,
                               const int64_t *shape, int64_t *strides);
-/* torch's promotion of two floating dtypes. */
-ampc_dtype ampc_promote_float(ampc_dtype x, ampc_dtype y);
+/* torch's type promotion (type_promotion.c). */
+ampc_dtype ampc_promote_float(ampc_dtype x, ampc_dtype y);  /* two floating dtypes */
+typedef enum {
+    AMPC_CATEGORY_NONE = -1,
+    AMPC_CATEGORY_BOOL,
+    AMPC_CATEGORY_INTEGER,
+    AMPC_CATEGORY_FLOAT,
+} ampc_type_category;
+typedef struct {
+    ampc_type_category category;  /* the highest of the group's operands */
+    ampc_dtype floating;          /* their floating dtypes promoted, if any */
+} ampc_type_group;
+typedef struct {
+    ampc_type_group dims, zero_dim, numbers;
+} ampc_promotion;
+void ampc_promotion_init(ampc_promotion *r);
+void ampc_promotion_add_array(ampc_promotion *r, const ampc_view *v);
+void ampc_promotion_add_number(ampc_promotion *r, ampc_type_category category);
+/* The result's category, and its dtype where that is floating. */
+ampc_type_group ampc_promotion_result(const ampc_promotion *r);
 
 /* CPU (ops_gemm.c): an ndarray of v's values in dtype acc, over v's memory
  * when v has that dtype, else a converted copy (new reference); and NumPy's

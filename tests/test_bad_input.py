@@ -260,15 +260,15 @@ def test_elementwise_messages_name_op_and_argument(rng):
     'elementwise: other' for sub's, relu_backward's and mse_loss's arguments alike)."""
     x = rng.standard_normal((2, 3)).astype(np.float32)
     ints = np.arange(6).reshape(2, 3)
-    cases = [(lambda: F.sub(x, ints), "sub: other must be a floating array"),
-             (lambda: F.exp(ints), "exp: input must be a floating array"),
+    cases = [(lambda: F.sub(ints, ints), "sub: input must be a floating array"),
+             (lambda: F.gelu(ints), "gelu: input must be a floating array"),
              (lambda: F.mean(ints), "mean: input must be a floating array"),
              (lambda: F.mean(x, (0, 0)), "mean: dim 0 appears multiple times"),
              (lambda: F.relu_backward(x, ints), "relu_backward: input must be a floating array"),
              (lambda: F.gelu_backward(ints, x), "gelu_backward: grad_output must be a floating array"),
              (lambda: F.mse_loss(x, ints), "mse_loss: target must be a floating array"),
              (lambda: F.l1_loss_backward(ints, x, x), "l1_loss_backward: grad_output must be a floating array"),
-             (lambda: F.pow(x, ints), "pow: exponent must be a floating array"),
+             (lambda: F.pow(ints, 2), "pow: input must be a floating array"),
              (lambda: F.mul(x, None), "mul: other must be an array or a number, got None"),
              (lambda: F.add(x, x[:, :2]), r"add: the shapes of the operands do not broadcast"),
              (lambda: F.scaled_dot_product_attention_backward(x, ints, x, x, x),

@@ -125,6 +125,82 @@ def test_binary_broadcast_and_promotion(rng):
     assert_close(F.mul(noncontiguous(c), 3.0), f64(c) * 3, F32)
 
 
+I64, I32, I16, U8, BOOL = (np.dtype(t) for t in (np.int64, np.int32, np.int16, np.uint8, np.bool_))
+
+# torch's result dtypes (ATen's result_type): arrays with dimensions promote among themselves; 0-d
+# arrays and then Python numbers count only where their category (bool < integer < floating) is
+# higher, a Python float as float32; integers beside a floating operand take its dtype.
+PROMOTIONS = [
+    ("add", (3, 4), F16, (3, 4), I64, F16),
+    ("add", (3, 4), F32, (4,), I32, F32),
+    ("mul", (3, 4), BF16, (3, 4), BOOL, BF16),
+    ("sub", (3, 4), U8, (3, 4), F64, F64),
+    ("add", (3, 4), I64, 2.5, None, F32),
+    ("mul", (3, 4), U8, 0.5, None, F32),
+    ("add", (3, 4), I16, (), F64, F64),
+    ("add", (3, 4), BOOL, (), F16, F16),
+    ("add", (3, 4), F16, (), F32, F16),
+    ("mul", (3, 4), BF16, (), I64, BF16),
+    ("add", (), F16, (), F32, F32),
+    ("mul", (3, 4), F16, True, None, F16),
+    ("add", (3, 4), F16, 3, None, F16),
+    ("div", (3, 4), I64, (3, 4), I32, F32),
+    ("div", (3, 4), I64, 3, None, F32),
+    ("sub", (3, 4), F32, (3, 4), I16, F32),
+]
+
+
+def _operand(rng, shape, dtype):
+    if not isinstance(shape, tuple):
+        return shape  # a Python number
+    if dtype == BOOL:
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":  # values that float16 and bfloat16 round (2049, 257 ...)
+        return rng.integers(0 if dtype.kind == "u" else -3000, 3000 if dtype.itemsize > 1 else 100, shape).astype(dtype)
+    return np.asarray(ref.random(rng, shape, dtype))  # 0-d: an array, not a NumPy scalar (a Python float)
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view(f"u{x.dtype.itemsize}")
+
+
+@pytest.mark.parametrize("op,shape_a,dtype_a,shape_b,dtype_b,want", PROMOTIONS,
+                         ids=[f"{p[0]}-{p[1]}{p[2]}-{p[3]}{p[4]}" for p in PROMOTIONS])
+def test_torch_type_promotion(rng, op, shape_a, dtype_a, shape_b, dtype_b, want):
+    """The result dtype torch gives, and the values of torch's CUDA kernels bit for bit: every
+    operand read in the compute type (float32; float64 for a float64 result), integers and bools
+    converted to it, the op computed there and rounded once to the result dtype."""
+    a, b = _operand(rng, shape_a, dtype_a), _operand(rng, shape_b, dtype_b)
+    fn = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[op]
+    out = getattr(F, op)(a, b)
+    assert out.dtype == want
+    acc = F64 if want == F64 else F32
+    common = [float(x) if isinstance(x, (bool, int, float)) else np.asarray(x).astype(acc) for x in (a, b)]
+    np.testing.assert_array_equal(_bits(out), _bits(fn(*common).astype(want)))
+
+
+@pytest.mark.parametrize("name,dtype", [("exp", I16), ("log", U8), ("sigmoid", BOOL), ("tanh", I64), ("exp", I32)])
+def test_integers_to_floating_ops_give_float32(rng, name, dtype):
+    """torch's unary floating ops take integer and bool arrays and give float32 (its default dtype)."""
+    x = _operand(rng, (4, 5), dtype) % 50  # exp stays finite in float32
+    if name == "log":
+        x = x + 1
+    out = getattr(F, name)(x)
+    assert out.dtype == F32
+    want = {"exp": np.exp, "log": np.log, "sigmoid": lambda v: 1 / (1 + np.exp(-v)), "tanh": np.tanh}[name]
+    assert_close(out, want(x.astype(F64)), F32, what=name)
+
+
+@pytest.mark.parametrize("call", [lambda i: F.add(i, i), lambda i: F.mul(i, 2), lambda i: F.relu(i),
+                                  lambda i: F.mul(i, i > 0), lambda i: F.gelu(i.astype(np.float32) > 0)])
+def test_integer_results_are_refused(rng, call):
+    """Where torch's result would be an integer array, which ampc's kernels do not compute: a
+    TypeError naming the op's argument."""
+    with pytest.raises(TypeError, match=r"\w+: (input|other) must be a floating array"):
+        call(rng.integers(-5, 5, (3, 4)))
+
+
 def test_elementwise_output_takes_the_layout_of_its_first_full_shape_input(rng):
     """As torch and NumPy (order 'K'): a channels-last or transposed dense input gives an output in
     its layout; C order when the first full-shape input is C order or no input is dense."""

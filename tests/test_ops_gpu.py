@@ -142,6 +142,31 @@ def test_binary_broadcast_and_promotion():
         against(F.mul(a, 2.5), lambda x: torch.mul(x, 2.5), [a], da, what="mul scalar")
 
 
+def test_type_promotion_as_torch():
+    """Integer and bool operands, 0-d arrays and Python numbers: torch's result dtype, and its values
+    (every operand read in the compute type, as torch's CUDA kernels read it)."""
+    ints = torch.randint(-3000, 3000, (3, 4), device="cuda")
+    cases = [
+        ("add", torch.add, [randn(3, 4, dtype=torch.float16), ints]),
+        ("mul", torch.mul, [randn(3, 4, dtype=torch.bfloat16), ints > 0]),
+        ("sub", torch.sub, [ints.to(torch.int16), randn(4, dtype=torch.float32)]),
+        ("add", torch.add, [ints, 2.5]),
+        ("add", torch.add, [ints, torch.tensor(0.5, device="cuda", dtype=torch.float64)]),
+        ("add", torch.add, [randn(3, 4, dtype=torch.float16), torch.tensor(0.1, device="cuda")]),
+        ("mul", torch.mul, [randn(3, 4, dtype=torch.float16), True]),
+        ("div", torch.div, [ints, ints.abs() + 1]),
+        ("exp", torch.exp, [ints.to(torch.int32) % 50]),
+        ("sigmoid", torch.sigmoid, [ints > 0]),
+    ]
+    for name, fn, inputs in cases:
+        got = getattr(F, name)(*inputs)
+        want = fn(*inputs)
+        assert got.dtype == want.dtype, f"{name}: ampc gives {got.dtype}, torch {want.dtype}"
+        close(got, want.double(), want.dtype, rtol=2 * RTOL[want.dtype], what=name)
+    with pytest.raises(TypeError, match="add: input must be a floating array"):
+        F.add(ints, ints)
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 def test_dense_elementwise_in_any_memory_order(dtype):
     """The dense kernel (16-byte packs, a tail of 945 % 8 elements, one element a thread where a
@@ -284,6 +309,14 @@ def _ce_inputs(case, dtype):
         kwargs["ignore_index"] = case["ignore_index"]
     weight = torch.rand(classes, device="cuda", dtype=torch.float64).to(dtype) + 0.5 if case.get("weight") else None
     return x, target, weight, kwargs
+
+
+def test_cross_entropy_with_strided_byte_targets():
+    """1-byte class indices in a strided view are copied dense by the cast kernel's element path
+    (they were refused on the GPU)."""
+    x = randn(6, 5)
+    t = torch.randint(0, 5, (6, 2), device="cuda", dtype=torch.uint8)[:, 1]
+    against(F.cross_entropy(x, t), lambda v, u: TF.cross_entropy(v, u.long()), [x, t], torch.float32)
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
