@@ -363,6 +363,54 @@ def test_glue_and_backward(rng):
         F.cat([[1.0], [2.0]])
 
 
+@pytest.mark.parametrize("dtypes,want", [
+    ((F32, np.int32), F32),            # NumPy: float64
+    ((F16, np.int16), F16),            # NumPy: float32
+    ((F16, BF16), F32),
+    ((BF16, np.bool_, np.int64), BF16),
+    ((np.int8, np.uint8), np.int16),
+    ((np.bool_, np.uint8), np.uint8),
+    ((F16, F64), F64),
+], ids=str)
+@pytest.mark.parametrize("library", ["numpy", "ampc"])
+def test_cat_and_stack_promote_as_torch(rng, dtypes, want, library):
+    """torch's promotion, not NumPy's (which made float32 with int32 float64) nor the first array's
+    dtype (which ampc's own arrays took: float16 with float32 was float16); the values converted."""
+    want = np.dtype(want)
+    parts = [(rng.standard_normal((2, 3)) * 100).astype(d) for d in dtypes]
+    wrap = ampc.from_dlpack if library == "ampc" else (lambda a: a)
+    if library == "ampc" and want.kind in "biu":  # ampc's arrays convert to floating dtypes only
+        with pytest.raises(TypeError, match=f"cat: ampc's arrays convert to floating dtypes only, not .* to {want}"):
+            F.cat([wrap(p) for p in parts])
+        return
+    for got, joined in [(F.cat([wrap(p) for p in parts], 1), np.concatenate(parts, 1)),
+                        (F.stack([wrap(p) for p in parts], 0), np.stack(parts, 0))]:
+        got = np.asarray(got)
+        assert got.dtype == want
+        np.testing.assert_array_equal(got, joined.astype(np.float64).astype(want) if want.kind not in "biu" else joined)
+
+
+def test_cat_and_stack_refuse_as_torch(rng):
+    """torch's texts for mismatched shapes, a 0-d array and arrays of two libraries (the errors spoke of
+    ampc.cast's out=); a 1-D empty array joins anything, as torch's legacy empty tensor."""
+    x, y = rng.standard_normal((2, 3)).astype(F32), rng.standard_normal((2, 4)).astype(F32)
+    for wrap in (lambda a: a, ampc.from_dlpack):
+        with pytest.raises(ValueError, match=r"cat: Sizes of tensors must match except in dimension 0. Expected "
+                                             r"size 3 but got size 4 for tensor number 1 in the list"):
+            F.cat([wrap(x), wrap(y)])
+        with pytest.raises(ValueError, match=r"stack: stack expects each tensor to be equal size, but got \[2, 3\] "
+                                             r"at entry 0 and \[2, 4\] at entry 1"):
+            F.stack([wrap(x), wrap(y)])
+        with pytest.raises(ValueError, match="Tensors must have same number of dimensions: got 2 and 1"):
+            F.cat([wrap(x), wrap(x[0])])
+    with pytest.raises(ValueError, match=r"zero-dimensional tensor \(at position 1\) cannot be concatenated"):
+        F.cat([x, np.float32(1.0) * np.ones((), F32)])
+    with pytest.raises(TypeError, match="cat: expected arrays of one library, got ndarray .* and Array"):
+        F.cat([x, ampc.from_dlpack(x)])
+    joined = F.cat([np.zeros(0, np.float64), x, np.zeros(0, F32)], 1)
+    assert joined.dtype == F64 and np.array_equal(joined, x)
+
+
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_sdpa_grouped_query_heads(rng, dtype, causal):

@@ -5,6 +5,8 @@ through ampc's cast kernels, into a C-order array from ampc's pool."""
 
 import math
 
+import numpy as np
+
 from ampc import _C
 
 
@@ -95,11 +97,14 @@ def getitem(x, key):
     return x._view(tuple(shape), tuple(strides), offset)
 
 
-def concatenate(arrays, axis=0):
+def concatenate(arrays, axis=0, dtype=None):
     arrays = list(arrays)
+    if dtype is not None and np.dtype(dtype).kind in "biu" and any(a.dtype != dtype for a in arrays):
+        given = ", ".join(str(a.dtype) for a in arrays)
+        raise TypeError(f"cat: ampc's arrays convert to floating dtypes only, not {given} to {np.dtype(dtype)}")
     shape = list(arrays[0].shape)
     shape[axis] = sum(a.shape[axis] for a in arrays)
-    out = _C.zeros_like(arrays[0], shape=tuple(shape))
+    out = _C.zeros_like(arrays[0], dtype=dtype, shape=tuple(shape))
     start = 0
     for a in arrays:
         _C.cast(a, out=take_slice(out, axis, start, start + a.shape[axis]))
@@ -107,9 +112,9 @@ def concatenate(arrays, axis=0):
     return out
 
 
-def stack(arrays, axis=0):
+def stack(arrays, axis=0, dtype=None):
     arrays = [reshape(a, a.shape[:axis] + (1,) + a.shape[axis:]) for a in arrays]
-    return concatenate(arrays, axis)
+    return concatenate(arrays, axis, dtype)
 
 
 def zeros(shape, dtype=None, like=None):
@@ -122,7 +127,5 @@ def ones_like(x):
 
 def arange(n, like):
     """0 .. n-1 as int64, on like's device."""
-    import numpy as np
-
     device = -1 if like.device == "cpu" else int(str(like.device).split(":")[1])
     return _C._to_device(np.arange(n, dtype=np.int64), device)

@@ -27,6 +27,31 @@ def acc_dtype(dtype):
 _FLOATING = {F32, F64, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 
 
+_BOOL_AND_INTEGER_KINDS = frozenset("biu")
+
+
+def result_type(op, dtypes):
+    """torch's promotion of arrays' dtypes (arrays with dimensions; numbers take no part): a
+    floating dtype wins over integers and bool whatever their width (NumPy makes float32 with int32
+    float64, torch float32); among floating dtypes equal stays, float64 wins and any other mix is
+    float32 (float16 with bfloat16 included); among integers and bool, the smallest type holding
+    them all, as NumPy's (torch has none for int64 with uint64: a TypeError). Other dtypes
+    (complex, strings), which no op of ampc computes on, promote as NumPy promotes them."""
+    dtypes = [np.dtype(d) for d in dtypes]
+    if not all(d in _FLOATING or d.kind in _BOOL_AND_INTEGER_KINDS for d in dtypes):
+        return functools.reduce(np.promote_types, dtypes)
+    floating = [d for d in dtypes if d in _FLOATING]
+    if floating:
+        first = floating[0]
+        if all(d == first for d in floating):
+            return first
+        return F64 if F64 in floating else F32
+    promoted = functools.reduce(np.promote_types, dtypes)
+    if promoted.kind not in _BOOL_AND_INTEGER_KINDS:
+        raise TypeError(f"{op}: no integer type holds {' and '.join(sorted({str(d) for d in dtypes}))}")
+    return promoted
+
+
 def floating_dtype(op, name, x):
     """x's dtype when it is floating (ml_dtypes.bfloat16 for bfloat16), else the C ops' TypeError
     naming op and argument: for the ops that take a dtype from an argument before the C code

@@ -10,7 +10,7 @@ import importlib
 import math
 
 from ampc.amp import autocast_op
-from ampc.nn._common import as_int, as_ints, shape_of
+from ampc.nn._common import as_int, as_ints, result_type, shape_of
 
 
 _LIBRARIES = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy",
@@ -121,8 +121,8 @@ def _slice(x, dim, start, stop):
 
 
 def _array_list(op, tensors):
-    """cat's or stack's tensors as a non-empty list of arrays: NumPy would take None or a string
-    as a 0-d array and speak of dimensions or shapes."""
+    """cat's or stack's tensors as a non-empty list of arrays of one library: NumPy would take None
+    or a string as a 0-d array and speak of dimensions or shapes."""
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{op}: tensors must be a list or tuple of arrays, got {type(tensors).__name__}")
     tensors = list(tensors)
@@ -130,16 +130,44 @@ def _array_list(op, tensors):
         raise ValueError(f"{op}: expected a non-empty list of arrays")
     for t in tensors:
         shape_of(t, op, "each of tensors")
+    for i, t in enumerate(tensors):
+        if _library(t) is not _library(tensors[0]):
+            raise TypeError(f"{op}: expected arrays of one library, got {type(tensors[0]).__name__} (tensor number 0) "
+                            f"and {type(t).__name__} (tensor number {i})")
     return tensors
+
+
+def _joined(op, arrays, dim, dtype):
+    """arrays joined along dim (cat) or stacked along a new dim (stack) in their library's function,
+    as dtype: torch's promotion, where NumPy would make float32 with int32 float64 and ampc's own
+    arrays took the first array's dtype."""
+    lib = _library(arrays[0])
+    if lib.__name__ == "torch":
+        return getattr(lib, op)(arrays, dim)
+    return getattr(lib, "concatenate" if op == "cat" else "stack")(arrays, dim, dtype=dtype)
 
 
 @autocast_op(name="cat")
 def cat(tensors, dim=0):
-    """torch.cat: arrays of one library joined along dim (mixed float dtypes promote)."""
+    """torch.cat: arrays of one library joined along dim, their dtypes promoted as torch's. As in
+    torch, a 1-D empty array joins any other (torch's legacy empty tensor): only its dtype counts."""
     tensors = _array_list("cat", tensors)
-    lib = _library(tensors[0])
-    dim = _dim("cat", dim, len(tensors[0].shape))
-    return lib.cat(tensors, dim) if lib.__name__ == "torch" else lib.concatenate(tensors, axis=dim)
+    for i, t in enumerate(tensors):
+        if not t.shape:
+            raise ValueError(f"cat: zero-dimensional tensor (at position {i}) cannot be concatenated")  # torch's texts
+    dtype = result_type("cat", [t.dtype for t in tensors])
+    kept = [(i, t) for i, t in enumerate(tensors) if tuple(t.shape) != (0,)] or [(0, tensors[0])]
+    shape = tuple(kept[0][1].shape)
+    dim = _dim("cat", dim, len(shape))
+    for i, t in kept[1:]:
+        other = tuple(t.shape)
+        if len(other) != len(shape):
+            raise ValueError(f"cat: Tensors must have same number of dimensions: got {len(shape)} and {len(other)}")
+        for d, (want, got) in enumerate(zip(shape, other)):
+            if d != dim and want != got:
+                raise ValueError(f"cat: Sizes of tensors must match except in dimension {dim}. Expected size "
+                                 f"{want} but got size {got} for tensor number {i} in the list.")
+    return _joined("cat", [t for _, t in kept], dim, dtype)
 
 
 def cat_backward(grad_output, sizes, dim=0):
@@ -157,9 +185,15 @@ def cat_backward(grad_output, sizes, dim=0):
 
 @autocast_op(name="stack")
 def stack(tensors, dim=0):
+    """torch.stack: arrays of one shape and library stacked along a new dim, promoted as cat."""
     tensors = _array_list("stack", tensors)
-    dim = _dim("stack", dim, len(tensors[0].shape) + 1)
-    return _library(tensors[0]).stack(tensors, dim)
+    shape = tuple(tensors[0].shape)
+    dim = _dim("stack", dim, len(shape) + 1)
+    for i, t in enumerate(tensors):
+        if tuple(t.shape) != shape:
+            raise ValueError(f"stack: stack expects each tensor to be equal size, but got {list(shape)} at entry 0 "
+                             f"and {list(t.shape)} at entry {i}")  # torch's text
+    return _joined("stack", tensors, dim, result_type("stack", [t.dtype for t in tensors]))
 
 
 def stack_backward(grad_output, count, dim=0):

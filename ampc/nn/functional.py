@@ -21,7 +21,7 @@ from ampc._C import as_dtype
 from ampc.amp import autocast_op
 from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
-from ampc.nn._common import is_number as _is_number, shape_of as _shape_of
+from ampc.nn._common import is_number as _is_number, result_type as _result_type, shape_of as _shape_of
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
     scaled_dot_product_attention_backward)
@@ -52,14 +52,6 @@ def _dtype(x):
     if isinstance(x, (float, int)):
         return _F64
     return as_dtype(x.dtype)
-
-
-def _promote(*dtypes):
-    """torch's promotion among floating dtypes: equal stays, float64 wins, any other mix is float32."""
-    first = dtypes[0]
-    if all(d == first for d in dtypes):
-        return first
-    return _F64 if _F64 in dtypes else _F32
 
 
 def _check_reduction(op, reduction):
@@ -402,7 +394,7 @@ def _pointwise_loss(name, op, input, target, reduction):
     if tuple(input.shape) != tuple(target.shape):
         raise ValueError(f"{name}: target has shape {tuple(target.shape)} but input has shape "
                          f"{tuple(input.shape)}; give them the same shape")
-    dtype = _promote(_floating_dtype(name, "input", input), _floating_dtype(name, "target", target))
+    dtype = _result_type(name, (_floating_dtype(name, "input", input), _floating_dtype(name, "target", target)))
     per_element = _ew(op, input, target, dtype=_acc(dtype) if reduction != "none" else dtype, name=name,
                       names=_LOSS_ARGUMENTS)
     return _reduce(name, per_element, reduction, dtype)
@@ -447,7 +439,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
         return _pointwise_loss("binary_cross_entropy_with_logits", "bce_logits", input, target, reduction)
     op = "binary_cross_entropy_with_logits"
     _check_reduction(op, reduction)
-    dtype = _promote(_floating_dtype(op, "input", input), _floating_dtype(op, "target", target))
+    dtype = _result_type(op, (_floating_dtype(op, "input", input), _floating_dtype(op, "target", target)))
     per_element = _ew("bce_logits", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype,
                       name="binary_cross_entropy_with_logits", names=_WEIGHTED_LOSS_ARGUMENTS)
     return _reduce("binary_cross_entropy_with_logits", per_element, reduction, dtype)
@@ -480,7 +472,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
         return _pointwise_loss("binary_cross_entropy", "bce", input, target, reduction)
     op = "binary_cross_entropy"
     _check_reduction(op, reduction)
-    dtype = _promote(_floating_dtype(op, "input", input), _floating_dtype(op, "target", target))
+    dtype = _result_type(op, (_floating_dtype(op, "input", input), _floating_dtype(op, "target", target)))
     per_element = _ew("bce", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype,
                       name="binary_cross_entropy", names=_WEIGHTED_LOSS_ARGUMENTS)
     return _reduce("binary_cross_entropy", per_element, reduction, dtype)
