@@ -79,6 +79,73 @@ def test_binary_ops_broadcast(x, data):
     assert_close(F.mul(x, y), f64(x) * f64(y), x.dtype, what="mul")
 
 
+# A model of torch's result_type for an elementwise op, written from its rules, not ampc's code:
+# operands fall in three groups (arrays with dimensions, 0-d arrays, Python numbers), each promoted
+# within itself; a lower group counts only where its category is higher than the groups above it.
+_CATEGORY = {"b": 0, "i": 1, "u": 1}
+_OPERAND_DTYPES = FLOATS + [np.dtype(t) for t in (np.bool_, np.int8, np.uint8, np.int16, np.int32, np.int64)]
+
+
+def _category(dtype):
+    return _CATEGORY.get(dtype.kind, 2) if dtype not in FLOATS else 2
+
+
+def _torch_result_type(operands):
+    groups = [[], [], []]
+    for x in operands:
+        if isinstance(x, (bool, int, float)):
+            groups[2].append(np.dtype(np.bool_) if isinstance(x, bool) else
+                             np.dtype(np.int64) if isinstance(x, int) else np.dtype(np.float32))
+        else:
+            groups[0 if x.ndim else 1].append(x.dtype)
+    result = None  # (category, floating dtype or None)
+    for group in reversed(groups):  # numbers, then 0-d arrays, then arrays with dimensions
+        if not group:
+            continue
+        floats = [d for d in group if d in FLOATS]
+        mine = (max(_category(d) for d in group),
+                None if not floats else floats[0] if all(d == floats[0] for d in floats)
+                else F64 if F64 in floats else np.dtype(np.float32))
+        result = mine if result is None or result[0] <= mine[0] else result
+    return result
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.data())
+def test_elementwise_type_promotion(data):
+    """add, mul and div of arrays of any dtype (integers and bools included), 0-d arrays and Python
+    numbers: torch's result dtype, or the TypeError where torch's result would be an integer array
+    (div gives float32); the values those of the operands read in the compute type, computed there
+    and rounded once."""
+    shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5))
+
+    def operand(allow_number):
+        kind = data.draw(st.sampled_from(["array", "0-d"] + (["number"] if allow_number else [])))
+        if kind == "number":
+            return data.draw(st.one_of(st.booleans(), st.integers(-50, 50), st.floats(-50, 50).map(lambda v: round(v, 3))))
+        dtype = data.draw(st.sampled_from(_OPERAND_DTYPES))
+        v = data.draw(values(shape if kind == "array" else (), scale=50.0))
+        return (v > 0 if dtype.kind == "b" else np.abs(v) if dtype.kind == "u" else v).astype(dtype)
+
+    a, b = operand(False), operand(True)
+    name = data.draw(st.sampled_from(["add", "mul", "div"]))
+    category, dtype = _torch_result_type([a, b])
+    if category < 2 and name != "div":
+        with pytest.raises(TypeError, match=f"{name}: (input|other) must be a floating array"):
+            getattr(F, name)(a, b)
+        return
+    dtype = dtype if category == 2 else np.dtype(np.float32)
+    out = getattr(F, name)(a, b)
+    assert np.asarray(out).dtype == dtype
+    acc = F64 if dtype == F64 else np.dtype(np.float32)
+    ins = [float(v) if isinstance(v, (bool, int, float)) else np.asarray(v).astype(acc) for v in (a, b)]
+    with np.errstate(all="ignore"):
+        want = {"add": np.add, "mul": np.multiply, "div": np.divide}[name](*ins)
+        want = np.asarray(want, dtype=acc).astype(dtype)
+    got = np.asarray(out)
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{want.itemsize}"))
+
+
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(arrays(), st.data(), st.booleans())
 def test_softmax_over_any_dimension(x, data, log):
