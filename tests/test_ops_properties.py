@@ -122,7 +122,8 @@ def test_elementwise_type_promotion(data):
     def operand(allow_number):
         kind = data.draw(st.sampled_from(["array", "0-d"] + (["number"] if allow_number else [])))
         if kind == "number":
-            return data.draw(st.one_of(st.booleans(), st.integers(-50, 50), st.floats(-50, 50).map(lambda v: round(v, 3))))
+            number = st.floats(-50, 50).map(lambda v: round(v, 3))
+            return data.draw(st.one_of(st.booleans(), st.integers(-50, 50), number))
         dtype = data.draw(st.sampled_from(_OPERAND_DTYPES))
         v = data.draw(values(shape if kind == "array" else (), scale=50.0))
         return (v > 0 if dtype.kind == "b" else np.abs(v) if dtype.kind == "u" else v).astype(dtype)
