@@ -348,6 +348,8 @@ def test_glue_and_backward(rng):
     assert np.array_equal(F.permute_backward(p, (2, 0, 1)), x)
     assert F.flatten(x, 1).shape == (2, 12) and F.unsqueeze(x, -1).shape == (2, 3, 4, 1)
     assert F.squeeze(F.unsqueeze(x, 1), 1).shape == x.shape
+    ones = x.reshape(2, 1, 3, 1, 4)
+    assert F.squeeze(ones, (1, -2)).shape == (2, 3, 4) and F.squeeze(ones, (0, 1)).shape == (2, 3, 1, 4)  # torch 2.0's
     y = ref.random(rng, (2, 5, 4), F32)
     c = F.cat([x, y], 1)
     a, b = F.cat_backward(c, [3, 5], 1)

@@ -495,6 +495,42 @@ def test_sum_and_mean(rng, dim, keepdim, dtype):
     assert F.sum(x, dim, keepdim, dtype=np.float32).dtype == F32
 
 
+def test_an_empty_dim_list_reduces_every_dimension(rng):
+    """torch's sum(x, ()) and mean(x, []) reduce over every dimension (they returned x)."""
+    x = ref.random(rng, (3, 4), F32)
+    for dim in ((), []):
+        assert_close(F.sum(x, dim), f64(x).sum(), F32, scale=np.abs(f64(x)).sum())
+        assert_close(F.mean(x, dim, keepdim=True), f64(x).mean(keepdims=True), F32, scale=np.abs(f64(x)).mean())
+        assert F.sum_backward(np.float32(2.0), x.shape, dim).shape == x.shape
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [F32, BF16, np.dtype(np.int32)], ids=str)
+def test_dtype_float64_computes_in_float64(rng, op, dtype):
+    """dtype=float64 casts the input first, as torch: the kernels then compute in float64 (a float32
+    sum of 30000 float32 values written as float64 was 1e-7 off), and integer inputs are taken."""
+    x = ref.random(rng, (5, 30000), F32) * 100
+    x = x.astype(dtype) if dtype.kind != "i" else np.rint(x).astype(dtype)
+    got = getattr(F, op)(x, 1, dtype=np.float64)
+    v = f64(x)
+    want = {"sum": lambda: v.sum(1), "mean": lambda: v.mean(1),
+            "softmax": lambda: np.exp(v - v.max(1, keepdims=True)) / np.exp(v - v.max(1, keepdims=True)).sum(1, keepdims=True),
+            "log_softmax": lambda: v - v.max(1, keepdims=True) - np.log(np.exp(v - v.max(1, keepdims=True)).sum(1, keepdims=True))}[op]()
+    assert got.dtype == F64
+    scale = {"sum": np.abs(v).sum(1), "mean": np.abs(v).mean(1)}.get(op)
+    assert_close(got, want, F64, scale=scale, rtol=1e-12)
+
+
+def test_integers_to_a_float_power_give_float32(rng):
+    """torch's pow of an integer array to a float is float32; to an integer it would be an integer array."""
+    x = rng.integers(0, 20, (3, 4))
+    out = F.pow(x, 1.5)
+    assert out.dtype == F32
+    assert_close(out, f64(x) ** 1.5, F32)
+    with pytest.raises(TypeError, match="pow: input must be a floating array"):
+        F.pow(x, 2)
+
+
 def test_sum_long_rows_and_columns(rng):
     x = ref.random(rng, (3, 100003), F32)
     assert_close(F.sum(x, 1), f64(x).sum(1), F32, scale=np.abs(f64(x)).sum(1))

@@ -66,6 +66,21 @@ def floating_dtype(op, name, x):
     return dtype
 
 
+def cast_for_dtype(input, dtype):
+    """input as torch's ops with a dtype= argument see it: cast to dtype first, where that changes
+    anything (an integer input; a narrower dtype, which rounds; float64 for a lower input, which the
+    kernels then compute in: they computed a float32 input's sum in float32 and wrote float64). A
+    16-bit input asked for float32 is the kernels' own reading of it: no pass. A dtype that is no
+    floating dtype is left to the op's own check and message."""
+    try:
+        want, have = as_dtype(dtype), as_dtype(input.dtype)
+    except (TypeError, ValueError, AttributeError):
+        return input
+    if dtype is None or want == have or want not in _FLOATING or (want == F32 and have in _FLOATING and have != F64):
+        return input
+    return _C.cast(input, want)
+
+
 def numel(x):
     return math.prod(int(s) for s in x.shape)
 

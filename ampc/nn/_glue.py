@@ -106,11 +106,13 @@ def unsqueeze(input, dim):
 
 
 def squeeze(input, dim=None):
+    """torch.squeeze: the dimensions of size 1 among dim (an int or a tuple of them; None: all) dropped."""
     shape = tuple(input.shape)
     if dim is None:
         return reshape(input, tuple(s for s in shape if s != 1))
-    d = _dim("squeeze", dim, len(shape))
-    return reshape(input, shape[:d] + shape[d + 1:]) if shape and shape[d] == 1 else input
+    dims = {_dim("squeeze", d, len(shape)) for d in as_ints("squeeze", "dim", dim, "an int or a tuple of ints")}
+    kept = tuple(s for d, s in enumerate(shape) if not (d in dims and s == 1))
+    return reshape(input, kept) if kept != shape else input
 
 
 def _slice(x, dim, start, stop):

@@ -13,6 +13,7 @@ the gradients of the inputs, in the dtypes the forward ran in.
 """
 
 import math
+import numbers
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
 from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
+from ampc.nn._common import cast_for_dtype as _cast_for_dtype
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
 from ampc.nn._common import is_number as _is_number, result_type as _result_type, shape_of as _shape_of
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
@@ -209,12 +211,12 @@ def _softmax_dim(op, input, dim):
 
 @autocast_op(name="softmax")
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
-    return _C._softmax(input, _softmax_dim("softmax", input, dim), False, dtype)
+    return _C._softmax(_cast_for_dtype(input, dtype), _softmax_dim("softmax", input, dim), False, dtype)
 
 
 @autocast_op(name="log_softmax")
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
-    return _C._softmax(input, _softmax_dim("log_softmax", input, dim), True, dtype)
+    return _C._softmax(_cast_for_dtype(input, dtype), _softmax_dim("log_softmax", input, dim), True, dtype)
 
 
 def softmax_backward(grad_output, output, dim, input_dtype=None):
@@ -492,10 +494,13 @@ def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduc
 
 def _dims(dim, op="sum", ndim=None):
     """dim (None, an int or a list or tuple of ints) as a tuple of ints, each checked against ndim
-    where given: int() took 1.5 for 1, a silent wrong answer."""
+    where given: int() took 1.5 for 1, a silent wrong answer. None or an empty list is every
+    dimension, as in torch."""
     if dim is None:
         return None
     dims = _as_ints(op, "dim", dim, "an int or a list or tuple of ints")
+    if not dims:
+        return None
     for d in dims if ndim is not None else ():
         _dim(op, d, ndim)  # the glue ops' range check and IndexError text
     return dims
@@ -503,14 +508,15 @@ def _dims(dim, op="sum", ndim=None):
 
 @autocast_op(name="sum")
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001 - torch's name
-    return _C._sum(input, _dims(dim), keepdim, 1.0, dtype=dtype)
+    return _C._sum(_cast_for_dtype(input, dtype), _dims(dim), keepdim, 1.0, dtype=dtype)
 
 
 def mean(input, dim=None, keepdim=False, *, dtype=None):
     shape = tuple(input.shape)
     dims = _dims(dim, "mean", len(shape))
     count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
-    return _C._sum(input, dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype, name="mean")
+    return _C._sum(_cast_for_dtype(input, dtype), dims, keepdim, 1.0 / count if count else math.nan, dtype=dtype,
+                   name="mean")
 
 
 def _sum_gradient(op, grad_output, input_shape, dim, keepdim, scale):
@@ -560,6 +566,8 @@ def log(input):
 @autocast_op(name="pow")
 def pow(input, exponent):  # noqa: A001 - torch's name
     if _is_number(exponent):
+        if not isinstance(exponent, numbers.Integral) and as_dtype(input.dtype).kind in "biu":
+            input = _C.cast(input, F32)  # integers to a float power: float32, as torch
         return _ew("pow_scalar", input, param=float(exponent), name="pow")
     return _ew("pow", input, exponent, names=("input", "exponent"))
 
