@@ -217,6 +217,13 @@ def test_the_remaining_ops_are_on_the_tape():
     check_grads(loss, [x, m1, m2, b, b1, b2, probs, image], rtol=1e-5)
 
 
+def test_bce_with_logits_pos_weight_on_the_tape():
+    rng = np.random.default_rng(9)
+    logits, target = param(rng, 4, 3), rng.random((4, 3))
+    pos_weight, weight = rng.random(3) * 3, rng.random(3) + 0.5
+    check_grads(lambda: F.binary_cross_entropy_with_logits(logits, target, weight, pos_weight=pos_weight), [logits])
+
+
 def test_every_public_op_is_recorded():
     from ampc.nn._differentiable import OPS
 

@@ -471,6 +471,34 @@ def test_pointwise_loss_backward(rng, name, fwd, bwd, per, weighted, reduction):
                      numeric_grad(lambda v: fwd(v, y, w, reduction=reduction), x.copy(), r), F64, rtol=1e-6)
 
 
+def _bce_pos_weight_reference(x, y, p, w=None):
+    """torch's documented form: -w [p y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))]."""
+    log_sig, log_one_minus = -np.logaddexp(0, -x), -np.logaddexp(0, x)
+    per = -(p * y * log_sig + (1 - y) * log_one_minus)
+    return per if w is None else per * w
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_bce_with_logits_pos_weight(rng, dtype, reduction, weighted):
+    """pos_weight (one per class, broadcast over the last dimension): the loss against torch's
+    documented form in float64, its gradient against finite differences."""
+    x, y = _loss_inputs(rng, "bce_with_logits", (6, 5), dtype)
+    p = (rng.random(5) * 3).astype(dtype)
+    w = (rng.random(5) + 0.5).astype(dtype) if weighted else None
+    want = ref.reduce(_bce_pos_weight_reference(f64(x), f64(y), f64(p), None if w is None else f64(w)), reduction)
+    got = F.binary_cross_entropy_with_logits(x, y, w, reduction=reduction, pos_weight=p)
+    assert got.dtype == dtype
+    assert_close(got, want, dtype, rtol=4 * ref.RTOL[dtype])
+    x, y, p = f64(x), f64(y), f64(p)
+    w = None if w is None else f64(w)
+    r = rng.standard_normal(np.shape(want))
+    fwd = lambda v: F.binary_cross_entropy_with_logits(v, y, w, reduction=reduction, pos_weight=p)  # noqa: E731
+    assert_close(F.binary_cross_entropy_with_logits_backward(r, x, y, w, reduction, pos_weight=p),
+                 numeric_grad(fwd, x.copy(), r), F64, rtol=1e-6)
+
+
 def test_loss_shape_mismatch():
     with pytest.raises(ValueError, match="same shape"):
         F.mse_loss(np.ones((3, 4), np.float32), np.ones((4,), np.float32))

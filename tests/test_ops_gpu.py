@@ -384,6 +384,22 @@ def test_pointwise_loss(name, fwd, bwd, top, reduction, dtype):
     close(bwd(g, x, y, reduction=reduction), want, dtype, rtol=4 * RTOL[dtype], what="backward")
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_bce_with_logits_pos_weight(reduction, dtype):
+    x, y = randn(37, 29, dtype=dtype), torch.rand(37, 29, device="cuda").to(dtype)
+    p, w = (torch.rand(29, device="cuda") * 3).to(dtype), (torch.rand(29, device="cuda") + 0.5).to(dtype)
+    fn = lambda v, t: TF.binary_cross_entropy_with_logits(v, t, w, reduction=reduction, pos_weight=p)  # noqa: E731
+    loss = F.binary_cross_entropy_with_logits(x, y, w, reduction=reduction, pos_weight=p)
+    scale = None if reduction == "none" else loss.double().abs().item() + 1
+    against(loss, fn, [x, y], dtype, rtol=4 * RTOL[dtype], scale=scale, what="forward")
+    g = randn(*loss.shape, dtype=dtype)
+    want = autograd(lambda v, t: TF.binary_cross_entropy_with_logits(v, t, w.double(), reduction=reduction,
+                                                                      pos_weight=p.double()), [x, y], g, wrt=(0,))[0]
+    got = F.binary_cross_entropy_with_logits_backward(g, x, y, w, reduction, pos_weight=p)
+    close(got, want, dtype, rtol=4 * RTOL[dtype], what="backward")
+
+
 # --------------------------------------------------------------------------------------------
 # Reductions
 # --------------------------------------------------------------------------------------------

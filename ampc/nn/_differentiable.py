@@ -126,9 +126,8 @@ def _bce_backward(a, saved, g, needs):
 
 
 def _bce_logits_backward(a, saved, g, needs):
-    if a["pos_weight"] is not None:
-        raise NotImplementedError("binary_cross_entropy_with_logits: pos_weight is not supported yet")
-    return (F.binary_cross_entropy_with_logits_backward(g, a["input"], a["target"], a["weight"], _reduction(a)),)
+    return (F.binary_cross_entropy_with_logits_backward(g, a["input"], a["target"], a["weight"], _reduction(a),
+                                                        a["pos_weight"]),)
 
 
 # -- reductions, pointwise maths --------------------------------------------------------------

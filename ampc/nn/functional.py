@@ -431,27 +431,55 @@ def l1_loss_backward(grad_output, input, target, reduction="mean"):
     return _pointwise_loss_backward("l1_loss", "abs_diff_grad", grad_output, input, target, reduction)
 
 
+def _pos_weight_term(op, kernel, input, target, pos_weight, dtype):
+    """What pos_weight p adds to binary_cross_entropy_with_logits's loss, (p - 1) t softplus(-x), or to
+    its gradient, (p - 1) t (sigmoid(x) - 1): torch's loss (1 - t) x + (1 + (p - 1) t) softplus(-x) is the
+    plain one plus this. kernel(x, 1) is the factor (the plain loss or gradient at target 1); computed
+    in dtype (the accumulation dtype)."""
+    names = ("input", "target", "pos_weight")
+    p_minus_1 = _ew("add", pos_weight, -1.0, dtype=dtype, name=op, names=names[2:])
+    factor = _ew(kernel, input, 1.0, dtype=dtype, name=op, names=names[:1])
+    return _ew("mul", p_minus_1, target, factor, dtype=dtype, name=op, names=(names[2], names[1], "input"))
+
+
 @autocast_op(name="binary_cross_entropy_with_logits")
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
                                      pos_weight=None):
     reduction = _legacy_reduction(size_average, reduce, reduction)
-    if pos_weight is not None:
-        raise NotImplementedError("binary_cross_entropy_with_logits: pos_weight is not supported yet")
-    if weight is None:
+    if weight is None and pos_weight is None:
         return _pointwise_loss("binary_cross_entropy_with_logits", "bce_logits", input, target, reduction)
     op = "binary_cross_entropy_with_logits"
     _check_reduction(op, reduction)
+    if tuple(input.shape) != tuple(target.shape):
+        raise ValueError(f"{op}: target has shape {tuple(target.shape)} but input has shape {tuple(input.shape)}; "
+                         f"give them the same shape")
     dtype = _result_type(op, (_floating_dtype(op, "input", input), _floating_dtype(op, "target", target)))
-    per_element = _ew("bce_logits", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype,
-                      name="binary_cross_entropy_with_logits", names=_WEIGHTED_LOSS_ARGUMENTS)
-    return _reduce("binary_cross_entropy_with_logits", per_element, reduction, dtype)
+    acc = _acc(dtype)
+    if pos_weight is None:
+        per_element = _ew("bce_logits", input, target, weight, dtype=acc if reduction != "none" else dtype, name=op,
+                          names=_WEIGHTED_LOSS_ARGUMENTS)
+    else:
+        per_element = _ew("add", _ew("bce_logits", input, target, dtype=acc, name=op, names=_LOSS_ARGUMENTS),
+                          _pos_weight_term(op, "bce_logits", input, target, pos_weight, acc), dtype=acc, name=op,
+                          names=("input", "pos_weight"))
+        if weight is not None:
+            per_element = _ew("mul", per_element, weight, dtype=acc, name=op, names=("input", "weight"))
+    return _reduce(op, per_element, reduction, dtype)
 
 
-def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight=None, reduction="mean"):
-    g = _pointwise_loss_backward("binary_cross_entropy_with_logits", "bce_logits_grad", grad_output, input, target,
-                                 reduction)
-    return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input),
-                                        name="binary_cross_entropy_with_logits_backward", names=("input", "weight"))
+def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight=None, reduction="mean",
+                                              pos_weight=None):
+    op = "binary_cross_entropy_with_logits"
+    g = _pointwise_loss_backward(op, "bce_logits_grad", grad_output, input, target, reduction)
+    if pos_weight is not None:  # the gradient's pos_weight term, times grad_output as the plain one
+        dtype = _floating_dtype(f"{op}_backward", "input", input)
+        term = _pos_weight_term(f"{op}_backward", "bce_logits_grad", input, target, pos_weight, _acc(dtype))
+        grad, factor = _reduction_grad(grad_output, tuple(input.shape), reduction)
+        g = _ew("add", g, _ew("mul", term, grad, scale=factor, dtype=_acc(dtype), name=f"{op}_backward",
+                                names=("pos_weight", "grad_output")),
+                dtype=dtype, name=f"{op}_backward", names=("input", "pos_weight"))
+    return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input), name=f"{op}_backward",
+                                        names=("input", "weight"))
 
 
 def _check_probabilities(op, input):
