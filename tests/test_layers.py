@@ -235,9 +235,11 @@ def sdpa_ref(q, k, v, mask=None, causal=False, scale=None):
         s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
     if mask is not None:
         s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + f64(mask)
+    dead = np.all(s == -np.inf, -1, keepdims=True)  # torch 2.5 on: a row attending to nothing is 0
+    s = np.where(dead, 0.0, s)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    return p @ v
+    return np.where(dead, 0.0, p) @ v
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -298,6 +300,38 @@ def test_sdpa_masks_scale_dropout(rng):
         F.scaled_dot_product_attention(q, k[..., :5], v)
     with pytest.raises(ValueError, match="positions"):
         F.scaled_dot_product_attention(q, k, v[:, :4])
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_sdpa_rows_that_attend_to_nothing_are_zero(rng, gqa):
+    """A query whose every key is masked (a boolean row of False, an additive row of -inf) gives 0, as
+    torch's since 2.5 (the softmax of -inf alone was NaN), its gradients 0 and nothing else moved."""
+    q, k, v = ref.random(rng, (2, 4 if gqa else 2, 5, 6), F64), ref.random(rng, (2, 2, 7, 6), F64), \
+        ref.random(rng, (2, 2, 7, 3), F64)
+    mask = rng.random((4 if gqa else 2, 5, 7)) > 0.3
+    mask[..., 0] = True
+    mask[1, 2] = False
+    mask[0, 4] = False
+    add = np.where(mask, 0.0, -np.inf) + np.where(mask, ref.random(rng, mask.shape, F64), 0.0)
+    for m in (mask, add):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=gqa)
+        assert_close(out, sdpa_ref(q, np.repeat(k, 2, 1) if gqa else k, np.repeat(v, 2, 1) if gqa else v, mask=m),
+                     F64, rtol=1e-12)
+        assert not np.isnan(out).any() and not out[:, 1, 2].any() and not out[:, 0, 4].any()
+        g = ref.random(rng, out.shape, F64)
+        probs = F._scaled_dot_product_attention_forward(q, k, v, attn_mask=m, enable_gqa=gqa)[1]
+        gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
+        assert not gq[:, 1, 2].any() and not gq[:, 0, 4].any()
+
+        def fn(t, which, args=(q, k, v)):
+            a = list(args)
+            a[which] = t
+            kk, vv = (np.repeat(a[1], 2, 1), np.repeat(a[2], 2, 1)) if gqa else (a[1], a[2])
+            return sdpa_ref(a[0], kk, vv, mask=m)
+
+        for got, which in ((gq, 0), (gk, 1), (gv, 2)):
+            want = numeric_grad(lambda t, w=which: fn(t, w), (q, k, v)[which].copy(), g)
+            np.testing.assert_allclose(got, want, atol=1e-7 * (1 + np.abs(want).max()))
 
 
 def test_sdpa_dropout_draws_its_mask_once(rng):

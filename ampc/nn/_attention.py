@@ -61,12 +61,17 @@ def _scale(query, scale):
 
 
 def _additive_mask(attn_mask):
-    """A boolean mask (True: attend) as 0 / -inf in float32; a float mask as it is."""
-    if str(attn_mask.dtype) in ("bool", "torch.bool"):
-        lib = _library(attn_mask)
-        zero = lib.zeros((), dtype=lib.float32) if lib.__name__ != "torch" else 0.0
-        return lib.where(attn_mask, zero, -math.inf)
-    return attn_mask
+    """(mask, live): a boolean mask (True: attend) as 0 / -inf in float32, a float mask as it is;
+    with the rows that attend to nothing (every key -inf) made 0 in it, and live (..., L, 1) 0 for
+    those rows and 1 for the rest. torch (2.5 on) gives such a row 0 where the softmax of -inf
+    alone is NaN: the probabilities are multiplied by live (the gradients then follow)."""
+    lib = _library(attn_mask)
+    torch = lib.__name__ == "torch"
+    zero = 0.0 if torch else lib.zeros((), dtype=lib.float32)
+    mask = lib.where(attn_mask, zero, -math.inf) if str(attn_mask.dtype) in ("bool", "torch.bool") else attn_mask
+    blocked = mask == -math.inf
+    dead = lib.all(blocked, dim=-1, keepdim=True) if torch else lib.all(blocked, axis=-1, keepdims=True)
+    return lib.where(dead, zero, mask), lib.where(dead, zero, 1.0 if torch else lib.ones((), dtype=lib.float32))
 
 
 # AMPC_FUSED_ATTENTION=0 composes every attention (as torch.backends.cuda.enable_flash_sdp(False)
@@ -146,17 +151,20 @@ def probabilities(query, key, attn_mask=None, is_causal=False, scale=None, enabl
     by_head = tuple(key.shape[:-2]) + (groups, query.shape[-2], key.shape[-2])  # (..., H, G, L, S)
     if groups > 1:
         scores = reshape(scores, by_head)  # each query head's L rows: the causal mask counts from 0
+    live = None
     if attn_mask is not None:
-        scores = _C._ew(_OPS["add"], scores, _grouped_mask(attn_mask, groups), dtype=_acc(dtype))
+        mask, live = (_grouped(m, groups) for m in _additive_mask(attn_mask))
+        scores = _C._ew(_OPS["add"], scores, mask, dtype=_acc(dtype))
     probs = _C._softmax(scores, -1, False, dtype, causal=bool(is_causal))
+    if live is not None:
+        probs = _C._ew(_OPS["mul"], probs, live, dtype=dtype)
     if groups > 1:
         probs = reshape(probs, tuple(q.shape[:-1]) + (key.shape[-2],))
     return probs
 
 
-def _grouped_mask(attn_mask, groups):
-    """The additive mask, shaped to broadcast over (..., H, G, L, S) scores when heads are grouped."""
-    mask = _additive_mask(attn_mask)
+def _grouped(mask, groups):
+    """A mask (or its live rows), shaped to broadcast over (..., H, G, L, S) scores when heads are grouped."""
     if groups == 1:
         return mask
     shape = tuple(mask.shape)
