@@ -163,11 +163,17 @@ static int matmul_shape(const char *op, const ampc_view *x, const ampc_view *y, 
 
 /* The epilogue in one elementwise pass: out = alpha * (r + beta/alpha * c)
  * (c broadcast; a bias is c with beta 1), or alpha * r, rounded to out's
- * dtype. */
+ * dtype. As BLAS (and so torch, and the GPU's cuBLASLt): beta 0 reads no c,
+ * alpha 0 no product, so their NaN and inf do not reach the result. */
 static int epilogue(ampc_op_args *a, const ampc_view *r, const ampc_view *c, const ampc_view *bias, double alpha,
                     double beta, const ampc_view *out)
 {
     ampc_ew e = {.op = AMPC_EW_COPY, .param = 1.0, .scale = 1.0, .ndim = out->ndim, .nin = 1, .numel = out->numel};
+    if (c != NULL && beta == 0.0) {
+        if (ampc_op_broadcast_strides(a->op, "input", c, out->ndim, out->shape, e.strides[1]) < 0)
+            return -1;  /* still the shape it must have */
+        c = NULL;
+    }
     for (int d = 0; d < out->ndim; d++) {
         e.shape[d] = out->shape[d];
         e.strides[0][d] = r->strides[d] / ampc_dtype_size(r->dtype);
@@ -198,6 +204,9 @@ static int epilogue(ampc_op_args *a, const ampc_view *r, const ampc_view *c, con
             e.param = beta / alpha;
             e.scale = alpha;
         }
+    }
+    else if (alpha == 0.0) {
+        e.in[0].data = NULL;  /* the constant e.value[0], 0 */
     }
     else {
         e.scale = alpha;

@@ -643,6 +643,21 @@ def test_mm_bmm_addmm_baddbmm(rng):
                      scale=np.abs(f64(x)) @ np.abs(f64(y)) + np.abs(f64(z)))
 
 
+def test_beta_or_alpha_zero_reads_nothing_of_its_term(rng):
+    """As BLAS and torch: beta=0 ignores input (its NaN and inf do not reach the result), alpha=0
+    the product; input must still broadcast."""
+    a, b = ref.random(rng, (3, 4), F32), ref.random(rng, (4, 5), F32)
+    nan = np.full((3, 5), np.nan, F32)
+    assert_close(F.addmm(nan, a, b, beta=0), f64(a) @ f64(b), F32, scale=_mm_scale(a, b))
+    assert_close(F.baddbmm(nan[None], a[None], b[None], beta=0, alpha=2), 2 * (f64(a) @ f64(b))[None], F32,
+                 scale=2 * _mm_scale(a, b))
+    c = ref.random(rng, (5,), F32)
+    assert_close(F.addmm(c, a, np.full((4, 5), np.inf, F32), alpha=0, beta=3), np.broadcast_to(3 * f64(c), (3, 5)), F32)
+    assert not F.addmm(nan, a, np.full((4, 5), np.inf, F32), alpha=0, beta=0).any()
+    with pytest.raises(ValueError, match="addmm: input of size 4 cannot be broadcast to size 5"):
+        F.addmm(np.ones(4, F32), a, b, beta=0)
+
+
 def test_matmul_rounds_once_in_low_precision(rng):
     """bfloat16 in, bfloat16 out: the float32 product rounded once, not bfloat16 partial sums."""
     a, b = ref.random(rng, (8, 512), BF16), ref.random(rng, (512, 8), BF16)

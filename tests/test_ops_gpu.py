@@ -499,6 +499,9 @@ def test_mm_bmm_addmm_baddbmm():
                 scale=2 * mm_scale(a, b) + c.double().abs(), what="addmm")
         against(F.addmm(c, a, b), torch.addmm, [c, a, b], dtype, scale=mm_scale(a, b) + c.double().abs(),
                 what="addmm bias")
+        nan = torch.full((3, 5), float("nan"), device="cuda", dtype=dtype)  # beta 0 reads nothing of input
+        against(F.addmm(nan, a, b, beta=0), lambda c_, a_, b_: torch.addmm(c_, a_, b_, beta=0), [nan, a, b], dtype,
+                scale=mm_scale(a, b), what="addmm beta 0")
         c2 = randn(3, 5, dtype=dtype)
         against(F.addmm(c2, a, b, beta=-1), lambda c_, a_, b_: torch.addmm(c_, a_, b_, beta=-1), [c2, a, b], dtype,
                 scale=mm_scale(a, b) + c2.double().abs(), what="addmm matrix")
