@@ -217,6 +217,23 @@ def test_the_remaining_ops_are_on_the_tape():
     check_grads(loss, [x, m1, m2, b, b1, b2, probs, image], rtol=1e-5)
 
 
+@pytest.mark.parametrize("gqa", [False, True])
+def test_a_learned_attention_bias_gets_its_gradient(gqa):
+    """An additive attn_mask that needs a gradient (T5's and Swin's relative position biases): the
+    scores' gradient summed over the dimensions the mask was broadcast along."""
+    rng = np.random.default_rng(10)
+    q = param(rng, 2, 4, 5, 3)
+    k, v = param(rng, 2, 2 if gqa else 4, 6, 3), param(rng, 2, 2 if gqa else 4, 6, 2)
+    per_head, shared = param(rng, 1, 4, 5, 6), param(rng, 5, 6)
+
+    def loss():
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=per_head, enable_gqa=gqa)
+        out = out + F.scaled_dot_product_attention(q, k, v, attn_mask=shared, enable_gqa=gqa)
+        return F.sum(out * out)
+
+    check_grads(loss, [q, k, v, per_head, shared])
+
+
 def test_bce_with_logits_pos_weight_on_the_tape():
     rng = np.random.default_rng(9)
     logits, target = param(rng, 4, 3), rng.random((4, 3))

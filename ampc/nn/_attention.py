@@ -200,6 +200,13 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, probs,
     """(grad_query, grad_key, grad_value) from the forward's probs and dropout_state (_forward);
     in the inputs' dtype, each product accumulated in float32. Grouped queries (more query heads
     than key heads) are read off the shapes."""
+    return backward_with_scores(grad_output, query, key, value, probs, dropout_p, scale, dropout_state)[:3]
+
+
+def backward_with_scores(grad_output, query, key, value, probs, dropout_p=0.0, scale=None, dropout_state=None):
+    """scaled_dot_product_attention_backward's gradients and the scores' (q @ k^T * scale + mask),
+    shaped (..., query heads, L, S): an additive mask's gradient is theirs, summed over the
+    dimensions it was broadcast along."""
     scale = _scale(query, scale)
     dtype = floating_dtype("scaled_dot_product_attention_backward", "query", query)
     grouped = tuple(query.shape[:-2]) != tuple(key.shape[:-2])
@@ -218,4 +225,5 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, probs,
     grad_key = _C._matmul(grad_scores, q, transpose_a=True, alpha=scale, op=op)
     if grouped:
         grad_query = reshape(grad_query, tuple(query.shape))
-    return grad_query, grad_key, grad_value
+        grad_scores = reshape(grad_scores, tuple(query.shape[:-1]) + (key.shape[-2],))
+    return grad_query, grad_key, grad_value, grad_scores

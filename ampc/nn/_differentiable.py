@@ -8,6 +8,7 @@ arguments as autocast already cast them, so it calls the op's body (``raw``), no
 """
 
 from ampc import _C
+from ampc._C import as_dtype
 from ampc.autograd import differentiable
 from ampc.nn import functional as F
 from ampc.nn import _attention, _embedding, _glue, _spatial
@@ -276,14 +277,21 @@ def _attention_forward(a):
 
 
 def _attention_backward(a, state, g, needs):
-    if isinstance(state, _attention.Fused):
+    if isinstance(state, _attention.Fused):  # no mask: the fused kernels take none
         grads = _attention.fused_backward(g, a["query"], a["key"], a["value"], state, a["is_causal"], a["scale"])
         if grads is not None:
-            return grads
+            return grads + (None,)
         state = state.dropout_state  # composed: the same mask, from its (seed, offset)
     probs = _attention.probabilities(a["query"], a["key"], a["attn_mask"], a["is_causal"], a["scale"], a["enable_gqa"])
-    return _attention.scaled_dot_product_attention_backward(g, a["query"], a["key"], a["value"], probs,
-                                                            a["dropout_p"], a["scale"], state)
+    *grads, grad_scores = _attention.backward_with_scores(g, a["query"], a["key"], a["value"], probs, a["dropout_p"],
+                                                          a["scale"], state)
+    mask = a["attn_mask"]
+    grad_mask = None
+    if needs[3]:  # an additive mask that is learned (T5's, Swin's relative position biases)
+        grad_mask = F._unbroadcast(grad_scores, tuple(mask.shape))
+        if as_dtype(grad_mask.dtype) != as_dtype(mask.dtype):
+            grad_mask = _C.cast(grad_mask, mask.dtype)
+    return (*grads, grad_mask)
 
 
 def _to_shape_of_input(a, saved, g, needs):
@@ -397,7 +405,7 @@ def _ops():
         "embedding": differentiable(_embedding.embedding, ("weight",), _plain_forward(_embedding.embedding),
                                     _embedding_backward),
         "scaled_dot_product_attention": differentiable(
-            _attention.scaled_dot_product_attention, ("query", "key", "value"), _attention_forward,
+            _attention.scaled_dot_product_attention, ("query", "key", "value", "attn_mask"), _attention_forward,
             _attention_backward),
         "reshape": differentiable(_glue.reshape, ("input",), _plain_forward(_glue.reshape), _to_shape_of_input),
         "flatten": differentiable(_glue.flatten, ("input",), _plain_forward(_glue.flatten), _to_shape_of_input),
