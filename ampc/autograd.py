@@ -398,6 +398,9 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
             # one source per differentiable array: a list argument (cat's tensors) gives one each
             values = [v for n in grad_args for v in (arguments[n] if isinstance(arguments[n], (list, tuple))
                                                      else (arguments[n],))]
+            # an argument the op has no gradient for, that needs one (a loss's class weights): torch's
+            # error when the backward reaches it, not a gradient left out without a word
+            missing = next((n for n in arguments if n not in grad_args and _needs_grad(arguments[n])), None)
             sources = tuple(_source(v) for v in values)
             dtypes = tuple(getattr(_array(v), "dtype", None) for v in values)
             for key, value in arguments.items():
@@ -417,7 +420,8 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
                 if _widened(original, arguments[n]):
                     arguments[n] = _array(original)
             outputs = len(output) if isinstance(output, tuple) else 1
-            node = Node(name, backward, arguments, saved, sources, dtypes, outputs)
+            node = Node(name, backward if missing is None else _not_implemented(missing), arguments, saved, sources,
+                        dtypes, outputs)
             if isinstance(output, tuple):
                 return tuple(Tensor(o, node, i) for i, o in enumerate(output))
             if isinstance(in_place, Tensor):
@@ -434,6 +438,12 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
 
     call.raw = op
     return call
+
+
+def _not_implemented(name):
+    def backward(args, saved, grads, needs):
+        raise RuntimeError(f"the derivative for '{name}' is not implemented.")  # torch's text
+    return backward
 
 
 # -- running the tape backwards ---------------------------------------------------------------

@@ -234,6 +234,36 @@ def test_a_learned_attention_bias_gets_its_gradient(gqa):
     check_grads(loss, [q, k, v, per_head, shared])
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_soft_targets_get_their_gradients(reduction):
+    """Probability targets of cross_entropy (label smoothing, class weights, spatial), and the targets
+    of binary_cross_entropy and its _with_logits form (weights, pos_weight), as torch differentiates
+    them."""
+    rng = np.random.default_rng(11)
+    logits, probs = param(rng, 3, 4, 2), ampc.nn.Parameter(rng.random((3, 4, 2)) * 0.8 + 0.1)
+    soft = ampc.nn.Parameter(rng.random((3, 4, 2)))
+    weight, pos_weight = rng.random(2) + 0.5, rng.random(2) * 3
+
+    def loss():
+        parts = [F.cross_entropy(logits, soft, rng_weight, reduction=reduction, label_smoothing=0.2),
+                 F.binary_cross_entropy(probs, soft, weight, reduction=reduction),
+                 F.binary_cross_entropy_with_logits(logits, soft, weight, reduction=reduction, pos_weight=pos_weight)]
+        return sum(F.sum(p * p) if reduction == "none" else p for p in parts[1:]) + F.sum(parts[0] * 1.5)
+
+    rng_weight = rng.random(4) + 0.5
+    check_grads(loss, [logits, probs, soft])
+
+
+def test_an_argument_without_a_derivative_is_an_error_not_a_silent_none():
+    """A class weight that needs a gradient: torch's RuntimeError when backward reaches the loss
+    (it was left without a gradient, the model training on without it)."""
+    rng = np.random.default_rng(12)
+    logits, weight = param(rng, 3, 4), ampc.nn.Parameter(rng.random(4) + 0.5)
+    loss = F.cross_entropy(logits, np.array([0, 1, 3]), weight)
+    with pytest.raises(RuntimeError, match="the derivative for 'weight' is not implemented"):
+        loss.backward()
+
+
 def test_bce_with_logits_pos_weight_on_the_tape():
     rng = np.random.default_rng(9)
     logits, target = param(rng, 4, 3), rng.random((4, 3))

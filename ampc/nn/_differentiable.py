@@ -107,8 +107,11 @@ def _cross_entropy_forward(a):
 
 
 def _cross_entropy_backward(a, saved, g, needs):
-    return (F.cross_entropy_backward(g, a["input"], a["target"], a["weight"], a["ignore_index"], _reduction(a),
-                                     a["label_smoothing"], lse=saved[0], denom=saved[1]),)
+    grad_input = F.cross_entropy_backward(g, a["input"], a["target"], a["weight"], a["ignore_index"], _reduction(a),
+                                          a["label_smoothing"], lse=saved[0], denom=saved[1]) if needs[0] else None
+    grad_target = F._cross_entropy_target_grad(g, a["input"], a["target"], a["weight"], _reduction(a),
+                                               a["label_smoothing"]) if needs[1] else None
+    return grad_input, grad_target
 
 
 def _nll_loss_backward(a, saved, g, needs):
@@ -123,12 +126,19 @@ def _pointwise_loss_backward(backward):
 
 
 def _bce_backward(a, saved, g, needs):
-    return (F.binary_cross_entropy_backward(g, a["input"], a["target"], a["weight"], _reduction(a)),)
+    grad_input = F.binary_cross_entropy_backward(g, a["input"], a["target"], a["weight"], _reduction(a)) \
+        if needs[0] else None
+    grad_target = F._bce_target_grad("bce", "binary_cross_entropy_backward", g, a["input"], a["target"], a["weight"],
+                                     _reduction(a)) if needs[1] else None
+    return grad_input, grad_target
 
 
 def _bce_logits_backward(a, saved, g, needs):
-    return (F.binary_cross_entropy_with_logits_backward(g, a["input"], a["target"], a["weight"], _reduction(a),
-                                                        a["pos_weight"]),)
+    grad_input = F.binary_cross_entropy_with_logits_backward(g, a["input"], a["target"], a["weight"], _reduction(a),
+                                                             a["pos_weight"]) if needs[0] else None
+    grad_target = F._bce_target_grad("bce_logits", "binary_cross_entropy_with_logits_backward", g, a["input"],
+                                     a["target"], a["weight"], _reduction(a), a["pos_weight"]) if needs[1] else None
+    return grad_input, grad_target
 
 
 # -- reductions, pointwise maths --------------------------------------------------------------
@@ -372,7 +382,8 @@ def _ops():
                                      _group_norm_backward),
         "batch_norm": differentiable(sp.batch_norm, ("input", "weight", "bias"), _batch_norm_forward,
                                      _batch_norm_backward),
-        "cross_entropy": differentiable(F.cross_entropy, ("input",), _cross_entropy_forward, _cross_entropy_backward,
+        "cross_entropy": differentiable(F.cross_entropy, ("input", "target"), _cross_entropy_forward,
+                                        _cross_entropy_backward,
                                         keep_uncast=("input",)),
         "nll_loss": differentiable(F.nll_loss, ("input",), _plain_forward(F.nll_loss), _nll_loss_backward),
         "mse_loss": differentiable(F.mse_loss, ("input", "target"), _plain_forward(F.mse_loss),
@@ -380,8 +391,8 @@ def _ops():
         "l1_loss": differentiable(F.l1_loss, ("input", "target"), _plain_forward(F.l1_loss),
                                   _pointwise_loss_backward(F.l1_loss_backward)),
         "binary_cross_entropy_with_logits": differentiable(
-            F.binary_cross_entropy_with_logits, ("input",), _plain_forward(F.binary_cross_entropy_with_logits),
-            _bce_logits_backward),
+            F.binary_cross_entropy_with_logits, ("input", "target"),
+            _plain_forward(F.binary_cross_entropy_with_logits), _bce_logits_backward),
         "sum": differentiable(F.sum, ("input",), _plain_forward(F.sum), _sum_backward),
         "mean": differentiable(F.mean, ("input",), _plain_forward(F.mean), _mean_backward),
         "exp": differentiable(F.exp, ("input",), _keeping_output(F.exp), lambda a, out, g, n: (F.exp_backward(g, out),)),
@@ -421,7 +432,7 @@ def _ops():
         "addmm": differentiable(F.addmm, ("input", "mat1", "mat2"), _plain_forward(F.addmm), _addmm_backward),
         "baddbmm": differentiable(F.baddbmm, ("input", "batch1", "batch2"), _plain_forward(F.baddbmm),
                                   _addmm_backward),
-        "binary_cross_entropy": differentiable(F.binary_cross_entropy, ("input",),
+        "binary_cross_entropy": differentiable(F.binary_cross_entropy, ("input", "target"),
                                                _plain_forward(F.binary_cross_entropy), _bce_backward),
         "max_pool2d_with_indices": differentiable(
             sp.max_pool2d_with_indices, ("input",),

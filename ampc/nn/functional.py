@@ -362,6 +362,26 @@ def cross_entropy_backward(grad_output, input, target, weight=None, ignore_index
                                       float(label_smoothing), reduction, False)
 
 
+def _cross_entropy_target_grad(grad_output, input, target, weight=None, reduction="mean", label_smoothing=0.0):
+    """The gradient of cross_entropy with respect to probability targets, in target's dtype:
+    -(1 - label_smoothing) * weight[c] * log_softmax(input)[c] times grad_output (each row's for
+    'none'; over the rows for 'mean', as torch divides a probability target's loss)."""
+    op = "cross_entropy_backward"
+    dtype = _floating_dtype(op, "target", target)
+    shape = tuple(input.shape)
+    class_dim = 1 if len(shape) > 1 else 0
+    log_probs = _C._softmax(input, class_dim, True, _acc(dtype))
+    rows = _numel(input) // shape[class_dim] if shape[class_dim] else 0
+    if reduction == "none" and class_dim == 1:
+        grad_output = _glue_reshape(grad_output, shape[:1] + (1,) + shape[2:])
+    scale = -(1.0 - float(label_smoothing)) / (rows if reduction == "mean" and rows else 1.0)
+    if weight is None:
+        return _ew("mul", log_probs, grad_output, scale=scale, dtype=dtype, name=op, names=("input", "grad_output"))
+    weight = _glue_reshape(weight, (shape[class_dim],) + (1,) * (len(shape) - class_dim - 1))
+    return _ew("mul", log_probs, grad_output, weight, scale=scale, dtype=dtype, name=op,
+               names=("input", "grad_output", "weight"))
+
+
 @autocast_op(name="nll_loss")
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     """input (N, C, d1, ...) log-probabilities; target class indices."""
@@ -480,6 +500,24 @@ def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight
                 dtype=dtype, name=f"{op}_backward", names=("input", "pos_weight"))
     return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input), name=f"{op}_backward",
                                         names=("input", "weight"))
+
+
+def _bce_target_grad(kernel, op, grad_output, input, target, weight, reduction, pos_weight=None):
+    """The gradient of binary_cross_entropy (kernel "bce") or of its _with_logits form ("bce_logits")
+    with respect to target, in target's dtype: the loss at target 1 less the loss at target 0 (it is
+    linear in the target): log(1 - p) - log(p), logs clamped at -100 as torch's; -x for logits, plus
+    (pos_weight - 1) softplus(-x) with a pos_weight. Times grad_output (over the elements for 'mean')
+    and weight."""
+    dtype = _floating_dtype(op, "target", target)
+    acc = _acc(dtype)
+    grad, factor = _reduction_grad(grad_output, tuple(input.shape), reduction)
+    slope = _ew("add", _ew(kernel, input, 1.0, dtype=acc, name=op), _ew(kernel, input, 0.0, dtype=acc, name=op),
+                param=-1.0, dtype=acc, name=op)
+    if pos_weight is not None:
+        slope = _ew("add", slope, _pos_weight_term(op, kernel, input, 1.0, pos_weight, acc), dtype=acc, name=op)
+    slope = _ew("mul", slope, grad, scale=factor, dtype=acc if weight is not None else dtype, name=op,
+                names=("input", "grad_output"))
+    return slope if weight is None else _ew("mul", slope, weight, dtype=dtype, name=op, names=("input", "weight"))
 
 
 def _check_probabilities(op, input):
