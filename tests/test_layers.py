@@ -152,6 +152,23 @@ def test_embedding_backward(rng, dtype, padding_idx):
         np.testing.assert_allclose(F.embedding_backward(r, idx, num, padding_idx), num_g, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+def test_embedding_scale_grad_by_freq(rng, dtype):
+    """Each row's gradient divided by how often its index occurs in the batch, as torch; on the tape too."""
+    idx = rng.integers(0, 6, (4, 5))
+    idx[0, :3] = 2
+    dy = ref.random(rng, (4, 5, 3), dtype)
+    plain = F.embedding_backward(dy, idx, 6)
+    counts = np.maximum(np.bincount(idx.reshape(-1), minlength=6), 1)[:, None]
+    got = F.embedding_backward(dy, idx, 6, scale_grad_by_freq=True)
+    assert got.dtype == dtype
+    quotient = plain.astype(F32) / counts.astype(F32)  # in float32, rounded once to dtype: the kernel's
+    np.testing.assert_array_equal(f64(got), f64(quotient.astype(dtype)))
+    w = ampc.nn.Parameter(ref.random(rng, (6, 3), F64))
+    F.sum(F.mul(F.embedding(idx, w, scale_grad_by_freq=True), f64(dy))).backward()
+    np.testing.assert_allclose(w.grad, F.embedding_backward(f64(dy), idx, 6) / counts, rtol=1e-15)
+
+
 def test_embedding_bad_input(rng):
     w = ref.random(rng, (5, 3), F32)
     with pytest.raises(ValueError, match="index 5, outside the 5 rows"):

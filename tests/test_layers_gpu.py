@@ -45,6 +45,9 @@ def test_embedding(dtype):
         # the CPU sums each row over its positions in the same order: the same bits
         cpu = F.embedding_backward(numpy_of(dy), idx.cpu().numpy(), 50, padding_idx)
         assert torch.equal(bits(gw), bits(cpu)), "GPU and CPU embedding gradients differ"
+    want = autograd(lambda v: TF.embedding(idx, v, scale_grad_by_freq=True), [w], dy)[0]
+    close(F.embedding_backward(dy, idx, 50, scale_grad_by_freq=True), want, dtype,
+          scale=dy.double().abs().max().item() * 4, what="embedding grad scaled by frequency")
 
 
 def test_embedding_out_of_range_is_nan():

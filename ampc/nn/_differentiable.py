@@ -278,7 +278,8 @@ def _avg_pool_backward(a, saved, g, needs):
 
 
 def _embedding_backward(a, saved, g, needs):
-    return (_embedding.embedding_backward(g, a["input"], a["weight"].shape[0], a["padding_idx"]),)
+    return (_embedding.embedding_backward(g, a["input"], a["weight"].shape[0], a["padding_idx"],
+                                          a["scale_grad_by_freq"]),)
 
 
 def _attention_forward(a):

@@ -2,7 +2,8 @@
 (torch's autocast lists neither)."""
 
 from ampc import _C, random
-from ampc.nn._common import as_int, in_place, is_number, numel as _numel, shape_of as _shape_of
+from ampc.nn._common import OPS, as_int, in_place, is_number, numel as _numel, shape_of as _shape_of
+from ampc.nn._glue import _library
 
 
 def _padding_index(op, padding_idx, num):
@@ -20,8 +21,8 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     """The rows of weight (num_embeddings, embedding_dim) that input's integers name, shaped
     input.shape + (embedding_dim,). An index outside the table raises ValueError on the CPU and
     gives a row of NaN on a GPU (looking would wait for the device)."""
-    if scale_grad_by_freq or sparse:
-        raise NotImplementedError("embedding: scale_grad_by_freq and sparse are not supported")
+    if sparse:
+        raise NotImplementedError("embedding: sparse gradients are not supported")
     if len(weight.shape) == 2:
         _padding_index("embedding", padding_idx, weight.shape[0])
     if max_norm is not None:
@@ -56,13 +57,32 @@ def renorm_(weight, input, max_norm, norm_type=2.0):
         weight.bump_version()  # autocast's cached copies of it are stale
 
 
-def embedding_backward(grad_output, input, num_weights, padding_idx=None):
+def embedding_backward(grad_output, input, num_weights, padding_idx=None, scale_grad_by_freq=False):
     """grad_weight (num_weights, embedding_dim) in grad_output's dtype: each row the sum of the
     gradients of the positions that named it, added in position order (the same bits on the CPU
-    and a GPU); the row padding_idx gets none."""
+    and a GPU); the row padding_idx gets none. scale_grad_by_freq divides each row by the count of
+    its index in input, as torch."""
     num_weights = as_int("embedding_backward", "num_weights", num_weights)
-    return _C._embedding_backward(grad_output, input, num_weights,
+    grad = _C._embedding_backward(grad_output, input, num_weights,
                                   _padding_index("embedding_backward", padding_idx, num_weights))
+    if not scale_grad_by_freq:
+        return grad
+    return _C._ew(OPS["div"], grad, _index_counts(input, num_weights), dtype=grad.dtype, name="embedding_backward",
+                  names=("grad_output", "input"))
+
+
+def _index_counts(input, n):
+    """How often each of 0 .. n-1 occurs in input (at least 1: rows never named have no gradient to
+    scale), as an (n, 1) integer array of input's library."""
+    lib = _library(input)
+    flat = lib.reshape(input, (-1,))
+    if lib.__name__ == "torch":
+        counts = lib.bincount(flat, minlength=n)
+    elif lib.__name__.startswith("jax"):
+        counts = lib.bincount(flat, length=n)
+    else:
+        counts = lib.bincount(flat, minlength=n)
+    return lib.reshape(lib.maximum(counts, 1), (n, 1))
 
 
 def _check_p(p, op="dropout"):
