@@ -122,3 +122,28 @@ def test_numpy_and_torch_parameters_step_alike():
     for o in (optim.Adam([p], lr=0.1), optim.Adam([q], lr=0.1)):
         o.step()
     assert np.array_equal(p.data, q.data.numpy())
+
+
+# Where ampc's constructors differ from torch.nn's on purpose: private arguments, and the bias
+# switch newer torch adds to its norms (their bias is always there in ampc, as in torch by default).
+_NOT_TAKEN = {"Embedding": {"_weight", "_freeze"}, "BatchNorm1d": {"bias"}, "BatchNorm2d": {"bias"},
+              "GroupNorm": {"bias"}}
+
+
+def test_module_constructors_take_torch_s_arguments_and_defaults():
+    import inspect
+
+    from ampc import nn
+
+    checked = 0
+    for name in nn.__all__:
+        theirs = getattr(torch.nn, name, None)
+        if theirs is None or not isinstance(theirs, type) or name in ("Module", "Parameter", "Sequential"):
+            continue
+        ours = getattr(nn, name)
+        want = {k: p.default for k, p in inspect.signature(theirs.__init__).parameters.items()
+                if k not in ("self", "args", "kwargs", "device", "dtype") and k not in _NOT_TAKEN.get(name, ())}
+        got = {k: p.default for k, p in inspect.signature(ours.__init__).parameters.items() if k != "self"}
+        assert list(got) == list(want) and all(repr(got[k]) == repr(want[k]) for k in want), name
+        checked += 1
+    assert checked >= 29

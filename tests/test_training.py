@@ -349,3 +349,74 @@ def test_containers_take_modules_only():
     assert len(seq) == 1 and list(seq.state_dict()) == []
     seq.add_module("tail", nn.Linear(2, 2))
     assert len(seq) == 2 and sorted(seq.state_dict()) == ["tail.bias", "tail.weight"]
+
+
+def test_the_remaining_layers_run_their_functional_ops():
+    """Each module beyond issue 6's list is its functional op with torch's arguments and defaults."""
+    rng = np.random.default_rng(13)
+    x4, x3 = rng.standard_normal((2, 4, 6, 6)).astype(np.float32), rng.standard_normal((2, 4, 9)).astype(np.float32)
+    ampc.manual_seed(6)
+    conv1 = nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2)
+    bound = 1 / np.sqrt(2 * 3)
+    assert conv1.weight.shape == (6, 2, 3) and np.abs(conv1.weight.data).max() <= bound
+    assert np.abs(conv1.bias.data).max() <= bound
+    cases = [
+        (conv1, x3, lambda v: F.conv1d(v, conv1.weight.data, conv1.bias.data, 2, 1, 1, 2)),
+        (nn.Conv1d(4, 3, 4, padding="same", bias=False), x3, None),
+        (nn.GroupNorm(2, 4), x4, lambda v: F.group_norm(v, 2)),
+        (nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), x4,
+         lambda v: F.avg_pool2d(v, 3, 2, 1, True, False)),
+        (nn.SiLU(), x4, F.silu), (nn.Sigmoid(), x4, F.sigmoid), (nn.Tanh(), x4, F.tanh),
+        (nn.Softmax(dim=1), x4, lambda v: F.softmax(v, 1)), (nn.LogSoftmax(dim=-1), x4, lambda v: F.log_softmax(v, -1)),
+    ]
+    for module, x, fn in cases:
+        got = module(x)
+        if fn is not None:
+            np.testing.assert_array_equal(got, fn(x), err_msg=type(module).__name__)
+    indices = nn.MaxPool2d(2, return_indices=True)(x4)
+    assert isinstance(indices, tuple) and np.array_equal(indices[0], F.max_pool2d(x4, 2))
+    with pytest.raises(NotImplementedError, match="padding_mode 'reflect' is not supported"):
+        nn.Conv2d(2, 2, 3, padding_mode="reflect")
+
+
+def test_batch_norm_1d_and_the_cumulative_average():
+    """BatchNorm1d takes (N, C) and (N, C, L); momentum=None averages every batch seen equally."""
+    rng = np.random.default_rng(14)
+    bn = nn.BatchNorm1d(3, momentum=None)
+    batches = [rng.standard_normal((8, 3, 5)) * (i + 1) + i for i in range(3)]
+    for b in batches:
+        bn(b)
+    means = [b.mean(axis=(0, 2)) for b in batches]
+    np.testing.assert_allclose(bn.running_mean, np.mean(means, axis=0), rtol=1e-5)
+    assert int(bn.num_batches_tracked) == 3
+    assert bn(rng.standard_normal((4, 3))).shape == (4, 3)
+    with pytest.raises(ValueError, match=r"expected 2D or 3D input \(got 4D input\)"):
+        bn(rng.standard_normal((2, 3, 4, 4)))
+
+
+def test_the_remaining_losses_and_their_legacy_arguments():
+    rng = np.random.default_rng(15)
+    x, t = rng.standard_normal((5, 3)), rng.random((5, 3))
+    idx = np.array([0, 2, 1, 1, 0])
+    w, pw = rng.random(3) + 0.5, rng.random(3) * 2
+    log_p = F.log_softmax(x, 1)
+    assert np.array_equal(nn.NLLLoss(w, ignore_index=1)(log_p, idx), F.nll_loss(log_p, idx, w, ignore_index=1))
+    assert np.array_equal(nn.L1Loss(reduction="sum")(x, t), F.l1_loss(x, t, reduction="sum"))
+    p = 1 / (1 + np.exp(-x))
+    assert np.array_equal(nn.BCELoss(w)(p, t), F.binary_cross_entropy(p, t, w))
+    assert np.array_equal(nn.BCEWithLogitsLoss(w, pos_weight=pw)(x, t),
+                          F.binary_cross_entropy_with_logits(x, t, w, pos_weight=pw))
+    assert nn.MSELoss(size_average=False)(x, t).shape == () and nn.MSELoss(reduce=False)(x, t).shape == (5, 3)
+    loss = nn.CrossEntropyLoss(w)
+    assert list(loss.state_dict()) == ["weight"] and list(nn.CrossEntropyLoss().state_dict()) == []  # a buffer
+    assert np.array_equal(loss(x, idx), F.cross_entropy(x, idx, w))
+
+
+def test_module_dict():
+    d = nn.ModuleDict({"a": nn.Linear(2, 3), "b": nn.ReLU()})
+    d["c"] = nn.Linear(3, 1)
+    assert list(d) == ["a", "b", "c"] and "b" in d and len(d) == 3
+    assert sorted(d.state_dict()) == ["a.bias", "a.weight", "c.bias", "c.weight"]
+    assert len(list(d.parameters())) == 4 and d.pop("b").__class__ is nn.ReLU and list(d.keys()) == ["a", "c"]
+    with pytest.raises(TypeError, match="int is not a Module subclass"):
+        d["x"] = 3

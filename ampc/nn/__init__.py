@@ -3,27 +3,38 @@
 from ampc.nn import functional
 from ampc.nn.modules import (
     AdaptiveAvgPool2d,
+    AvgPool2d,
+    BCELoss,
+    BCEWithLogitsLoss,
+    BatchNorm1d,
     BatchNorm2d,
+    Conv1d,
     Conv2d,
     CrossEntropyLoss,
     Dropout,
     Embedding,
     Flatten,
     GELU,
+    GroupNorm,
     Identity,
+    L1Loss,
     LayerNorm,
     Linear,
+    LogSoftmax,
     MSELoss,
     MaxPool2d,
     Module,
+    ModuleDict,
     ModuleList,
+    NLLLoss,
     Parameter,
     ReLU,
     Sequential,
+    SiLU,
+    Sigmoid,
+    Softmax,
+    Tanh,
 )
+from ampc.nn.modules import __all__ as _modules
 
-__all__ = [
-    "AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GELU",
-    "Identity", "LayerNorm", "Linear", "MSELoss", "MaxPool2d", "Module", "ModuleList", "Parameter", "ReLU",
-    "Sequential", "functional",
-]
+__all__ = _modules + ["functional"]

@@ -16,9 +16,10 @@ from ampc.nn import functional as F
 from ampc.nn import _ampc_arrays, _embedding
 
 __all__ = [
-    "AdaptiveAvgPool2d", "BatchNorm2d", "Conv2d", "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GELU",
-    "Identity", "LayerNorm", "Linear", "MSELoss", "MaxPool2d", "Module", "ModuleList", "Parameter", "ReLU",
-    "Sequential",
+    "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
+    "CrossEntropyLoss", "Dropout", "Embedding", "Flatten", "GELU", "GroupNorm", "Identity", "L1Loss", "LayerNorm",
+    "Linear", "LogSoftmax", "MSELoss", "MaxPool2d", "Module", "ModuleDict", "ModuleList", "NLLLoss", "Parameter",
+    "ReLU", "SiLU", "Sequential", "Sigmoid", "Softmax", "Tanh",
 ]
 
 
@@ -391,28 +392,59 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-class Conv2d(Module):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True):
+class _ConvNd(Module):
+    """What Conv1d and Conv2d share: torch's arguments (padding_mode 'zeros' only), weight and bias
+    initialised as torch's, the functional op for the dimensionality."""
+
+    def __init__(self, dims, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                 padding_mode):
         super().__init__()
         if in_channels % groups or out_channels % groups:
             raise ValueError("in_channels and out_channels must be divisible by groups")
+        if padding_mode != "zeros":
+            raise NotImplementedError(f"{type(self).__name__}: padding_mode {padding_mode!r} is not supported "
+                                      "(only 'zeros')")
+        tuple_of = (lambda v: (v,) if isinstance(v, int) else tuple(v)) if dims == 1 else _pair
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size, self.stride, self.dilation = _pair(kernel_size), _pair(stride), _pair(dilation)
-        self.padding = padding if isinstance(padding, str) else _pair(padding)
-        fan_in = in_channels // groups * self.kernel_size[0] * self.kernel_size[1]
+        self.kernel_size, self.stride, self.dilation = tuple_of(kernel_size), tuple_of(stride), tuple_of(dilation)
+        self.padding = padding if isinstance(padding, str) else tuple_of(padding)
+        self.padding_mode = padding_mode
+        fan_in = in_channels // groups * math.prod(self.kernel_size)
         self.weight = Parameter(_kaiming_uniform((out_channels, in_channels // groups) + self.kernel_size, fan_in))
         self.bias = Parameter(_uniform((out_channels,), 1.0 / math.sqrt(fan_in))) if bias else None
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+                + (f", padding={self.padding}" if self.padding not in ((0,), (0, 0), "valid") else "")
+                + (f", groups={self.groups}" if self.groups != 1 else "") + (", bias=False" if self.bias is None else ""))
+
+
+class Conv1d(_ConvNd):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros"):
+        super().__init__(1, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode)
+
+    def forward(self, input):
+        return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv2d(_ConvNd):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros"):
+        super().__init__(2, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode)
 
     def forward(self, input):
         return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
-    def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-                + (f", padding={self.padding}" if self.padding not in ((0, 0), "valid") else "")
-                + (f", groups={self.groups}" if self.groups != 1 else "") + (", bias=False" if self.bias is None else ""))
 
+class _BatchNorm(Module):
+    """What BatchNorm1d and BatchNorm2d share: running statistics as buffers, and momentum=None's
+    cumulative average (1 / batches seen), as torch's."""
 
-class BatchNorm2d(Module):
+    _INPUT_DIMS = ()
+
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
@@ -427,16 +459,44 @@ class BatchNorm2d(Module):
             self.running_mean = self.running_var = None
 
     def forward(self, input):
-        if len(input.shape) != 4:
-            raise ValueError(f"expected 4D input (got {len(input.shape)}D input)")
+        if len(input.shape) not in self._INPUT_DIMS:
+            wanted = " or ".join(f"{d}D" for d in self._INPUT_DIMS)
+            raise ValueError(f"expected {wanted} input (got {len(input.shape)}D input)")
         training = self.training or not self.track_running_stats
+        momentum = self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked += 1  # a 0-d NumPy array, in place
+            if momentum is None:
+                momentum = 1.0 / float(self.num_batches_tracked)
         return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias, training,
-                            self.momentum, self.eps)
+                            0.0 if momentum is None else momentum, self.eps)
 
     def extra_repr(self):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}"
+
+
+class BatchNorm1d(_BatchNorm):
+    _INPUT_DIMS = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    _INPUT_DIMS = (4,)
+
+
+class GroupNorm(Module):
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
+        super().__init__()
+        if num_channels % num_groups:
+            raise ValueError("num_channels must be divisible by num_groups")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        self.weight = Parameter(np.ones(num_channels, np.float32)) if affine else None
+        self.bias = Parameter(np.zeros(num_channels, np.float32)) if affine else None
+
+    def forward(self, input):
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
 class LayerNorm(Module):
@@ -456,10 +516,13 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
-    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
+                 scale_grad_by_freq=False, sparse=False):
         super().__init__()
+        if sparse:
+            raise NotImplementedError("Embedding: sparse gradients are not supported")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self.max_norm, self.norm_type = max_norm, norm_type
+        self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
         if padding_idx is not None and padding_idx < 0:
             padding_idx += num_embeddings
         self.padding_idx = padding_idx
@@ -471,7 +534,7 @@ class Embedding(Module):
     def forward(self, input):
         if self.max_norm is not None:  # on the Parameter, so that autocast's cached copies are dropped
             _embedding.renorm_(self.weight, input, float(self.max_norm), float(self.norm_type))
-        return F.embedding(input, self.weight, self.padding_idx)
+        return F.embedding(input, self.weight, self.padding_idx, scale_grad_by_freq=self.scale_grad_by_freq)
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}" + (f", max_norm={self.max_norm}" if self.max_norm else "")
@@ -515,14 +578,66 @@ class GELU(Module):
         return f"approximate='{self.approximate}'"
 
 
-class MaxPool2d(Module):
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+class SiLU(Module):
+    def __init__(self, inplace=False):
         super().__init__()
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        self.dilation, self.ceil_mode = dilation, ceil_mode
+        self.inplace = inplace
 
     def forward(self, input):
-        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return F.silu(input, self.inplace)
+
+
+class Sigmoid(Module):
+    def forward(self, input):
+        return F.sigmoid(input)
+
+
+class Tanh(Module):
+    def forward(self, input):
+        return F.tanh(input)
+
+
+class Softmax(Module):
+    def __init__(self, dim=None):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input):
+        return F.softmax(input, self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    def forward(self, input):
+        return F.log_softmax(input, self.dim)
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.dilation, self.return_indices, self.ceil_mode = dilation, return_indices, ceil_mode
+
+    def forward(self, input):
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                            self.return_indices)
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding, self.ceil_mode = kernel_size, stride, padding, ceil_mode
+        self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
+
+    def forward(self, input):
+        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                            self.divisor_override)
 
     def extra_repr(self):
         return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
@@ -602,24 +717,111 @@ class ModuleList(_ModuleSequence):
         return ModuleList(modules)
 
 
+class ModuleDict(Module):
+    """Submodules by name, in the order they were added (torch.nn.ModuleDict)."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key):
+        return self._modules[key]
+
+    def __setitem__(self, key, module):
+        self.add_module(key, module)
+
+    def __delitem__(self, key):
+        del self._modules[key]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def __contains__(self, key):
+        return key in self._modules
+
+    def keys(self):
+        return self._modules.keys()
+
+    def items(self):
+        return self._modules.items()
+
+    def values(self):
+        return self._modules.values()
+
+    def pop(self, key):
+        return self._modules.pop(key)
+
+    def clear(self):
+        self._modules.clear()
+
+    def update(self, modules):
+        for name, module in (modules.items() if hasattr(modules, "items") else modules):
+            self.add_module(name, module)
+
+
 # -- losses -----------------------------------------------------------------------------------
 
 
-class CrossEntropyLoss(Module):
-    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+class _Loss(Module):
+    """A loss's reduction, from torch's legacy size_average and reduce where given."""
+
+    def __init__(self, size_average=None, reduce=None, reduction="mean"):
         super().__init__()
-        self.weight, self.ignore_index = weight, ignore_index
-        self.reduction, self.label_smoothing = reduction, label_smoothing
+        self.reduction = F._legacy_reduction(size_average, reduce, reduction)
+
+
+class _WeightedLoss(_Loss):
+    """A loss with class weights: a buffer, as torch's, so that to(device) moves it."""
+
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean"):
+        super().__init__(size_average, reduce, reduction)
+        self.register_buffer("weight", weight)
+
+
+class CrossEntropyLoss(_WeightedLoss):
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                 label_smoothing=0.0):
+        super().__init__(weight, size_average, reduce, reduction)
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
 
     def forward(self, input, target):
         return F.cross_entropy(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
                                label_smoothing=self.label_smoothing)
 
 
-class MSELoss(Module):
-    def __init__(self, reduction="mean"):
-        super().__init__()
-        self.reduction = reduction
+class NLLLoss(_WeightedLoss):
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+        super().__init__(weight, size_average, reduce, reduction)
+        self.ignore_index = ignore_index
 
     def forward(self, input, target):
+        return F.nll_loss(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+class MSELoss(_Loss):
+    def forward(self, input, target):
         return F.mse_loss(input, target, reduction=self.reduction)
+
+
+class L1Loss(_Loss):
+    def forward(self, input, target):
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class BCELoss(_WeightedLoss):
+    def forward(self, input, target):
+        return F.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(_WeightedLoss):
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):
+        super().__init__(weight, size_average, reduce, reduction)
+        self.register_buffer("pos_weight", pos_weight)
+
+    def forward(self, input, target):
+        return F.binary_cross_entropy_with_logits(input, target, self.weight, reduction=self.reduction,
+                                                  pos_weight=self.pos_weight)
