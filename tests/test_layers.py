@@ -232,6 +232,16 @@ def test_group_norm(rng, shape, groups, affine, dtype):
         assert gw is None and gb is None
 
 
+def test_group_norm_of_an_empty_batch(rng):
+    """As torch: an empty output, and zero weight and bias gradients (the rows were taken from the
+    element count, 0 here, and layer_norm refused to normalise over 0 elements)."""
+    x = np.zeros((0, 4, 3), F32)
+    w, b = ref.random(rng, (4,), F32), ref.random(rng, (4,), F32)
+    assert F.group_norm(x, 2, w, b).shape == (0, 4, 3)
+    gi, gw, gb = F.group_norm_backward(x, x, 2, w, b)
+    assert gi.shape == (0, 4, 3) and not gw.any() and not gb.any()
+
+
 def test_group_norm_bad_input(rng):
     x = ref.random(rng, (2, 6, 4), F32)
     with pytest.raises(ValueError, match="divisible by num_groups"):

@@ -263,7 +263,7 @@ def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=
 
 
 def _group_rows(op, input, num_groups):
-    """input (N, C, *) as its (N * num_groups, C / num_groups * prod(*)) rows."""
+    """(rows, n): input (N, C, *) as its (N * num_groups, n = C / num_groups * prod(*)) rows."""
     shape = tuple(input.shape)
     if len(shape) < 2:
         raise ValueError(f"{op}: Expected at least 2 dimensions for input tensor but received {len(shape)}")
@@ -271,7 +271,8 @@ def _group_rows(op, input, num_groups):
     if num_groups <= 0 or shape[1] % num_groups != 0:
         raise ValueError(f"{op}: Expected number of channels in input to be divisible by num_groups, but got input "
                          f"of shape {list(shape)} and num_groups={num_groups}")
-    return _reshape(input, (shape[0] * num_groups, -1)) if _numel(input) > 0 else input
+    n = math.prod(shape[1:]) // num_groups
+    return _reshape(input, (shape[0] * num_groups, n)), n
 
 
 def _channels(input, values):
@@ -281,8 +282,7 @@ def _channels(input, values):
 
 def _group_norm_forward(input, num_groups, weight=None, bias=None, eps=1e-5):
     """(output, mean, rstd): group_norm, and the statistics of each of the N * num_groups groups."""
-    rows = _group_rows("group_norm", input, num_groups)
-    n = _numel(rows) // max(rows.shape[0], 1) if _numel(rows) else 0
+    rows, n = _group_rows("group_norm", input, num_groups)
     dtype = _dtype(input)
     if weight is None and bias is None:
         y, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps))
@@ -308,9 +308,8 @@ def group_norm_backward(grad_output, input, num_groups, weight=None, bias=None, 
                         weight_grads=True):
     """(grad_input, grad_weight, grad_bias) of group_norm; mean and rstd as _group_norm_forward
     returned them (recomputed when not given). grad_weight/grad_bias are None without weight/bias."""
-    rows = _group_rows("group_norm_backward", input, num_groups)
+    rows, n = _group_rows("group_norm_backward", input, num_groups)
     shape = tuple(input.shape)
-    n = _numel(rows) // max(rows.shape[0], 1) if _numel(rows) else 0
     if mean is None or rstd is None:
         _, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps))
     acc = _acc(_dtype(input))
