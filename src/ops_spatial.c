@@ -144,6 +144,20 @@ static void shape_list(const ampc_view *v, char *buf, size_t size)
         snprintf(buf + n, size - (size_t)n, "]");
 }
 
+/* conv1d runs as conv2d over images of one row (nn/_spatial.py): its
+ * messages show its own shapes, without that row's dimension. */
+static int is_conv1d(const char *op) { return strncmp(op, "conv1d", 6) == 0; }
+
+static void conv_shape_list(const char *op, const ampc_view *v, char *buf, size_t size)
+{
+    ampc_view shown = *v;
+    if (is_conv1d(op) && v->ndim == 4) {
+        shown.ndim = 3;
+        shown.shape[2] = v->shape[3];
+    }
+    shape_list(&shown, buf, size);
+}
+
 /* Check x and weight against each other and the parameters (torch's
  * messages), and fill cv's shapes. */
 static int conv_shapes(const char *op, const ampc_view *x, const ampc_view *wt, PyObject *stride, PyObject *padding,
@@ -165,15 +179,15 @@ static int conv_shapes(const char *op, const ampc_view *x, const ampc_view *wt, 
         return -1;
     if (wt->shape[2] < 1 || wt->shape[3] < 1) {
         PyErr_Format(PyExc_ValueError, "%s: the kernel must be at least 1 x 1, got weight of size %s", op,
-                     (shape_list(wt, ws, sizeof ws), ws));
+                     (conv_shape_list(op, wt, ws, sizeof ws), ws));
         return -1;
     }
     if (groups < 1) {
         PyErr_Format(PyExc_ValueError, "%s: non-positive groups is not supported", op);
         return -1;
     }
-    shape_list(x, xs, sizeof xs);
-    shape_list(wt, ws, sizeof ws);
+    conv_shape_list(op, x, xs, sizeof xs);
+    conv_shape_list(op, wt, ws, sizeof ws);
     cv->n = x->shape[0], cv->c = x->shape[1], cv->h = x->shape[2], cv->w = x->shape[3];
     cv->k = wt->shape[0], cv->r = wt->shape[2], cv->s = wt->shape[3], cv->groups = groups;
     if (cv->k % groups != 0) {
@@ -189,6 +203,11 @@ static int conv_shapes(const char *op, const ampc_view *x, const ampc_view *wt, 
     }
     const int64_t eh = cv->dilation[0] * (cv->r - 1) + 1, ew = cv->dilation[1] * (cv->s - 1) + 1;
     const int64_t ph = cv->h + 2 * cv->pad[0], pw = cv->w + 2 * cv->pad[1];
+    if ((ph < eh || pw < ew) && is_conv1d(op)) {
+        PyErr_Format(PyExc_ValueError, "%s: Calculated padded input size per channel: (%lld). Kernel size: (%lld). "
+                     "Kernel size can't be greater than actual input size", op, (long long)pw, (long long)ew);
+        return -1;
+    }
     if (ph < eh || pw < ew) {
         PyErr_Format(PyExc_ValueError, "%s: Calculated padded input size per channel: (%lld x %lld). Kernel size: "
                      "(%lld x %lld). Kernel size can't be greater than actual input size", op, (long long)ph,
@@ -441,14 +460,14 @@ static void conv_fill_strides(ampc_conv *cv, const ampc_view *x, const ampc_view
 
 static PyObject *mod_conv2d(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"input", "weight", "bias", "stride", "padding", "dilation", "groups", NULL};
+    static char *kwlist[] = {"input", "weight", "bias", "stride", "padding", "dilation", "groups", "op", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *w_obj, *b_obj = Py_None, *stride, *padding, *dilation, *result = NULL;
     long long groups;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOL:_conv2d", kwlist, &x_obj, &w_obj, &b_obj, &stride,
-                                     &padding, &dilation, &groups))
+    const char *name = "conv2d";  /* or conv1d's, which runs through here */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOL|$s:_conv2d", kwlist, &x_obj, &w_obj, &b_obj, &stride,
+                                     &padding, &dilation, &groups, &name))
         return NULL;
-    const char *name = "conv2d";
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
     ampc_conv cv = {.pass = AMPC_CONV_FORWARD};
@@ -462,7 +481,7 @@ static PyObject *mod_conv2d(PyObject *module, PyObject *args, PyObject *kwargs)
             goto done;
         if (bias->ndim != 1 || bias->shape[0] != cv.k) {
             char ws[96], bs[96];
-            shape_list(wt, ws, sizeof ws);
+            conv_shape_list(name, wt, ws, sizeof ws);
             shape_list(bias, bs, sizeof bs);
             PyErr_Format(PyExc_ValueError, "%s: Given weight of size %s, expected bias to be 1-dimensional with "
                          "%lld elements, but got bias of size %s instead", name, ws, (long long)cv.k, bs);
@@ -501,20 +520,19 @@ done:
 static PyObject *mod_conv2d_backward(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"grad_output", "input", "weight", "stride", "padding", "dilation", "groups", "which",
-                             NULL};
+                             "op", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *dy_obj, *x_obj, *w_obj, *stride, *padding, *dilation, *result = NULL;
     long long groups;
-    const char *which;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOLs:_conv2d_backward", kwlist, &dy_obj, &x_obj, &w_obj,
-                                     &stride, &padding, &dilation, &groups, &which))
+    const char *which, *name = "conv2d_backward";  /* or conv1d_backward's */
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOLs|$s:_conv2d_backward", kwlist, &dy_obj, &x_obj, &w_obj,
+                                     &stride, &padding, &dilation, &groups, &which, &name))
         return NULL;
     const int data = strcmp(which, "input") == 0;
     if (!data && strcmp(which, "weight") != 0) {
         PyErr_Format(PyExc_ValueError, "_conv2d_backward: which must be 'input' or 'weight', got '%s'", which);
         return NULL;
     }
-    const char *name = "conv2d_backward";
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
     ampc_conv cv = {.pass = data ? AMPC_CONV_BACKWARD_DATA : AMPC_CONV_BACKWARD_FILTER};
@@ -525,10 +543,11 @@ static PyObject *mod_conv2d_backward(PyObject *module, PyObject *args, PyObject 
         goto done;
     if (dy->ndim != 4 || dy->shape[0] != cv.n || dy->shape[1] != cv.k || dy->shape[2] != cv.p ||
         dy->shape[3] != cv.q) {
-        char ds[96];
-        shape_list(dy, ds, sizeof ds);
-        PyErr_Format(PyExc_ValueError, "%s: grad_output must have the output's shape [%lld, %lld, %lld, %lld], got "
-                     "%s", name, (long long)cv.n, (long long)cv.k, (long long)cv.p, (long long)cv.q, ds);
+        char ds[96], want[96];
+        conv_shape_list(name, dy, ds, sizeof ds);
+        ampc_view output = {.ndim = 4, .shape = {cv.n, cv.k, cv.p, cv.q}};
+        conv_shape_list(name, &output, want, sizeof want);
+        PyErr_Format(PyExc_ValueError, "%s: grad_output must have the output's shape %s, got %s", name, want, ds);
         goto done;
     }
     if (dy->dtype != x->dtype) {

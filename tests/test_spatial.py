@@ -180,6 +180,24 @@ def test_conv1d(rng, dtype):
     assert F.conv1d(x[0], wt, b, **kw).shape == y.shape[1:]
 
 
+def test_conv1d_messages_show_its_own_shapes(rng):
+    """conv1d runs as conv2d over one-row images; its refusals name conv1d and show 1-D shapes
+    (torch's texts), not the 2-D op's with the inserted dimension."""
+    x = ref.random(rng, (2, 3, 4), F32)
+    for call, message in [
+            (lambda: F.conv1d(x, np.ones((4, 3, 6), F32)), r"conv1d: Calculated padded input size per channel: \(4\)\. "
+                                                            r"Kernel size: \(6\)\."),
+            (lambda: F.conv1d(x, np.ones((4, 2, 3), F32)), r"conv1d: Given groups=1, weight of size \[4, 2, 3\], "
+                                                            r"expected input\[2, 3, 4\] to have 2 channels"),
+            (lambda: F.conv1d(x, np.ones((5, 3, 3), F32), groups=2), r"conv1d: Given groups=2, expected weight to be "
+                                                                      r"divisible by 2 at dimension 0, but got weight "
+                                                                      r"of size \[5, 3, 3\]"),
+            (lambda: F.conv1d_backward(np.ones((2, 4, 3), F32), x, np.ones((4, 3, 3), F32)),
+             r"conv1d_backward: grad_output must have the output's shape \[2, 4, 2\], got \[2, 4, 3\]")]:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
 def test_conv_under_autocast_runs_in_lower_precision(rng):
     x = ref.random(rng, (2, 3, 8, 8), F32)
     wt = ref.random(rng, (4, 3, 3, 3), F32)

@@ -110,15 +110,16 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 def conv2d_backward(grad_output, input, weight, stride=1, padding=0, dilation=1, groups=1, *, input_grad=True,
-                    weight_grad=True, bias_grad=True):
-    """(grad_input, grad_weight, grad_bias) of conv2d; None for the ones not asked for."""
-    stride, padding, dilation, extra = _conv2d_args("conv2d_backward", weight, stride, padding, dilation)
-    x, unbatched = _batched("conv2d_backward", input, 2)
+                    weight_grad=True, bias_grad=True, _op="conv2d_backward"):
+    """(grad_input, grad_weight, grad_bias) of conv2d; None for the ones not asked for. (_op: the
+    name in messages, conv1d_backward's when it runs through here.)"""
+    stride, padding, dilation, extra = _conv2d_args(_op, weight, stride, padding, dilation)
+    x, unbatched = _batched(_op, input, 2)
     padded = _pad_end(x, extra)
     dy = _reshape(grad_output, (1,) + tuple(grad_output.shape)) if unbatched else grad_output
-    args = (stride, padding, dilation, as_int("conv2d_backward", "groups", groups))
-    gi = _C._conv2d_backward(dy, padded, weight, *args, "input") if input_grad else None
-    gw = _C._conv2d_backward(dy, padded, weight, *args, "weight") if weight_grad else None
+    args = (stride, padding, dilation, as_int(_op, "groups", groups))
+    gi = _C._conv2d_backward(dy, padded, weight, *args, "input", op=_op) if input_grad else None
+    gw = _C._conv2d_backward(dy, padded, weight, *args, "weight", op=_op) if weight_grad else None
     if gi is not None and extra != (0, 0):  # the padding's own gradient is dropped
         gi = _window(gi, x.shape[2], x.shape[3])
     gb = _C._sum(dy, (0, 2, 3)) if bias_grad else None
@@ -142,7 +143,8 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv1d: input (N, C, L) or (C, L), weight (K, C / groups, S)."""
     x, w, stride, padding, dilation, unbatched = _conv1d_as_2d("conv1d", input, weight, stride, padding, dilation)
     stride, padding, dilation, extra = _conv2d_args("conv1d", w, stride, padding, dilation)
-    y = _C._conv2d(_pad_end(x, extra), w, bias, stride, padding, dilation, as_int("conv1d", "groups", groups))
+    y = _C._conv2d(_pad_end(x, extra), w, bias, stride, padding, dilation, as_int("conv1d", "groups", groups),
+                   op="conv1d")
     n, k, _, length = y.shape
     return _reshape(y, (k, length) if unbatched else (n, k, length))
 
@@ -154,7 +156,7 @@ def conv1d_backward(grad_output, input, weight, stride=1, padding=0, dilation=1,
                                                                dilation)
     dy = _reshape(grad_output, (x.shape[0], weight.shape[0], 1, grad_output.shape[-1]))
     gi, gw, gb = conv2d_backward(dy, x, w, stride, padding, dilation, groups, input_grad=input_grad,
-                                 weight_grad=weight_grad, bias_grad=bias_grad)
+                                 weight_grad=weight_grad, bias_grad=bias_grad, _op="conv1d_backward")
     if gi is not None:
         gi = _reshape(gi, tuple(input.shape))
     if gw is not None:
