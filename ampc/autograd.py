@@ -146,6 +146,9 @@ class Arithmetic:
     def __truediv__(self, other):
         return self._f().div(self, other)
 
+    def __rtruediv__(self, other):
+        return self._f().mul(self._f().pow(self, -1.0), other)
+
     def __neg__(self):
         return self._f().mul(self, -1.0)
 
@@ -177,6 +180,49 @@ class Arithmetic:
 
     def softmax(self, dim):
         return self._f().softmax(self, dim)
+
+    def log_softmax(self, dim):
+        return self._f().log_softmax(self, dim)
+
+    def unsqueeze(self, dim):
+        return self._f().unsqueeze(self, dim)
+
+    def squeeze(self, dim=None):
+        return self._f().squeeze(self, dim)
+
+    def split(self, split_size, dim=0):
+        return self._f().split(self, split_size, dim)
+
+    def chunk(self, chunks, dim=0):
+        return self._f().chunk(self, chunks, dim)
+
+    @property
+    def T(self):  # noqa: N802 - torch's name
+        """The dimensions reversed (torch's .T)."""
+        return self._f().permute(self, tuple(range(len(self.shape) - 1, -1, -1)))
+
+    def t(self):
+        if len(self.shape) > 2:
+            raise ValueError(f"t() expects a tensor with <= 2 dimensions, but self is {len(self.shape)}D")
+        return self.T
+
+    def exp(self):
+        return self._f().exp(self)
+
+    def log(self):
+        return self._f().log(self)
+
+    def sigmoid(self):
+        return self._f().sigmoid(self)
+
+    def tanh(self):
+        return self._f().tanh(self)
+
+    def relu(self):
+        return self._f().relu(self)
+
+    def numel(self):
+        return math.prod(self.shape)
 
     def __getitem__(self, key):
         """self[key] for ints and slices, on the tape (its gradient: zeros with the slice's)."""

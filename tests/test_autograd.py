@@ -108,6 +108,24 @@ def test_arithmetic_and_broadcasting():
     check_grads(loss, [a, b])
 
 
+def test_tensor_methods_as_torch_s():
+    """The method forms a torch model's forward uses, each on the tape."""
+    rng = np.random.default_rng(16)
+    a, b = param(rng, 3, 4), param(rng, 4, 1)
+
+    def loss():
+        h = (2.0 / (a.exp() + 1.0)).unsqueeze(0).squeeze(0) + a.sigmoid().log_softmax(1) * a.tanh().relu()
+        first, second = h.chunk(2, dim=1)
+        parts = h.split([1, 3], dim=1)
+        total = (first.T @ second).sum() + (h @ b).t().sum() + parts[1].log_softmax(1).mean()
+        return total + (a * a + 1.0).log().softmax(0).sum() * 0.5 + h.numel() * 0.0
+
+    check_grads(loss, [a, b])
+    assert a.T.shape == (4, 3) and F.relu(a).numel() == 12
+    with pytest.raises(ValueError, match="t\\(\\) expects a tensor with <= 2 dimensions"):
+        F.reshape(a, (1, 3, 4)).t()
+
+
 def test_matches_the_ops_own_backward_functions():
     """backward() of one linear gives exactly what linear_backward gives."""
     rng = np.random.default_rng(1)
