@@ -20,13 +20,14 @@
 #include "ops.h"
 #include "ops_cpu_io.h"
 #include "parallel.h"
+#include "vector_exp.h"
 
 
 #define REAL float
 #define F(name) name##_f
 #define ACC_DTYPE AMPC_FLOAT32
 #define ERFC erfcf
-#define EXP expf
+#define EXP ampc_expf  /* vector_exp.h: loops calling it vectorise, as loops calling expf do not */
 #define LOG logf
 #define LOG1P log1pf
 #define TANH tanhf

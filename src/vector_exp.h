@@ -1,0 +1,53 @@
+/*
+ * vector_exp.h: e^x in float32, written so that a loop calling it
+ * vectorises. libm's expf is a call per element, which no compiler
+ * vectorises without -ffast-math: softmax, cross_entropy, sigmoid and silu
+ * ran at about 5 ns an element, a tenth of torch's CPU kernels.
+ *
+ * Branch-free (selects only): Cody-Waite reduction x = n ln2 + r with
+ * |r| <= ln2 / 2 (ln2's high part has 9 significant bits, so n * ln2_hi is
+ * exact), Cephes' degree-7 polynomial for e^r, and 2^n applied in two halves
+ * so that results in the subnormal range round once and large x overflow to
+ * inf. Every operation is a correctly rounded IEEE one, so a vectorised loop
+ * gives the scalar bits (the build keeps -ffp-contract=off). Within 2 ulp of
+ * e^x over every float32 input (tests/test_ops.py sweeps them); NaN stays
+ * NaN, e^-inf is 0 and e^inf inf.
+ */
+#ifndef AMPC_VECTOR_EXP_H
+#define AMPC_VECTOR_EXP_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float ampc_float_from_bits(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+static inline float ampc_expf(float x)
+{
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    const float round = 12582912.0f;  /* 1.5 * 2^23: adding and subtracting it rounds to an integer, ties to even */
+    /* beyond these every result is inf or 0; a NaN computes on 0 and is put back at the end */
+    float c = x == x ? x : 0.0f;
+    c = c > 89.0f ? 89.0f : c;
+    c = c < -104.0f ? -104.0f : c;
+    const float n = (c * log2e + round) - round;
+    float r = c - n * ln2_hi;
+    r = r - n * ln2_lo;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    /* 2^n for n in [-150, 128], as 2^h * 2^(n - h): each factor a normal float */
+    const int32_t k = (int32_t)n, h = k / 2;
+    const float y = p * ampc_float_from_bits((uint32_t)(h + 127) << 23) * ampc_float_from_bits((uint32_t)(k - h + 127) << 23);
+    return x == x ? y : x;
+}
+
+#endif /* AMPC_VECTOR_EXP_H */
