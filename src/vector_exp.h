@@ -26,7 +26,15 @@ static inline float ampc_float_from_bits(uint32_t b)
     return f;
 }
 
-static inline float ampc_expf(float x)
+/* For the functions a vectorised loop calls per element: GCC stopped inlining them (and so
+ * vectorising those loops) once the kernels were compiled twice, for SSE2 and AVX2. */
+#if defined(__GNUC__)
+#define AMPC_ALWAYS_INLINE __attribute__((always_inline)) inline
+#else
+#define AMPC_ALWAYS_INLINE inline
+#endif
+
+static AMPC_ALWAYS_INLINE float ampc_expf(float x)
 {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
     const float round = 12582912.0f;  /* 1.5 * 2^23: adding and subtracting it rounds to an integer, ties to even */

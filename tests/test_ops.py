@@ -87,6 +87,30 @@ def test_float32_exp_within_an_ulp_everywhere():
         np.testing.assert_array_equal(F.exp(edges), np.exp(edges.astype(np.float64)).astype(np.float32))
 
 
+def test_every_instruction_set_gives_the_same_bits(rng):
+    """The float kernels are compiled for SSE2 and for AVX2: the same operations in the same order,
+    so the same bits on either (vectorisation never reorders a sum: the lanes are written out)."""
+    x = ref.random(rng, (37, 1000), F32) * 4
+    t = rng.integers(0, 1000, 37)
+    ops = [F.exp, F.sigmoid, F.silu, F.gelu, lambda v: F.gelu(v, approximate="tanh"), F.tanh,
+           lambda v: F.softmax(v, -1), lambda v: F.log_softmax(v, 0), lambda v: F.layer_norm(v, (1000,)),
+           lambda v: F.cross_entropy(v, t), lambda v: F.cross_entropy_backward(np.float32(1), v, t),
+           lambda v: F.sum(v, 1), lambda v: F.softmax_backward(v, F.softmax(v, -1), -1),
+           lambda v: F.silu_backward(v, v)]
+    results = {}
+    previous = ampc._C._cpu_isa()
+    try:
+        for isa in ampc._C._cpu_isas():
+            ampc._C._set_cpu_isa(isa)
+            results[isa] = [np.asarray(op(x)).view(np.uint32) for op in ops]
+    finally:
+        ampc._C._set_cpu_isa(previous)
+    first = next(iter(results.values()))
+    for isa, got in results.items():
+        for i, (a, b) in enumerate(zip(first, got)):
+            np.testing.assert_array_equal(a, b, err_msg=f"op {i} on {isa}")
+
+
 def test_log_of_positive(rng):
     for dtype in FLOATS:
         x = np.abs(ref.random(rng, (4, 9), dtype)) + dtype.type(0.5)
