@@ -27,7 +27,7 @@
 #define REAL float
 #define F(name) name##_f
 #define ACC_DTYPE AMPC_FLOAT32
-#define ERFC erfcf
+#define ERFC ampc_erfcf  /* vector_exp.h, as EXP */
 #define EXP ampc_expf  /* vector_exp.h: loops calling it vectorise, as loops calling expf do not */
 #define LOG logf
 #define LOG1P log1pf

@@ -58,4 +58,30 @@ static AMPC_ALWAYS_INLINE float ampc_expf(float x)
     return x == x ? y : x;
 }
 
+/* erfc(x) in float32, branch-free as ampc_expf: t = 1 / (1 + |x| / 2), erfc(|x|) = t e^(-x^2 + P(t))
+ * with Numerical Recipes' Chebyshev fit P (relative error under 1.2e-7 for every |x|), and x^2
+ * split as h^2 + (2h + l) l with h of 12 significant bits (so h^2 is exact: rounding x^2 would put
+ * x^2 * 2^-24 of relative error into e^(-x^2), 50 ulp at |x| = 7, gelu(-10)'s tail); erfc(x) for
+ * negative x as 2 - erfc(|x|), which no longer cancels. */
+static AMPC_ALWAYS_INLINE float ampc_erfcf(float x)
+{
+    float z = x < 0 ? -x : x;
+    z = z < 20.0f ? z : 20.0f;  /* erfc(20) is 0 in float32; inf would make the split NaN */
+    const float t = 1.0f / (1.0f + 0.5f * z);
+    float p = 0.17087277f;
+    p = p * t - 0.82215223f;
+    p = p * t + 1.48851587f;
+    p = p * t - 1.13520398f;
+    p = p * t + 0.27886807f;
+    p = p * t - 0.18628806f;
+    p = p * t + 0.09678418f;
+    p = p * t + 0.37409196f;
+    p = p * t + 1.00002368f;
+    p = p * t - 1.26551223f;
+    const float c = 4097.0f * z, h = c - (c - z), l = z - h;  /* Veltkamp's split: h has 12 bits */
+    const float r = t * (ampc_expf(-(h * h)) * ampc_expf(p - (h + h + l) * l));
+    const float y = x < 0 ? 2.0f - r : r;
+    return x == x ? y : x;
+}
+
 #endif /* AMPC_VECTOR_EXP_H */
