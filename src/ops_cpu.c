@@ -21,14 +21,14 @@
 #include "cast_cpu.h"
 #include "ops_cpu_io.h"
 #include "parallel.h"
-#include "vector_exp.h"
+#include "vector_math.h"
 
 
 #define REAL float
 #define F(name) name##_f
 #define ACC_DTYPE AMPC_FLOAT32
-#define ERFC ampc_erfcf  /* vector_exp.h, as EXP */
-#define EXP ampc_expf  /* vector_exp.h: loops calling it vectorise, as loops calling expf do not */
+#define ERFC ampc_erfcf  /* vector_math.h, as EXP */
+#define EXP ampc_expf  /* vector_math.h: loops calling it vectorise, as loops calling expf do not */
 #define LOG logf
 #define LOG1P log1pf
 #define TANH tanhf
