@@ -49,6 +49,7 @@ def main():
         ("sigmoid", F.sigmoid, lambda t: torch.sigmoid(t), None, 2),
         ("silu", F.silu, lambda t: TF.silu(t), None, 2),
         ("gelu", F.gelu, lambda t: TF.gelu(t), None, 2),
+        ("tanh", F.tanh, lambda t: torch.tanh(t), np.tanh, 2),
         ("softmax", lambda x: F.softmax(x, -1), lambda t: TF.softmax(t, -1), None, 2),
         ("log_softmax", lambda x: F.log_softmax(x, -1), lambda t: TF.log_softmax(t, -1), None, 2),
         ("cross_entropy", lambda x: F.cross_entropy(x, target),

@@ -31,7 +31,7 @@
 #define EXP ampc_expf  /* vector_math.h: loops calling it vectorise, as loops calling expf do not */
 #define LOG logf
 #define LOG1P log1pf
-#define TANH tanhf
+#define TANH ampc_tanhf  /* vector_math.h, as EXP */
 #define POW powf
 #define SQRT sqrtf
 #define FABS fabsf
