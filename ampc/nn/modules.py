@@ -394,17 +394,19 @@ def _pair(v):
 
 class _ConvNd(Module):
     """What Conv1d and Conv2d share: torch's arguments (padding_mode 'zeros' only), weight and bias
-    initialised as torch's, the functional op for the dimensionality."""
+    initialised as torch's, the functional op for the dimensionality (_DIMS)."""
 
-    def __init__(self, dims, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                 padding_mode):
+    _DIMS = 2
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros"):
         super().__init__()
         if in_channels % groups or out_channels % groups:
             raise ValueError("in_channels and out_channels must be divisible by groups")
         if padding_mode != "zeros":
             raise NotImplementedError(f"{type(self).__name__}: padding_mode {padding_mode!r} is not supported "
                                       "(only 'zeros')")
-        tuple_of = (lambda v: (v,) if isinstance(v, int) else tuple(v)) if dims == 1 else _pair
+        tuple_of = (lambda v: (v,) if isinstance(v, int) else tuple(v)) if self._DIMS == 1 else _pair
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.dilation = tuple_of(kernel_size), tuple_of(stride), tuple_of(dilation)
         self.padding = padding if isinstance(padding, str) else tuple_of(padding)
@@ -413,6 +415,10 @@ class _ConvNd(Module):
         self.weight = Parameter(_kaiming_uniform((out_channels, in_channels // groups) + self.kernel_size, fan_in))
         self.bias = Parameter(_uniform((out_channels,), 1.0 / math.sqrt(fan_in))) if bias else None
 
+    def forward(self, input):
+        conv = F.conv1d if self._DIMS == 1 else F.conv2d
+        return conv(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
                 + (f", padding={self.padding}" if self.padding not in ((0,), (0, 0), "valid") else "")
@@ -420,23 +426,11 @@ class _ConvNd(Module):
 
 
 class Conv1d(_ConvNd):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 padding_mode="zeros"):
-        super().__init__(1, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode)
-
-    def forward(self, input):
-        return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+    _DIMS = 1
 
 
 class Conv2d(_ConvNd):
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
-                 padding_mode="zeros"):
-        super().__init__(2, in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
-                         padding_mode)
-
-    def forward(self, input):
-        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+    _DIMS = 2
 
 
 class _BatchNorm(Module):
@@ -614,7 +608,12 @@ class LogSoftmax(Softmax):
         return F.log_softmax(input, self.dim)
 
 
-class MaxPool2d(Module):
+class _Pool2d(Module):
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
+
+
+class MaxPool2d(_Pool2d):
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
@@ -624,11 +623,8 @@ class MaxPool2d(Module):
         return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
                             self.return_indices)
 
-    def extra_repr(self):
-        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
 
-
-class AvgPool2d(Module):
+class AvgPool2d(_Pool2d):
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                  divisor_override=None):
         super().__init__()
@@ -638,9 +634,6 @@ class AvgPool2d(Module):
     def forward(self, input):
         return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
                             self.divisor_override)
-
-    def extra_repr(self):
-        return f"kernel_size={self.kernel_size}, stride={self.stride or self.kernel_size}, padding={self.padding}"
 
 
 class AdaptiveAvgPool2d(Module):
