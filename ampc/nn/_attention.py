@@ -64,8 +64,11 @@ def _additive_mask(attn_mask):
     """(mask, live): a boolean mask (True: attend) as 0 / -inf in float32, a float mask as it is;
     with the rows that attend to nothing (every key -inf) made 0 in it, and live (..., L, 1) 0 for
     those rows and 1 for the rest. torch (2.5 on) gives such a row 0 where the softmax of -inf
-    alone is NaN: the probabilities are multiplied by live (the gradients then follow)."""
+    alone is NaN: the probabilities are multiplied by live (the gradients then follow). (live is
+    None for a mask of ampc's own arrays, which have no where(): there such a row stays NaN.)"""
     lib = _library(attn_mask)
+    if not hasattr(lib, "where"):  # ampc's own arrays (a Module's parameters on a GPU): float masks as they are
+        return attn_mask, None
     torch = lib.__name__ == "torch"
     zero = 0.0 if torch else lib.zeros((), dtype=lib.float32)
     mask = lib.where(attn_mask, zero, -math.inf) if str(attn_mask.dtype) in ("bool", "torch.bool") else attn_mask
@@ -153,7 +156,7 @@ def probabilities(query, key, attn_mask=None, is_causal=False, scale=None, enabl
         scores = reshape(scores, by_head)  # each query head's L rows: the causal mask counts from 0
     live = None
     if attn_mask is not None:
-        mask, live = (_grouped(m, groups) for m in _additive_mask(attn_mask))
+        mask, live = (None if m is None else _grouped(m, groups) for m in _additive_mask(attn_mask))
         scores = _C._ew(_OPS["add"], scores, mask, dtype=_acc(dtype))
     probs = _C._softmax(scores, -1, False, dtype, causal=bool(is_causal))
     if live is not None:
