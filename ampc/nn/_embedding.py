@@ -82,7 +82,7 @@ def _index_counts(input, n):
         counts = lib.bincount(flat, length=n)
     else:
         counts = lib.bincount(flat, minlength=n)
-    return lib.reshape(lib.maximum(counts, 1), (n, 1))
+    return lib.reshape(lib.clip(counts, 1, None), (n, 1))
 
 
 def _check_p(p, op="dropout"):

@@ -139,14 +139,14 @@ def _array_list(op, tensors):
     return tensors
 
 
-def _joined(op, arrays, dim, dtype):
+def _joined(op, arrays, dim, dtypes):
     """arrays joined along dim (cat) or stacked along a new dim (stack) in their library's function,
-    as dtype: torch's promotion, where NumPy would make float32 with int32 float64 and ampc's own
-    arrays took the first array's dtype."""
+    in torch's promotion of dtypes (torch's own functions promote so; NumPy would make float32 with
+    int32 float64, and ampc's own arrays took the first array's dtype)."""
     lib = _library(arrays[0])
     if lib.__name__ == "torch":
         return getattr(lib, op)(arrays, dim)
-    return getattr(lib, "concatenate" if op == "cat" else "stack")(arrays, dim, dtype=dtype)
+    return getattr(lib, "concatenate" if op == "cat" else "stack")(arrays, dim, dtype=result_type(op, dtypes))
 
 
 @autocast_op(name="cat")
@@ -157,7 +157,6 @@ def cat(tensors, dim=0):
     for i, t in enumerate(tensors):
         if not t.shape:
             raise ValueError(f"cat: zero-dimensional tensor (at position {i}) cannot be concatenated")  # torch's texts
-    dtype = result_type("cat", [t.dtype for t in tensors])
     kept = [(i, t) for i, t in enumerate(tensors) if tuple(t.shape) != (0,)] or [(0, tensors[0])]
     shape = tuple(kept[0][1].shape)
     dim = _dim("cat", dim, len(shape))
@@ -169,7 +168,7 @@ def cat(tensors, dim=0):
             if d != dim and want != got:
                 raise ValueError(f"cat: Sizes of tensors must match except in dimension {dim}. Expected size "
                                  f"{want} but got size {got} for tensor number {i} in the list.")
-    return _joined("cat", [t for _, t in kept], dim, dtype)
+    return _joined("cat", [t for _, t in kept], dim, [t.dtype for t in tensors])
 
 
 def cat_backward(grad_output, sizes, dim=0):
@@ -195,7 +194,7 @@ def stack(tensors, dim=0):
         if tuple(t.shape) != shape:
             raise ValueError(f"stack: stack expects each tensor to be equal size, but got {list(shape)} at entry 0 "
                              f"and {list(t.shape)} at entry {i}")  # torch's text
-    return _joined("stack", tensors, dim, result_type("stack", [t.dtype for t in tensors]))
+    return _joined("stack", tensors, dim, [t.dtype for t in tensors])
 
 
 def stack_backward(grad_output, count, dim=0):
