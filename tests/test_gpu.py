@@ -127,11 +127,12 @@ def test_integers_convert_and_copy_as_the_cpu(src, rng):
         heads = x[:4096].reshape(4, 8, 128).transpose(1, 0, 2)  # dense rows of 128 between strided ones
         assert_bits_equal(cp.asnumpy(ampc.cast(cp.asarray(x[:4096]).reshape(4, 8, 128).transpose(1, 0, 2), dst)),
                           ampc.cast(heads, dst))
-    poisoned = cp.full((64, 70), 7, dtype=src)
+    poison = np.array(7).astype(src)  # True for bool
+    poisoned = cp.full((64, 70), poison, dtype=src)
     view = poisoned[:, 3:67]
     assert ampc.cast(g[:4096].reshape(64, 64)[:, ::-1], out=view) is view
     np.testing.assert_array_equal(cp.asnumpy(view), x[:4096].reshape(64, 64)[:, ::-1])
-    assert (poisoned[:, :3] == 7).all() and (poisoned[:, 67:] == 7).all()
+    assert (poisoned[:, :3] == poison).all() and (poisoned[:, 67:] == poison).all()
 
 
 def test_cupy_in_cupy_out(rng):
