@@ -153,8 +153,9 @@ def test_sdpa_mask_and_autocast():
     mask[3] = False  # a query that attends to nothing: 0, as torch (2.5 on), not NaN
     for m in (mask, torch.zeros(8, 12, device="cuda").masked_fill(~mask, float("-inf"))):
         got = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
-        close(got, TF.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=m), torch.float32,
-              scale=1.0, what="a row attending to nothing")
+        reference_mask = m if m.dtype == torch.bool else m.double()  # torch: a float mask of the query's dtype
+        close(got, TF.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=reference_mask),
+              torch.float32, scale=1.0, what="a row attending to nothing")
         assert torch.equal(got[:, 3], torch.zeros_like(got[:, 3]))
     for dtype in (torch.float16, torch.bfloat16):
         with ampc.autocast("cuda", dtype=dtype):
