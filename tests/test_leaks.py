@@ -65,6 +65,8 @@ def test_casts():
     out = np.empty_like(X, ampc.float16)
     check(lambda: ampc.cast(X, out=out), X, out)
     check(raises(lambda: ampc.cast(X, "int8"), (TypeError, ValueError)), X)
+    check(lambda: ampc.cast(T, "float16"), T)  # an integer source
+    check(lambda: ampc.cast(T[::-1], out=np.empty_like(T)), T)  # a same-dtype integer copy
 
 
 def test_grad_scaler():
@@ -113,6 +115,8 @@ def test_ops_forward_and_backward():
         loss, lse, denom = F._cross_entropy_forward(y, T)
         F.cross_entropy_backward(np.float32(1.0), y, T, lse=lse, denom=denom)
         F.layer_norm(X, (32,))
+        F.add(X[:, :16], T, alpha=0.5)  # an integer operand, converted to the compute type first
+        F.exp(T)
 
     check(run, X, W, T)
     check(raises(lambda: F.linear(X, W[:, :3]), ValueError), X, W)
@@ -155,6 +159,7 @@ def test_gpu_pool_does_not_grow():
     x = ampc._C._to_device(X, 0)
     w = ampc.nn.Parameter(ampc._C._to_device(W, 0))
     t = ampc._C._to_device(T, 0)
+    columns = ampc._C._to_device(np.arange(32), 0)
     opt = ampc.optim.SGD([w], lr=0.0)
     scaler = ampc.GradScaler("cuda")
 
@@ -166,6 +171,8 @@ def test_gpu_pool_does_not_grow():
         scaler.step(opt)
         scaler.update()
         ampc.cast(x, "bfloat16")
+        ampc.cast(t, "float32")  # an integer source
+        F.add(x, columns)  # an integer operand
         q = ampc.cast(ampc._C._to_device(ATTENTION, 0), "float16")  # the fused attention kernels and their scratch
         served = ampc._C._attention(q, q, q, True, 0.125)
         if served is not None:
