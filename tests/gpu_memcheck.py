@@ -23,6 +23,17 @@ for src in DTYPES:
         ampc.cast(m[5, 7], dst)
         out = torch.empty(300, 200, dtype=dst, device="cuda").t()
         ampc.cast(m, out=out)
+# Integer and bool sources (1-byte ones an element a thread), and same-dtype integer copies.
+ints = torch.randint(-1000, 1000, (70_000,), device="cuda")
+for src in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
+    x = ints.to(src)
+    for dst in DTYPES:
+        for n in (1, 7, 9, 17, 1000, 65539):
+            for offset in (0, 1, 3):
+                ampc.cast(x[offset : offset + n], dst)
+        ampc.cast(x[:60_000].view(200, 300).t()[::3, 1::2], dst)
+        ampc.cast(x[:4096].view(4, 8, 128).transpose(0, 1), dst)
+    ampc.cast(x[1:60_001].view(200, 300)[:, ::-1], out=torch.empty(300, 200, dtype=src, device="cuda").t())
 # GradScaler: multi-tensor unscale over awkward sizes and dtypes, strided grads, update, overflow counts.
 params = [torch.nn.Parameter(torch.zeros(n, device="cuda", dtype=dt))
           for n in (1, 7, 16383, 16384, 16385, 70_001) for dt in (torch.float32, torch.bfloat16, torch.float64)]
