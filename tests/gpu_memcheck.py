@@ -33,7 +33,7 @@ for src in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torc
                 ampc.cast(x[offset : offset + n], dst)
         ampc.cast(x[:60_000].view(200, 300).t()[::3, 1::2], dst)
         ampc.cast(x[:4096].view(4, 8, 128).transpose(0, 1), dst)
-    ampc.cast(x[1:60_001].view(200, 300)[:, ::-1], out=torch.empty(300, 200, dtype=src, device="cuda").t())
+    ampc.cast(x[1:60_001].view(200, 300).t(), out=torch.empty(200, 300, dtype=src, device="cuda").t())
 # GradScaler: multi-tensor unscale over awkward sizes and dtypes, strided grads, update, overflow counts.
 params = [torch.nn.Parameter(torch.zeros(n, device="cuda", dtype=dt))
           for n in (1, 7, 16383, 16384, 16385, 70_001) for dt in (torch.float32, torch.bfloat16, torch.float64)]
