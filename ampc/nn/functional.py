@@ -410,12 +410,18 @@ _LOSS_ARGUMENTS = ("input", "target", "grad_output")
 _WEIGHTED_LOSS_ARGUMENTS = ("input", "target", "weight")
 
 
-def _pointwise_loss(name, op, input, target, reduction):
+def _same_shape_loss_dtype(name, input, target, reduction):
+    """A pointwise loss's checks (the reduction, target shaped as input) and its dtype: input's and
+    target's promoted."""
     _check_reduction(name, reduction)
     if tuple(input.shape) != tuple(target.shape):
         raise ValueError(f"{name}: target has shape {tuple(target.shape)} but input has shape "
                          f"{tuple(input.shape)}; give them the same shape")
-    dtype = _result_type(name, (_floating_dtype(name, "input", input), _floating_dtype(name, "target", target)))
+    return _result_type(name, (_floating_dtype(name, "input", input), _floating_dtype(name, "target", target)))
+
+
+def _pointwise_loss(name, op, input, target, reduction):
+    dtype = _same_shape_loss_dtype(name, input, target, reduction)
     per_element = _ew(op, input, target, dtype=_acc(dtype) if reduction != "none" else dtype, name=name,
                       names=_LOSS_ARGUMENTS)
     return _reduce(name, per_element, reduction, dtype)
@@ -468,11 +474,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     if weight is None and pos_weight is None:
         return _pointwise_loss("binary_cross_entropy_with_logits", "bce_logits", input, target, reduction)
     op = "binary_cross_entropy_with_logits"
-    _check_reduction(op, reduction)
-    if tuple(input.shape) != tuple(target.shape):
-        raise ValueError(f"{op}: target has shape {tuple(target.shape)} but input has shape {tuple(input.shape)}; "
-                         f"give them the same shape")
-    dtype = _result_type(op, (_floating_dtype(op, "input", input), _floating_dtype(op, "target", target)))
+    dtype = _same_shape_loss_dtype(op, input, target, reduction)
     acc = _acc(dtype)
     if pos_weight is None:
         per_element = _ew("bce_logits", input, target, weight, dtype=acc if reduction != "none" else dtype, name=op,
