@@ -8,7 +8,6 @@ arguments as autocast already cast them, so it calls the op's body (``raw``), no
 """
 
 from ampc import _C
-from ampc._C import as_dtype
 from ampc.autograd import differentiable
 from ampc.nn import functional as F
 from ampc.nn import _attention, _embedding, _glue, _spatial
@@ -296,12 +295,9 @@ def _attention_backward(a, state, g, needs):
     probs = _attention.probabilities(a["query"], a["key"], a["attn_mask"], a["is_causal"], a["scale"], a["enable_gqa"])
     *grads, grad_scores = _attention.backward_with_scores(g, a["query"], a["key"], a["value"], probs, a["dropout_p"],
                                                           a["scale"], state)
-    mask = a["attn_mask"]
-    grad_mask = None
-    if needs[3]:  # an additive mask that is learned (T5's, Swin's relative position biases)
-        grad_mask = F._unbroadcast(grad_scores, tuple(mask.shape))
-        if as_dtype(grad_mask.dtype) != as_dtype(mask.dtype):
-            grad_mask = _C.cast(grad_mask, mask.dtype)
+    # an additive mask that is learned (T5's, Swin's relative position biases); the tape casts the
+    # gradient to the mask's dtype, as every gradient to its input's
+    grad_mask = F._unbroadcast(grad_scores, tuple(a["attn_mask"].shape)) if needs[3] else None
     return (*grads, grad_mask)
 
 
