@@ -572,9 +572,16 @@ def test_bce_with_logits_pos_weight(rng, dtype, reduction, weighted):
                  numeric_grad(fwd, x.copy(), r), F64, rtol=1e-6)
 
 
-def test_loss_shape_mismatch():
+@pytest.mark.parametrize("loss", [F.mse_loss, F.l1_loss, F.binary_cross_entropy, F.binary_cross_entropy_with_logits,
+                                  lambda x, y: F.binary_cross_entropy(x, y, weight=np.ones(4, np.float32)),
+                                  lambda x, y: F.binary_cross_entropy_with_logits(x, y, weight=np.ones(4, np.float32))],
+                         ids=["mse", "l1", "bce", "bce_logits", "bce_weighted", "bce_logits_weighted"])
+def test_loss_shape_mismatch(loss):
+    """A target that would broadcast against input is refused (torch: ValueError), weighted or not:
+    the weighted binary_cross_entropy broadcast it silently."""
+    x = np.full((3, 4), 0.5, np.float32)
     with pytest.raises(ValueError, match="same shape"):
-        F.mse_loss(np.ones((3, 4), np.float32), np.ones((4,), np.float32))
+        loss(x, np.full((4,), 0.25, np.float32))
 
 
 # --------------------------------------------------------------------------------------------

@@ -540,8 +540,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     if weight is None:
         return _pointwise_loss("binary_cross_entropy", "bce", input, target, reduction)
     op = "binary_cross_entropy"
-    _check_reduction(op, reduction)
-    dtype = _result_type(op, (_floating_dtype(op, "input", input), _floating_dtype(op, "target", target)))
+    dtype = _same_shape_loss_dtype(op, input, target, reduction)
     per_element = _ew("bce", input, target, weight, dtype=_acc(dtype) if reduction != "none" else dtype,
                       name="binary_cross_entropy", names=_WEIGHTED_LOSS_ARGUMENTS)
     return _reduce("binary_cross_entropy", per_element, reduction, dtype)
