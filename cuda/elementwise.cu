@@ -76,6 +76,8 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
     case AMPC_EW_POW: return m_pow(a, b);
     case AMPC_EW_MAXIMUM: return a != a || b != b ? a + b : a > b ? a : b;
     case AMPC_EW_MINIMUM: return a != a || b != b ? a + b : a < b ? a : b;
+    case AMPC_EW_POW_BASE_GRAD: return b == 0 ? (Acc)0 : b * m_pow(a, b - 1);
+    case AMPC_EW_POW_EXPONENT_GRAD: return a == 0 && b >= 0 ? (Acc)0 : m_pow(a, b) * m_log(a);
     case AMPC_EW_RELU_GRAD: return b > 0 ? a : (Acc)0;
     case AMPC_EW_GELU_GRAD: {
         const Acc k = (Acc)(M_2_SQRTPI * M_SQRT1_2 * 0.5); /* 1 / sqrt(2 pi) */

@@ -74,6 +74,9 @@ typedef enum {
     AMPC_EW_POW,            /* a ** b */
     AMPC_EW_MAXIMUM,
     AMPC_EW_MINIMUM,
+    /* pow's gradients with an array exponent: a = x, b = the exponent, the multiplier c = dy */
+    AMPC_EW_POW_BASE_GRAD,  /* b == 0 ? 0 : b * a ** (b - 1) */
+    AMPC_EW_POW_EXPONENT_GRAD, /* a == 0 && b >= 0 ? 0 : a ** b * log(a) */
     /* gradients: a = dy, b = the forward's x (or y where said) */
     AMPC_EW_RELU_GRAD,      /* b: y or x (the same test) */
     AMPC_EW_GELU_GRAD,

@@ -235,6 +235,19 @@ def test_the_remaining_ops_are_on_the_tape():
     check_grads(loss, [x, m1, m2, b, b1, b2, probs, image], rtol=1e-5)
 
 
+def test_an_array_exponent_gets_its_gradient():
+    """base ** exponent with both learned and broadcast against each other (a learned per-channel
+    power, as in Box-Cox layers): each gradient summed back to its own shape."""
+    rng = np.random.default_rng(12)
+    base = ampc.nn.Parameter(rng.random((3, 1, 4)) + 0.5)
+    exponent = param(rng, 5, 1)
+
+    def loss():
+        return F.sum(base ** exponent * 0.5) + F.sum(F.pow(base, 3.0))
+
+    check_grads(loss, [base, exponent])
+
+
 @pytest.mark.parametrize("gqa", [False, True])
 def test_a_learned_attention_bias_gets_its_gradient(gqa):
     """An additive attn_mask that needs a gradient (T5's and Swin's relative position biases): the

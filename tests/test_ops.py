@@ -180,6 +180,51 @@ def test_unary_backward_low_precision(rng, name, fwd, bwd, dtype):
     assert_close(bwd(g, x), exact, dtype, what=name)
 
 
+def test_pow_array_exponent_gradients(rng):
+    """Both gradients of input ** exponent with broadcast arrays (shaped as the output: summed here
+    over the broadcast dimensions, as the tape does), against finite differences in float64
+    (positive bases: the log in the exponent's gradient)."""
+    x = rng.random((3, 1, 5)) + 0.5
+    e = rng.standard_normal((4, 1)) * 2
+    r = rng.standard_normal((3, 4, 5))
+    gx = F.pow_backward(r, x, e)
+    ge = F.pow_exponent_backward(r, x, e)
+    assert gx.shape == ge.shape == r.shape
+    assert_close(gx.sum(1, keepdims=True), numeric_grad(lambda v: F.pow(v, e), x.copy(), r), F64, rtol=1e-6)
+    assert_close(ge.sum((0, 2))[:, None], numeric_grad(lambda v: F.pow(x, v), e.copy(), r), F64, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+def test_pow_array_exponent_gradients_low_precision(rng, dtype):
+    """In the gradient's dtype (input's, exponent's), within its rounding of the float64 gradient; the
+    exponent's gradient in float32 when the exponent is float32 and the input is narrower."""
+    x = (rng.random((5, 33)) + 0.25).astype(dtype)
+    e = ref.random(rng, (5, 33), dtype)
+    g = ref.random(rng, (5, 33), dtype)
+    ex, ee, eg = f64(x), f64(e), f64(g)
+    assert_close(F.pow_backward(g, x, e), eg * ee * ex ** (ee - 1), dtype)
+    assert_close(F.pow_exponent_backward(g, x, e), eg * ex ** ee * np.log(ex), dtype)
+    e32 = f64(e).astype(F32)
+    out = F.pow_exponent_backward(g, x, e32)
+    assert out.dtype == F32
+    assert_close(out, eg * ex ** ee * np.log(ex), F32)
+
+
+def test_pow_gradients_at_zero_as_torch():
+    """torch's special cases: the input's gradient is 0 where the exponent is 0 (0 ** -1 * 0 would be
+    NaN), for a number exponent even against a NaN grad_output; the exponent's gradient is 0 where
+    the input is 0 and the exponent >= 0 (log 0 = -inf), -inf where 0 is raised to a negative power;
+    NaN for a negative input to a fractional power. Values from torch 2.15's autograd."""
+    x = np.array([0.0, 0.0, 2.0, -1.0, 0.0, 0.0, -2.0])
+    e = np.array([0.0, -1.0, 1.5, 2.0, 2.0, 0.5, 0.5])
+    g = np.ones(7)
+    np.testing.assert_array_equal(F.pow_backward(g, x, e), [0.0, -np.inf, 1.5 * 2 ** 0.5, -2.0, 0.0, np.inf, np.nan])
+    np.testing.assert_array_equal(F.pow_exponent_backward(g, x, e),
+                                  [0.0, -np.inf, 2 ** 1.5 * np.log(2.0), np.nan, 0.0, 0.0, np.nan])
+    np.testing.assert_array_equal(F.pow_backward(np.array([1.0, np.nan, 1.0]), np.array([0.0, 0.0, 3.0]), 0.0), 0.0)
+    np.testing.assert_array_equal(F.pow_backward(np.ones(2), np.array([0.0, 3.0]), -1.0), [-np.inf, -1 / 9])
+
+
 def test_binary_broadcast_and_promotion(rng):
     a = ref.random(rng, (4, 1, 5), F16)
     b = ref.random(rng, (3, 1), BF16)

@@ -111,6 +111,9 @@ def _grad_cases(r):
          [f64(2, 6, 4), f64(6), f64(6)], (0, 1, 2)),
         ("max_pool dilated ceil", lambda a: F.max_pool2d(a, 3, 2, 1, 2, True),
          lambda a: TF.max_pool2d(a, 3, 2, 1, 2, True), [f64(2, 3, 9, 8)], (0,)),
+        ("pow array exponent, zeros", F.pow, torch.pow,
+         [np.where(r.random((4, 5)) < 0.3, 0.0, r.random((4, 5)) + 0.1), np.where(r.random(5) < 0.4, 0.0, f64(5))],
+         (0, 1)),
     ]
 
 

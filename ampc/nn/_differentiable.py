@@ -11,7 +11,6 @@ from ampc import _C
 from ampc.autograd import differentiable
 from ampc.nn import functional as F
 from ampc.nn import _attention, _embedding, _glue, _spatial
-from ampc.nn._common import is_number
 
 
 def raw(op):
@@ -186,9 +185,9 @@ def _addmm_backward(a, saved, g, needs):
 
 
 def _pow_backward(a, saved, g, needs):
-    if not is_number(a["exponent"]):
-        raise NotImplementedError("pow: the gradient of an array exponent is not supported")
-    return (F.pow_backward(g, a["input"], a["exponent"]),)
+    x, exponent = a["input"], a["exponent"]
+    return (_unbroadcast(F.pow_backward(g, x, exponent), x) if needs[0] else None,
+            _unbroadcast(F.pow_exponent_backward(g, x, exponent), exponent) if needs[1] else None)
 
 
 class _Shape:
@@ -394,7 +393,7 @@ def _ops():
         "mean": differentiable(F.mean, ("input",), _plain_forward(F.mean), _mean_backward),
         "exp": differentiable(F.exp, ("input",), _keeping_output(F.exp), lambda a, out, g, n: (F.exp_backward(g, out),)),
         "log": differentiable(F.log, ("input",), _plain_forward(F.log), _unary_backward(F.log_backward)),
-        "pow": differentiable(F.pow, ("input",), _plain_forward(F.pow), _pow_backward),
+        "pow": differentiable(F.pow, ("input", "exponent"), _plain_forward(F.pow), _pow_backward),
         "relu": differentiable(F.relu, ("input",), _relu_forward, lambda a, out, g, n: (F.relu_backward(g, out),)),
         "gelu": differentiable(F.gelu, ("input",), _plain_forward(F.gelu),
                                _unary_backward(F.gelu_backward, "approximate")),

@@ -639,10 +639,29 @@ def pow(input, exponent):  # noqa: A001 - torch's name
 
 
 def pow_backward(grad_output, input, exponent):
-    """The gradient of pow(input, exponent) with respect to input, for a number exponent."""
+    """The gradient of pow(input, exponent) with respect to input, exponent * input ** (exponent - 1),
+    in input's dtype, shaped as grad_output and input broadcast. Zero where the exponent is 0, as
+    torch's (0 ** -1 would make it NaN); with a number exponent 0 even where grad_output is NaN, as
+    torch's zeros_like (with an array exponent torch's where() does that too, ampc's kernel multiplies
+    by grad_output last: NaN there)."""
+    op = "pow_backward"
+    dtype = _floating_dtype(op, "input", input)
     if not _is_number(exponent):
-        raise TypeError(f"pow_backward: exponent must be a number, got {type(exponent).__name__}")
-    return _gradient_at_input("pow_scalar_grad", "pow_backward", grad_output, input, param=float(exponent))
+        return _ew("pow_base_grad", input, exponent, grad_output, dtype=dtype, name=op,
+                   names=("input", "exponent", "grad_output"))
+    if exponent == 0:
+        shape = np.broadcast_shapes(tuple(grad_output.shape), tuple(input.shape))
+        return _C.zeros_like(input, dtype=dtype, shape=shape)
+    return _gradient_at_input("pow_scalar_grad", op, grad_output, input, param=float(exponent))
+
+
+def pow_exponent_backward(grad_output, input, exponent):
+    """The gradient of pow(input, exponent) with respect to an array exponent, input ** exponent *
+    log(input), in exponent's dtype; zero where input is 0 and exponent >= 0, as torch's (log 0 is
+    -inf)."""
+    op = "pow_exponent_backward"
+    return _ew("pow_exponent_grad", input, exponent, grad_output, dtype=_floating_dtype(op, "exponent", exponent),
+               name=op, names=("input", "exponent", "grad_output"))
 
 
 def exp_backward(grad_output, output):
