@@ -129,6 +129,23 @@ def test_unary_backward(name, bwd, top, dtype):
     assert got.dtype == x.grad.dtype
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+def test_pow_array_exponent_gradients(dtype):
+    """Both gradients of input ** exponent (broadcast; zeros in both, where torch's gradients have
+    special cases) against torch's autograd in float64, and in torch's dtypes."""
+    x = torch.rand(33, 1, 65, device="cuda", dtype=torch.float64) + 0.2
+    x[:, :, ::7] = 0
+    e = randn(4, 1, dtype=torch.float64) * 2
+    e[0] = 0
+    x, e = x.to(dtype), e.to(dtype)
+    g = randn(33, 4, 65, dtype=dtype)
+    want = autograd(torch.pow, [x, e], g)
+    got_x, got_e = F.pow_backward(g, x, e), F.pow_exponent_backward(g, x, e)
+    close(got_x.double().sum(1, keepdim=True).to(dtype), want[0], dtype, rtol=8 * RTOL[dtype], what="input's")
+    close(got_e.double().sum((0, 2)).reshape(4, 1).to(dtype), want[1], dtype, rtol=8 * RTOL[dtype],
+          what="exponent's")
+
+
 def test_binary_broadcast_and_promotion():
     for da, db in [(torch.float32, torch.float32), (torch.float16, torch.float32), (torch.bfloat16, torch.float16),
                    (torch.float16, torch.float16), (torch.float64, torch.bfloat16)]:

@@ -427,10 +427,16 @@ def _pointwise_loss(name, op, input, target, reduction):
     return _reduce(name, per_element, reduction, dtype)
 
 
+def _check_grad_output(op, grad_output):
+    """For the backward functions that pass grad_output to _ew as its multiplier: the kernel reads a
+    missing third operand as 1, so None would give a gradient without a word."""
+    if grad_output is None:
+        raise TypeError(f"{op}: grad_output must be an array or a number, got None")
+
+
 def _pointwise_loss_backward(name, op, grad_output, input, target, reduction, scale=1.0):
     _check_reduction(name, reduction)
-    if grad_output is None:  # the kernel reads a missing third operand as 1: say so instead
-        raise TypeError(f"{name}_backward: grad_output must be an array or a number, got None")
+    _check_grad_output(f"{name}_backward", grad_output)
     dtype = _floating_dtype(f"{name}_backward", "input", input)
     grad_output, factor = _reduction_grad(grad_output, tuple(input.shape), reduction)
     return _ew(op, input, target, grad_output, scale=factor * scale, dtype=dtype, name=f"{name}_backward",
@@ -647,6 +653,7 @@ def pow_backward(grad_output, input, exponent):
     op = "pow_backward"
     dtype = _floating_dtype(op, "input", input)
     if not _is_number(exponent):
+        _check_grad_output(op, grad_output)
         return _ew("pow_base_grad", input, exponent, grad_output, dtype=dtype, name=op,
                    names=("input", "exponent", "grad_output"))
     if exponent == 0:
@@ -660,6 +667,7 @@ def pow_exponent_backward(grad_output, input, exponent):
     log(input), in exponent's dtype; zero where input is 0 and exponent >= 0, as torch's (log 0 is
     -inf)."""
     op = "pow_exponent_backward"
+    _check_grad_output(op, grad_output)
     return _ew("pow_exponent_grad", input, exponent, grad_output, dtype=_floating_dtype(op, "exponent", exponent),
                name=op, names=("input", "exponent", "grad_output"))
 
