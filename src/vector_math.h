@@ -30,22 +30,31 @@ static inline float ampc_float_from_bits(uint32_t b)
 #define AMPC_ALWAYS_INLINE inline
 #endif
 
-/* e^x: Cody-Waite reduction x = n ln2 + r with |r| <= ln2 / 2 (ln2's high part has 9 significant
- * bits, so n * ln2_hi is exact), Cephes' degree-7 polynomial for e^r, and 2^n applied in two halves
- * so that results in the subnormal range round once and large x overflow to inf. Within 0.98 ulp
- * of e^x over a third of all float32 inputs (tests/test_ops.py sweeps a sample); NaN stays NaN,
- * e^-inf is 0 and e^inf inf. */
-static AMPC_ALWAYS_INLINE float ampc_expf(float x)
+/* Cody-Waite's reduction of e^x to 2^n e^r with |r| <= ln2 / 2: ln2 in two parts, the high one
+ * of 9 significant bits, so that n * ln2_hi is exact for every n of float32's range. */
+#define AMPC_LOG2E 1.44269504088896341f
+#define AMPC_LN2_HI 0.693359375f
+#define AMPC_LN2_LO -2.12194440e-4f
+
+/* x clamped to [-104, 89], beyond which every e^x is inf or 0 in float32 */
+static AMPC_ALWAYS_INLINE float ampc_exp_clamp(float x)
 {
-    const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-    const float round = 12582912.0f;  /* 1.5 * 2^23: adding and subtracting it rounds to an integer, ties to even */
-    /* beyond these every result is inf or 0; a NaN computes on 0 and is put back at the end */
-    float c = x == x ? x : 0.0f;
-    c = c > 89.0f ? 89.0f : c;
-    c = c < -104.0f ? -104.0f : c;
-    const float n = (c * log2e + round) - round;
-    float r = c - n * ln2_hi;
-    r = r - n * ln2_lo;
+    const float c = x > 89.0f ? 89.0f : x;
+    return c < -104.0f ? -104.0f : c;
+}
+
+/* round(x / ln2), ties to even, for a clamped x */
+static AMPC_ALWAYS_INLINE float ampc_exp_reduction_n(float x)
+{
+    const float round = 12582912.0f;  /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
+    return (x * AMPC_LOG2E + round) - round;
+}
+
+/* 2^n e^r for |r| <= ln2 / 2 (a little beyond costs accuracy, not range) and n in [-150, 128]:
+ * Cephes' degree-7 polynomial for e^r, then 2^n applied in two halves, each a normal float, so that
+ * results in the subnormal range round once and large n overflow to inf. */
+static AMPC_ALWAYS_INLINE float ampc_exp_reduced(float n, float r)
+{
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
@@ -53,10 +62,33 @@ static AMPC_ALWAYS_INLINE float ampc_expf(float x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
-    /* 2^n for n in [-150, 128], as 2^h * 2^(n - h): each factor a normal float */
     const int32_t k = (int32_t)n, h = k / 2;
-    const float y = p * ampc_float_from_bits((uint32_t)(h + 127) << 23) * ampc_float_from_bits((uint32_t)(k - h + 127) << 23);
+    return p * ampc_float_from_bits((uint32_t)(h + 127) << 23) * ampc_float_from_bits((uint32_t)(k - h + 127) << 23);
+}
+
+/* e^x within 0.98 ulp over a third of all float32 inputs (tests/test_ops.py sweeps a sample); NaN
+ * stays NaN, e^-inf is 0 and e^inf inf. */
+static AMPC_ALWAYS_INLINE float ampc_expf(float x)
+{
+    const float c = ampc_exp_clamp(x == x ? x : 0.0f);  /* a NaN computes on 0 and is put back at the end */
+    const float n = ampc_exp_reduction_n(c);
+    float r = c - n * AMPC_LN2_HI;
+    r = r - n * AMPC_LN2_LO;
+    const float y = ampc_exp_reduced(n, r);
     return x == x ? y : x;
+}
+
+/* e^(a + b) without rounding a + b first, for an exact a (erfc's -x^2, split so that its square is
+ * exact) and a smaller b in [-2, 2]: a - n ln2_hi is exact wherever |a| >= 2 (n ln2_hi is a
+ * multiple of 2^-9 and a one of its own ulp), so the reduced argument carries b's rounding and
+ * one more, not a's (|a| ulp). Not for NaN; a + b above 89 is not clamped (erfc never has it). */
+static AMPC_ALWAYS_INLINE float ampc_exp_of_sum(float a, float b)
+{
+    const float s = a + b;
+    const float n = ampc_exp_reduction_n(ampc_exp_clamp(s));
+    const float r = (a - n * AMPC_LN2_HI) + (b - n * AMPC_LN2_LO);
+    const float y = ampc_exp_reduced(n, r);
+    return s < -104.0f ? 0.0f : y;  /* below, n was clamped and r is not reduced */
 }
 
 /* erfc(x) in float32, branch-free as ampc_expf: t = 1 / (1 + |x| / 2), erfc(|x|) = t e^(-x^2 + P(t))
@@ -80,7 +112,7 @@ static AMPC_ALWAYS_INLINE float ampc_erfcf(float x)
     p = p * t + 1.00002368f;
     p = p * t - 1.26551223f;
     const float c = 4097.0f * z, h = c - (c - z), l = z - h;  /* Veltkamp's split: h has 12 bits */
-    const float r = t * (ampc_expf(-(h * h)) * ampc_expf(p - (h + h + l) * l));
+    const float r = t * ampc_exp_of_sum(-(h * h), p - (h + h + l) * l);
     const float y = x < 0 ? 2.0f - r : r;
     return x == x ? y : x;
 }
