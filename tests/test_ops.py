@@ -378,6 +378,25 @@ def test_softmax_of_all_minus_inf_is_nan():
     assert np.isnan(out).all()
 
 
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+def test_a_nan_anywhere_in_a_row_wins(rng, dtype):
+    """A NaN at any position of a row (each lane of the vectorised maximum, and the tail past the
+    last whole step of 8) makes softmax's, log_softmax's and cross_entropy's row NaN, beside -inf
+    and +inf as well; the other rows keep their values."""
+    n = 19
+    for at in range(n):
+        for other in (0.0, -np.inf, np.inf):
+            x = ref.random(rng, (3, n), dtype)
+            x[1] = -np.inf if other == -np.inf else x[1]
+            x[1, (at + 5) % n] = other if other != -np.inf else x[1, (at + 5) % n]
+            x[1, at] = np.nan
+            for out in (F.softmax(x, 1), F.log_softmax(x, 1)):
+                assert np.isnan(out[1]).all(), (at, other)
+                assert not np.isnan(out[[0, 2]]).any()
+            loss = F.cross_entropy(x, np.array([0, 1, 2]), reduction="none")
+            assert np.isnan(loss[1]) and not np.isnan(loss[[0, 2]]).any(), (at, other)
+
+
 def test_softmax_dim_out_of_range():
     with pytest.raises(IndexError, match="Dimension out of range"):
         F.softmax(np.ones((2, 3), np.float32), 2)
