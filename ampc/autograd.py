@@ -155,8 +155,14 @@ class Arithmetic:
     def __matmul__(self, other):
         return self._f().matmul(self, other)
 
+    def __rmatmul__(self, other):
+        return self._f().matmul(other, self)
+
     def __pow__(self, exponent):
         return self._f().pow(self, exponent)
+
+    def __rpow__(self, base):
+        return self._f().pow(base, self)
 
     def reshape(self, *shape):
         return self._f().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)

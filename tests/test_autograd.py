@@ -100,9 +100,12 @@ def test_attention_and_glue():
 def test_arithmetic_and_broadcasting():
     rng = np.random.default_rng(5)
     a, b = param(rng, 3, 4), param(rng, 4)
+    m = rng.standard_normal((2, 3))
 
     def loss():
         z = (a * b - b / (F.exp(a) + 2.0)) / 3.0 + (1.0 - a) * F.log(b * b + 1.0)
+        # the reflected operators with a number or an ndarray on the left: 1.5 ** b, m @ a
+        z = z + 1.5 ** b + F.sum(m @ a, dim=0) * 0.1
         return F.sum(z ** 2, dim=1).mean()
 
     check_grads(loss, [a, b])
