@@ -101,16 +101,13 @@ static AMPC_ALWAYS_INLINE float ampc_erfcf(float x)
     float z = x < 0 ? -x : x;
     z = z < 20.0f ? z : 20.0f;  /* erfc(20) is 0 in float32; inf would make the split NaN */
     const float t = 1.0f / (1.0f + 0.5f * z);
-    float p = 0.17087277f;
-    p = p * t - 0.82215223f;
-    p = p * t + 1.48851587f;
-    p = p * t - 1.13520398f;
-    p = p * t + 0.27886807f;
-    p = p * t - 0.18628806f;
-    p = p * t + 0.09678418f;
-    p = p * t + 0.37409196f;
-    p = p * t + 1.00002368f;
-    p = p * t - 1.26551223f;
+    /* P(t) of degree 9 by Estrin's scheme: 4 levels of multiply-add, not Horner's chain of 9, which
+     * left gelu bound by its latency (3.7 ns an element on one thread) */
+    const float t2 = t * t, t4 = t2 * t2, t8 = t4 * t4;
+    const float q0 = 1.00002368f * t - 1.26551223f, q1 = 0.09678418f * t + 0.37409196f;
+    const float q2 = 0.27886807f * t - 0.18628806f, q3 = 1.48851587f * t - 1.13520398f;
+    const float q4 = 0.17087277f * t - 0.82215223f;
+    const float p = ((q0 + q1 * t2) + (q2 + q3 * t2) * t4) + q4 * t8;
     const float c = 4097.0f * z, h = c - (c - z), l = z - h;  /* Veltkamp's split: h has 12 bits */
     const float r = t * ampc_exp_of_sum(-(h * h), p - (h + h + l) * l);
     const float y = x < 0 ? 2.0f - r : r;
