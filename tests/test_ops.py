@@ -223,6 +223,9 @@ def test_pow_gradients_at_zero_as_torch():
                                   [0.0, -np.inf, 2 ** 1.5 * np.log(2.0), np.nan, 0.0, 0.0, np.nan])
     np.testing.assert_array_equal(F.pow_backward(np.array([1.0, np.nan, 1.0]), np.array([0.0, 0.0, 3.0]), 0.0), 0.0)
     np.testing.assert_array_equal(F.pow_backward(np.ones(2), np.array([0.0, 3.0]), -1.0), [-np.inf, -1 / 9])
+    # a number grad_output, as with any other exponent
+    np.testing.assert_array_equal(F.pow_backward(2.0, np.array([0.0, 3.0]), 0.0), [0.0, 0.0])
+    np.testing.assert_array_equal(F.pow_backward(2.0, np.array([0.0, 3.0]), 2.0), [0.0, 12.0])
 
 
 def test_binary_broadcast_and_promotion(rng):

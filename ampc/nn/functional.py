@@ -656,9 +656,9 @@ def pow_backward(grad_output, input, exponent):
         _check_grad_output(op, grad_output)
         return _ew("pow_base_grad", input, exponent, grad_output, dtype=dtype, name=op,
                    names=("input", "exponent", "grad_output"))
-    if exponent == 0:
-        shape = np.broadcast_shapes(tuple(grad_output.shape), tuple(input.shape))
-        return _C.zeros_like(input, dtype=dtype, shape=shape)
+    if exponent == 0:  # grad_output a number (as the other paths take it) or an array
+        grad_shape = () if _is_number(grad_output) else _shape_of(grad_output, op, "grad_output")
+        return _C.zeros_like(input, dtype=dtype, shape=np.broadcast_shapes(grad_shape, tuple(input.shape)))
     return _gradient_at_input("pow_scalar_grad", op, grad_output, input, param=float(exponent))
 
 
