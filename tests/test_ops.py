@@ -390,8 +390,10 @@ def test_a_nan_anywhere_in_a_row_wins(rng, dtype):
     for at in range(n):
         for other in (0.0, -np.inf, np.inf):
             x = ref.random(rng, (3, n), dtype)
-            x[1] = -np.inf if other == -np.inf else x[1]
-            x[1, (at + 5) % n] = other if other != -np.inf else x[1, (at + 5) % n]
+            if other == -np.inf:
+                x[1] = -np.inf  # the whole row, but for the NaN
+            else:
+                x[1, (at + 5) % n] = other
             x[1, at] = np.nan
             for out in (F.softmax(x, 1), F.log_softmax(x, 1)):
                 assert np.isnan(out[1]).all(), (at, other)

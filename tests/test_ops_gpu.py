@@ -132,7 +132,7 @@ def test_unary_backward(name, bwd, top, dtype):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 def test_pow_array_exponent_gradients(dtype):
     """Both gradients of input ** exponent (broadcast; zeros in both, where torch's gradients have
-    special cases) against torch's autograd in float64, and in torch's dtypes."""
+    special cases), in the inputs' dtype, against torch's autograd in float64."""
     x = torch.rand(33, 1, 65, device="cuda", dtype=torch.float64) + 0.2
     x[:, :, ::7] = 0
     e = randn(4, 1, dtype=torch.float64) * 2
