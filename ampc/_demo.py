@@ -59,7 +59,7 @@ class Progress:
         if done != self.total and (not self.live or filled == self.drawn):
             return
         self.drawn = filled
-        self.stream.write(f"\r{self.name:9s} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} "
+        self.stream.write(f"\r{self.name:14s} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} "
                           f"loss {loss:.4f}" + ("\n" if done == self.total else ""))
         self.stream.flush()
 
@@ -261,6 +261,14 @@ def run(args):
         if index < 0:
             result["peak_bytes"] = peak_memory(recipe, data, batch_size=args.batch_size or 64)
         results.append(result)
+    if args.compare_torch:
+        from ampc._demo_torch import train_torch_mlp
+
+        for recipe in RECIPES:
+            row = train_torch_mlp(recipe, data, args.epochs, args.batch_size or 64, seed=args.seed, index=index)
+            if row is None:
+                break
+            results.append(row)
     print(table(results))
     for line in notes(results):
         print(line)

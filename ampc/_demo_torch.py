@@ -57,14 +57,91 @@ def _torch_gpt(torch, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768
     return model
 
 
-def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024,
-                channels_last=False):
-    """torch's row for recipe, or None (with a note printed) when torch or torchvision is missing or
-    there is no GPU."""
+def _import_torch():
     try:
         import torch
     except ImportError:
         print("--compare-torch: torch is not installed")
+        return None
+    return torch
+
+
+def _torch_dtype(torch, dtype):
+    """torch's autocast dtype for an ampc recipe's (None, float32: autocast off)."""
+    return {None: torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+        None if dtype is None else np.dtype(dtype).name]
+
+
+def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, index=-1):
+    """torch's row for the digits MLP (_demo.train's model, batches, optimizer and recipe, in torch's
+    AMP, timed the same way), or None with a note printed when torch is missing or lacks the
+    recipe on this device (CPU autocast in float16 and a CPU GradScaler came in torch 2.3)."""
+    torch = _import_torch()
+    if torch is None:
+        return None
+    name, dtype, scaled = recipe
+    x_train, y_train, x_test, y_test = data
+    device = torch.device("cpu") if index < 0 else torch.device("cuda", index)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(seed)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    try:
+        scaler = torch.amp.GradScaler(device.type, enabled=scaled)
+        with torch.autocast(device.type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
+            model(torch.zeros(1, 64, device=device))
+    except (AttributeError, RuntimeError) as e:
+        print(f"--compare-torch: torch {torch.__version__} cannot run {name} on {device.type}: {e}")
+        return None
+    if index >= 0:
+        torch.cuda.reset_peak_memory_stats(device)
+    bar = _demo.Progress("torch " + name, epochs * math.ceil(len(x_train) / batch_size))
+    losses, scales, step_times, skipped = [], [], [], 0
+    for epoch in range(epochs):
+        order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
+        for start in range(0, len(x_train), batch_size):
+            batch = order[start:start + batch_size]
+            x, y = (torch.from_numpy(v[batch]).to(device) for v in (x_train, y_train))
+            _synchronize(torch, index)
+            began = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scale = scaler.get_scale() if scaled else 1.0
+            scaler.update()
+            _synchronize(torch, index)
+            step_times.append(time.perf_counter() - began)
+            if scaled and scaler.get_scale() < scale:  # a step with inf or NaN gradients backs the scale off
+                skipped += 1
+            losses.append(loss.item())
+            scales.append(scaler.get_scale() if scaled else 1.0)
+            bar.show(len(losses), losses[-1])
+    model.eval()
+    with torch.no_grad():
+        predictions = model(torch.from_numpy(x_test).to(device)).argmax(dim=1).cpu().numpy()
+    return {"name": "torch " + name, "library": "torch", "step_ms": 1e3 * float(np.median(step_times)),
+            # torch's CPU allocator is not one tracemalloc sees: no CPU peak for torch
+            "peak_bytes": torch.cuda.max_memory_allocated(device) if index >= 0 else None,
+            "accuracy": float((predictions == y_test).mean()), "skipped": skipped,
+            "scale": scaler.get_scale() if scaled else None, "final_loss": losses[-1], "losses": losses,
+            "scales": scales}
+
+
+def _synchronize(torch, index):
+    if index >= 0:
+        torch.cuda.synchronize(index)
+
+
+def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024,
+                channels_last=False):
+    """torch's row for recipe, or None (with a note printed) when torch or torchvision is missing or
+    there is no GPU."""
+    torch = _import_torch()
+    if torch is None:
         return None
     if index < 0:
         print("--compare-torch: torch's rows are measured on a GPU only")
@@ -90,8 +167,7 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(kind, batch_size, index, image_size, seq_len,
                                                                   channels_last=channels_last))
-    torch_dtype = {None: torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-        None if dtype is None else np.dtype(dtype).name]
+    torch_dtype = _torch_dtype(torch, dtype)
     scaler = torch.amp.GradScaler("cuda", enabled=scaled)
     torch.cuda.reset_peak_memory_stats(device)
     times, losses, warmup_peak = [], [], None

@@ -147,3 +147,18 @@ def test_module_constructors_take_torch_s_arguments_and_defaults():
         assert list(got) == list(want) and all(repr(got[k]) == repr(want[k]) for k in want), name
         checked += 1
     assert checked >= 29
+
+
+def test_the_demo_adds_torch_s_rows(capsys):
+    """`python -m ampc demo --compare-torch` on the CPU: torch's three runs of the same MLP and recipe
+    after ampc's, each trained (better than chance on the held-out digits), fp16 with torch's scaler."""
+    from ampc.__main__ import main
+
+    assert main(["demo", "--epochs", "1", "--compare-torch"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    assert [row[0].strip() for row in rows] == ["run", "fp32", "AMP bf16", "AMP fp16",
+                                               "torch fp32", "torch AMP bf16", "torch AMP fp16"]
+    for row in rows[4:]:
+        assert float(row[5].strip().rstrip(" %")) > 50
+    assert [row[7].strip() for row in rows[4:]] == ["—", "—", "65536"]

@@ -2,6 +2,8 @@
 (AMP reaching float32's accuracy, the GradScaler skipping an overflowed step), state dicts with
 torch's keys and texts, and `python -m ampc demo` itself."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -44,6 +46,15 @@ def test_the_demo_command(tmp_path, capsys):
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert [row.split("|")[1].strip() for row in rows] == ["run", "fp32", "AMP bf16", "AMP fp16"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_demo_without_torch_says_so_and_keeps_its_own_rows(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    assert main(["demo", "--epochs", "1", "--compare-torch"]) == 0
+    out = capsys.readouterr().out
+    assert "--compare-torch: torch is not installed" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [row.split("|")[1].strip() for row in rows] == ["run", "fp32", "AMP bf16", "AMP fp16"]
 
 
 def model():
