@@ -28,6 +28,9 @@ def main(argv=None):
                       help="under mpirun -n N (MPI, the CPU) or torchrun --nproc_per_node=N (NCCL on the GPUs): "
                            "the MLP data-parallel, the ranks' agreement and speed-up")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--nan-at", type=int, metavar="STEP",
+                      help="mlp: a NaN in this step's batch, in every run: the GradScaler skips that step, "
+                           "the unscaled runs' weights turn NaN")
     demo.add_argument("--plot", metavar="FILE", help="mlp: save a PNG of loss and loss scale against the step")
     args = parser.parse_args(argv)
     if args.command == "doctor":

@@ -79,10 +79,11 @@ def training_step(loss_of, optimizer, scaler, device_type, dtype, before_step=No
     return loss
 
 
-def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at=None, progress=True, index=-1):
+def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at=None, progress=True, index=-1,
+          nan_at=None):
     """Train a fresh MLP under recipe on device index (-1: the CPU); a dict of what the demo reports,
     with the loss and scale at every step. inject_inf_at: a step whose gradients are made inf (as an
-    overflow would)."""
+    overflow would); nan_at: a step whose batch holds a NaN (as bad data would)."""
     name, dtype, scaled = recipe
     x_train, y_train, x_test, y_test = data
     ampc.manual_seed(seed)
@@ -99,7 +100,10 @@ def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at
         order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
         for start in range(0, len(x_train), batch_size):
             batch = order[start:start + batch_size]
-            x, y = (ampc._C._to_device(v[batch], index) for v in (x_train, y_train))
+            x = x_train[batch]
+            if nan_at == len(losses):
+                x[0, 0] = np.nan  # a fancy-indexed copy: the data set keeps its values
+            x, y = ampc._C._to_device(x, index), ampc._C._to_device(y_train[batch], index)
             began = time.perf_counter()
             def overflow():
                 first = next(iter(model.parameters()))
@@ -257,7 +261,8 @@ def run(args):
           f"{len(data[2])}; AdamW, batch {args.batch_size or 64}, {args.epochs} epochs, on {where}")
     results = []
     for recipe in RECIPES:
-        result = train(recipe, data, args.epochs, args.batch_size or 64, seed=args.seed, index=index)
+        result = train(recipe, data, args.epochs, args.batch_size or 64, seed=args.seed, index=index,
+                       nan_at=args.nan_at)
         if index < 0:
             result["peak_bytes"] = peak_memory(recipe, data, batch_size=args.batch_size or 64)
         results.append(result)
@@ -265,7 +270,8 @@ def run(args):
         from ampc._demo_torch import train_torch_mlp
 
         for recipe in RECIPES:
-            row = train_torch_mlp(recipe, data, args.epochs, args.batch_size or 64, seed=args.seed, index=index)
+            row = train_torch_mlp(recipe, data, args.epochs, args.batch_size or 64, seed=args.seed, index=index,
+                                  nan_at=args.nan_at)
             if row is None:
                 break
             results.append(row)

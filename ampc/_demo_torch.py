@@ -72,7 +72,7 @@ def _torch_dtype(torch, dtype):
         None if dtype is None else np.dtype(dtype).name]
 
 
-def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, index=-1):
+def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, index=-1, nan_at=None):
     """torch's row for the digits MLP (_demo.train's model, batches, optimizer and recipe, in torch's
     AMP, timed the same way), or None with a note printed when torch is missing or lacks the
     recipe on this device (CPU autocast in float16 and a CPU GradScaler came in torch 2.3)."""
@@ -103,7 +103,10 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
         order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
         for start in range(0, len(x_train), batch_size):
             batch = order[start:start + batch_size]
-            x, y = (torch.from_numpy(v[batch]).to(device) for v in (x_train, y_train))
+            x = x_train[batch]
+            if nan_at == len(losses):
+                x[0, 0] = np.nan
+            x, y = torch.from_numpy(x).to(device), torch.from_numpy(y_train[batch]).to(device)
             _synchronize(torch, index)
             began = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)

@@ -48,6 +48,22 @@ def test_the_demo_command(tmp_path, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_the_demo_with_a_nan_in_the_data_says_what_each_run_did(capsys):
+    """--nan-at: one batch holds a NaN in every run; the scaled fp16 run skips that step and goes on
+    learning, the unscaled runs' weights turn NaN (their predictions: all class 0), and the notes
+    under the table say which is which."""
+    assert main(["demo", "--epochs", "2", "--nan-at", "30"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in out.splitlines() if line.startswith("| ") and "---" not in line}
+    digits_of_class_0 = np.mean(_demo.digits_split(0)[3] == 0)
+    for name in ("fp32", "AMP bf16"):
+        assert float(rows[name][4].rstrip(" %")) == pytest.approx(100 * digits_of_class_0, abs=0.01)
+        assert f"{name}: the final loss is nan" in out
+    assert rows["AMP fp16"][5:] == ["1", "32768"] and float(rows["AMP fp16"][4].rstrip(" %")) > 80
+    assert "AMP fp16: the GradScaler skipped 1 step(s) whose gradients held inf or NaN" in out
+
+
 def test_the_demo_without_torch_says_so_and_keeps_its_own_rows(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
     assert main(["demo", "--epochs", "1", "--compare-torch"]) == 0
