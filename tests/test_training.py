@@ -4,6 +4,7 @@ torch's keys and texts, and `python -m ampc demo` itself."""
 
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -260,6 +261,54 @@ def test_module_to():
                        ("cuda:١", ValueError), (1.0, TypeError), (object(), TypeError)]:
         with pytest.raises(error, match="device"):
             m.to(bad)
+
+
+def test_module_dtype_methods_go_there_and_back():
+    """half(), bfloat16(), float(), double(): every floating parameter and buffer, bfloat16 included
+    on the way back (NumPy does not count it as np.floating: to(float32) left it bfloat16); integer
+    buffers stay."""
+    m = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    want = m[0].weight.data.copy()
+    for method, dtype in [("half", np.float16), ("float", np.float32), ("bfloat16", ml_dtypes.bfloat16),
+                          ("float", np.float32), ("double", np.float64)]:
+        assert getattr(m, method)() is m
+        assert {a.dtype for a in (*(p.data for p in m.parameters()), m[1].running_var)} == {np.dtype(dtype)}
+        assert m[1].num_batches_tracked.dtype == np.int64
+    assert np.array_equal(m[0].weight.data, want.astype(ml_dtypes.bfloat16).astype(np.float64))
+
+
+def test_requires_grad_freezes_parameters():
+    m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    assert m[0].requires_grad_(False) is m[0]
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    F.sum(m(x)).backward()
+    assert m[0].weight.grad is None and m[0].bias.grad is None
+    assert m[2].weight.grad is not None and np.abs(m[2].weight.grad).sum() > 0
+    m.requires_grad_()
+    assert all(p.requires_grad for p in m.parameters())
+
+
+def test_register_parameter_get_submodule_get_parameter():
+    """torch's names, paths and texts."""
+    m = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
+    assert m.get_submodule("1.1") is m[1][1] and m.get_submodule("") is m
+    assert m.get_parameter("1.1.bias") is m[1][1].bias
+    for target, text in [("1.x", "Sequential has no attribute `x`"), ("0.weight.z", "`weight` is not an nn.Module")]:
+        with pytest.raises(AttributeError, match=text):
+            m.get_submodule(target)
+    with pytest.raises(AttributeError, match="`in_features` is not an nn.Parameter"):
+        m.get_parameter("0.in_features")
+    layer = nn.Linear(2, 2)
+    layer.register_parameter("bias", None)
+    assert list(layer.state_dict()) == ["weight"] and layer.bias is None
+    scale = nn.Parameter(np.ones(2, np.float32))
+    layer.register_parameter("scale", scale)
+    assert [n for n, _ in layer.named_parameters()] == ["weight", "scale"] and layer.scale is scale
+    for name, value, error in [("a.b", scale, KeyError), ("", scale, KeyError), (1, scale, TypeError),
+                               ("c", np.ones(2), TypeError)]:
+        with pytest.raises(error):
+            layer.register_parameter(name, value)
+    assert [n for n, _ in layer.named_parameters()] == ["weight", "scale"]
 
 
 def test_module_to_moves_everything_or_nothing(monkeypatch):

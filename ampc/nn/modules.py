@@ -14,6 +14,7 @@ from ampc import _C, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
 from ampc.nn import _ampc_arrays, _embedding
+from ampc.nn._common import _FLOATING
 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
@@ -94,6 +95,21 @@ class Module:
         self.__dict__.pop(name, None)
         self._buffers[name] = value
 
+    def register_parameter(self, name, param):
+        """param (a Parameter, or None for an optional one that is absent, as a Linear's bias=False)
+        as the parameter `name`, as torch's."""
+        if not isinstance(name, str):
+            raise TypeError(f"parameter name should be a string. Got {type(name).__name__}")
+        if "." in name or name == "":
+            raise KeyError("parameter name can't contain \".\"" if name else "parameter name can't be empty string \"\"")
+        if param is not None and not isinstance(param, _C.Parameter):
+            raise TypeError(f"cannot assign '{type(param).__name__}' object to parameter '{name}' "
+                            "(ampc.Parameter or None required)")
+        for table in (self._buffers, self._modules):
+            table.pop(name, None)
+        self.__dict__.pop(name, None)
+        self._parameters[name] = param
+
     def add_module(self, name, module):
         """module as the submodule `name` (as torch's; a container's entries come in this way)."""
         # setattr would keep a non-module as a plain attribute, out of the model (torch also takes None)
@@ -145,6 +161,25 @@ class Module:
     def parameters(self, recurse=True):
         return (p for _, p in self.named_parameters(recurse=recurse))
 
+    def get_submodule(self, target):
+        """The submodule at a dotted path ("layer1.0.conv1"; "" is the module itself), as torch's."""
+        module = self
+        for name in target.split(".") if target else []:
+            if name not in module._modules:
+                raise AttributeError(f"`{name}` is not an nn.Module" if hasattr(module, name)
+                                     else f"{type(module).__name__} has no attribute `{name}`")
+            module = module._modules[name]
+        return module
+
+    def get_parameter(self, target):
+        """The parameter at a dotted path ("layer1.0.conv1.weight"), as torch's."""
+        path, _, name = target.rpartition(".")
+        module = self.get_submodule(path)
+        if name not in module._parameters:
+            raise AttributeError(f"{type(module).__name__} has no attribute `{name}`" if not hasattr(module, name)
+                                 else f"`{name}` is not an nn.Parameter")
+        return module._parameters[name]
+
     def named_buffers(self, prefix="", recurse=True):
         return self._named("_buffers", prefix, recurse)
 
@@ -193,6 +228,25 @@ class Module:
 
     def cuda(self, device=0):
         return self.to(device)
+
+    def float(self):
+        return self.to(dtype=np.float32)
+
+    def double(self):
+        return self.to(dtype=np.float64)
+
+    def half(self):
+        return self.to(dtype=np.float16)
+
+    def bfloat16(self):
+        return self.to(dtype=_C.as_dtype("bfloat16"))
+
+    def requires_grad_(self, requires_grad=True):
+        """Whether backward() computes the parameters' gradients (False: frozen, as for fine-tuning
+        a part of a model), as torch's."""
+        for p in self.parameters():
+            p.requires_grad = requires_grad
+        return self
 
     def cpu(self):
         return self.to("cpu")
@@ -320,8 +374,7 @@ def _relaid(x, memory_format):
 
 
 def _moved(x, index, dtype, memory_format=None):
-    if dtype is not None and np.issubdtype(np.dtype(x.dtype) if isinstance(x, np.ndarray) else _C.as_dtype(x.dtype),
-                                           np.floating) and _C.as_dtype(x.dtype) != _C.as_dtype(dtype):
+    if dtype is not None and _is_floating(x) and _C.as_dtype(x.dtype) != _C.as_dtype(dtype):
         x = _C.cast(x, dtype)
     x = _relaid(x, memory_format)
     if index is None or _array_device(x) == index:
@@ -334,6 +387,15 @@ def _moved(x, index, dtype, memory_format=None):
         copy = _C.zeros_like(x, shape=tuple(x.shape))
         _C.cast(x, out=copy)
         return _C._to_device(copy, index)
+
+
+def _is_floating(x):
+    """Whether x's dtype is one of the floating ones a module's dtype moves (bfloat16 too, which NumPy
+    does not count as np.floating); integer and bool buffers, and dtypes ampc does not know, stay."""
+    try:
+        return _C.as_dtype(x.dtype) in _FLOATING
+    except TypeError:
+        return False
 
 
 def _holds_numbers(value):
