@@ -1,9 +1,12 @@
 """ampc.nn.functional's CPU kernels against torch's CPU kernels (where torch is installed) and NumPy,
 in the same run, on float32 and bfloat16 activations of 512 x 2048: time, the ratio to each peer
 (> 1: ampc is faster) and GB/s moved against this machine's copy bandwidth (a NumPy copy of the
-same bytes, the limit an elementwise op can reach).
+same bytes, the limit an elementwise op can reach). Then conv2d on ResNet-50's shapes (batch 8),
+forward and backward (data and filter gradients), against torch's convolution and
+convolution_backward, in GFLOP/s against NumPy's float32 matrix product of 2048 x 2048 (the BLAS
+ampc's convolutions run on).
 
-    python benchmarks/ops_cpu.py [--threads N]
+    python benchmarks/ops_cpu.py [--threads N] [--only rows|conv]
 """
 
 import argparse
@@ -28,6 +31,7 @@ def best_of(fn, repeat=9):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="ampc's and torch's CPU threads")
+    parser.add_argument("--only", choices=("rows", "conv"), help="one of the two tables")
     args = parser.parse_args()
     import ampc
 
@@ -59,6 +63,15 @@ def main():
     ]
     print(f"threads: ampc {ampc.get_num_threads()}" + (f", torch {torch.get_num_threads()}" if torch else "")
           + f"; {os.cpu_count()} CPUs")
+    if args.only != "conv":
+        rows(ops, rng, torch)
+    if args.only != "rows":
+        convolutions(rng, torch)
+
+
+def rows(ops, rng, torch):
+    import ampc
+
     print(f"{'op':<14}{'dtype':<10}{'ampc ms':>9}{'torch ms':>10}{'ratio':>7}{'numpy ms':>10}{'ratio':>7}"
           f"{'GB/s':>7}{'of copy':>9}")
     for dtype in (np.float32, ampc.bfloat16):
@@ -77,6 +90,45 @@ def main():
                      f"{ns * 1e3:10.2f}{ns / s:7.2f}" if ns else f"{'-':>10}{'-':>7}"]
             print(f"{name:<14}{np.dtype(dtype).name:<10}{s * 1e3:9.2f}{cells[0]}{cells[1]}{gbs:7.1f}"
                   f"{gbs / copy_gbs:8.0%}")
+
+
+# ResNet-50's convolutions at batch 8: (channels in, side, channels out, kernel, stride)
+CONVS = ((3, 224, 64, 7, 2), (64, 56, 64, 3, 1), (64, 56, 256, 1, 1), (256, 56, 64, 1, 1), (128, 28, 128, 3, 1),
+         (256, 14, 256, 3, 1), (512, 7, 512, 3, 1))
+
+
+def convolutions(rng, torch, batch=8):
+    import ampc
+
+    F = ampc.nn.functional
+    a = rng.standard_normal((2048, 2048), dtype=np.float32)
+    peak = 2 * 2048**3 / best_of(lambda: a @ a, 5) / 1e9
+    print(f"\nconv2d, batch {batch}, GFLOP/s against NumPy's float32 2048^3 product: {peak:.0f} GFLOP/s")
+    print(f"{'c, side, k, kernel/stride':<28}{'dtype':<10}{'pass':<6}{'ampc ms':>9}{'torch ms':>10}{'ratio':>7}"
+          f"{'GFLOP/s':>9}{'of peak':>9}")
+    for c, side, k, kernel, stride in CONVS:
+        pad = kernel // 2
+        for dtype in (np.float32, ampc.bfloat16):
+            x = rng.standard_normal((batch, c, side, side)).astype(dtype)
+            w = (rng.standard_normal((k, c, kernel, kernel)) / np.sqrt(c * kernel * kernel)).astype(dtype)
+            y = F.conv2d(x, w, None, stride, pad)
+            dy = rng.standard_normal(y.shape).astype(dtype)
+            flops = 2 * y.size * c * kernel * kernel
+            ours = {"fwd": best_of(lambda: F.conv2d(x, w, None, stride, pad), 3),
+                    "bwd": best_of(lambda: F.conv2d_backward(dy, x, w, stride, pad, bias_grad=False), 3)}
+            theirs = {}
+            if torch is not None:
+                tdt = torch.bfloat16 if dtype == ampc.bfloat16 else torch.float32
+                tx, tw, tdy = (torch.from_numpy(v.astype(np.float32)).to(tdt) for v in (x, w, dy))
+                theirs["fwd"] = best_of(lambda: torch.nn.functional.conv2d(tx, tw, None, stride, pad), 3)
+                theirs["bwd"] = best_of(lambda: torch.ops.aten.convolution_backward(
+                    tdy, tx, tw, None, [stride] * 2, [pad] * 2, [1, 1], False, [0, 0], 1, [True, True, False]), 3)
+            for name, s in ours.items():
+                work = flops * (2 if name == "bwd" else 1)
+                ts = theirs.get(name)
+                cell = f"{ts * 1e3:10.2f}{ts / s:7.2f}" if ts else f"{'-':>10}{'-':>7}"
+                print(f"{f'{c}, {side}, {k}, {kernel}/{stride}':<28}{np.dtype(dtype).name:<10}{name:<6}{s * 1e3:9.2f}"
+                      f"{cell}{work / s / 1e9:9.1f}{work / s / 1e9 / peak:9.0%}")
 
 
 if __name__ == "__main__":

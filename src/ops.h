@@ -483,12 +483,14 @@ int ampc_cpu_reduce(const ampc_reduce *r);
 int ampc_cpu_cross_entropy(const ampc_cross_entropy *c);
 int ampc_cpu_cross_entropy_backward(const ampc_cross_entropy_backward *c);
 /* spatial_cpu.c. The convolution's matrix product is NumPy's: the CPU
- * kernels lower to and from columns. im2col: col (groups, images, p * q,
- * (c / groups) * r * s), in the accumulation dtype, from images
- * [n0, n0 + images) of x; col2im: the data gradient of those images from
- * such columns, rounded once into x. */
-int ampc_cpu_im2col(const ampc_conv *cv, int64_t n0, int64_t images, void *col);
-int ampc_cpu_col2im(const ampc_conv *cv, int64_t n0, int64_t images, const void *col);
+ * kernels lower to and from columns. im2col: the columns of images
+ * [n0, n0 + images) of x in the accumulation dtype, for each image i and
+ * group g a (c / groups) * r * s by p * q matrix (a row per filter tap, the
+ * output positions in order along it) at col + i * col_strides[0] +
+ * g * col_strides[1], rows col_strides[2] apart (elements); col2im: the
+ * data gradient of those images from such columns, rounded once into x. */
+int ampc_cpu_im2col(const ampc_conv *cv, int64_t n0, int64_t images, void *col, const int64_t col_strides[3]);
+int ampc_cpu_col2im(const ampc_conv *cv, int64_t n0, int64_t images, const void *col, const int64_t col_strides[3]);
 int ampc_cpu_batch_norm(const ampc_batch_norm *b);
 int ampc_cpu_batch_norm_backward(const ampc_batch_norm_backward *b);
 int ampc_cpu_pool(const ampc_pool *p);

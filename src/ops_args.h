@@ -96,9 +96,10 @@ ampc_type_group ampc_promotion_result(const ampc_promotion *r);
 
 /* CPU (ops_gemm.c): an ndarray of v's values in dtype acc, over v's memory
  * when v has that dtype, else a converted copy (new reference); and NumPy's
- * matmul of two ndarrays (its BLAS, GIL released), always an ndarray. */
+ * matmul of two ndarrays (its BLAS, GIL released), always an ndarray: a
+ * new one, or out (a new reference) written in place where out is given. */
 PyObject *ampc_op_acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype acc);
-PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y);
+PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y, PyObject *out);
 
 /* Run the CUDA kernel of the API table's `member` on ampc's stream, ordered
  * after the arguments' streams and they after it. 0, or -1 with an

@@ -56,7 +56,7 @@ PyObject *ampc_op_acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype ac
 
 /* NumPy's matmul inside np.errstate(all="ignore"): inf and NaN are values
  * here (a GradScaler finds them), as in ampc's own kernels, not warnings. */
-PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y)
+PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y, PyObject *out)
 {
     if (st->np_matmul == NULL) {
         PyObject *np = PyImport_ImportModule("numpy");
@@ -78,7 +78,15 @@ PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y)
     if (quiet == NULL)
         return NULL;
     PyObject *entered = PyObject_CallMethod(quiet, "__enter__", NULL);
-    PyObject *product = entered ? PyObject_CallFunctionObjArgs(st->np_matmul, x, y, NULL) : NULL;
+    PyObject *product = NULL;
+    if (entered != NULL && out == NULL)
+        product = PyObject_CallFunctionObjArgs(st->np_matmul, x, y, NULL);
+    else if (entered != NULL) {
+        PyObject *operands = PyTuple_Pack(2, x, y), *where = Py_BuildValue("{s:O}", "out", out);
+        product = operands && where ? PyObject_Call(st->np_matmul, operands, where) : NULL;
+        Py_XDECREF(operands);
+        Py_XDECREF(where);
+    }
     Py_XDECREF(entered);
     PyObject *exc = ampc_take_exception();
     PyObject *exited = PyObject_CallMethod(quiet, "__exit__", "OOO", Py_None, Py_None, Py_None);
@@ -225,7 +233,7 @@ static int matmul_cpu(ampc_op_args *a, const ampc_view *x, const ampc_view *y, c
     PyObject *ya = ampc_op_acc_ndarray(a, y, acc);
     if (ya == NULL || ampc_op_keep(a, ya) < 0)
         return -1;
-    PyObject *r = ampc_np_matmul(st, xa, ya);
+    PyObject *r = ampc_np_matmul(st, xa, ya, NULL);
     if (r == NULL || ampc_op_keep(a, r) < 0)
         return -1;
     if (c == NULL && bias == NULL && alpha == 1.0 && out_dtype == acc) {

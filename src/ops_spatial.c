@@ -7,10 +7,11 @@
  *
  * CPU convolution: the images go to columns (spatial_cpu.c, threads, GIL
  * released) in float32 (float64 for float64), NumPy's matmul multiplies
- * them with the filter, and one elementwise pass adds the bias and rounds
- * once. The images are taken in chunks, so the columns stay near
- * COL_BUDGET bytes whatever the batch; the chunk size depends only on the
- * shapes, so the filter gradient's sum over chunks has a fixed order.
+ * them with the filter into NCHW order, and one elementwise pass adds the
+ * bias and rounds once (none for float32 without a bias). The images are
+ * taken in chunks, so the columns stay near COL_BUDGET bytes whatever the
+ * batch; the chunk size depends only on the shapes, so the filter
+ * gradient's sum over chunks has a fixed order.
  * GPU: cuDNN (cuda/conv.c), channels-last arrays as they are.
  */
 #include "ampc.h"
@@ -245,43 +246,56 @@ static PyObject *acc_array(ampc_op_args *a, ampc_dtype acc, int ndim, const int6
     return obj;
 }
 
-/* The ew pass between (groups, images, p * q, k / groups) matrices and
- * images [n0, n0 + images) of an NCHW (n, k, p, q) array: out = in (+ bias),
- * one of them being the matrices (to_images says which). */
-static int images_matrices(ampc_op_args *a, const ampc_conv *cv, int64_t n0, int64_t images, ampc_buf matrices,
-                           ampc_buf nchw, int to_images, const ampc_view *bias)
+/* An ndarray over dense C-order memory, no copy and no owner: a temporary,
+ * dropped before the op returns, while a's views hold the memory. */
+static PyObject *over_memory(ampc_state *st, void *data, ampc_dtype dtype, int ndim, const int64_t *shape,
+                             int writeable)
 {
-    const int64_t kg = cv->k / cv->groups, pq = cv->p * cv->q;
-    const int64_t nchw_off = n0 * cv->k * pq * ampc_dtype_size(nchw.dtype);
-    ampc_ew e = {.op = AMPC_EW_COPY, .param = 1.0, .scale = 1.0, .ndim = 4, .nin = 1, .numel = images * cv->k * pq};
-    /* the matrices' strides over images: (image, group, channel, position) */
-    const int64_t mat[4] = {pq * kg, images * pq * kg, 1, kg};
-    const int64_t img[4] = {cv->k * pq, kg * pq, pq, 1};
-    char *nchw_data = (char *)nchw.data + nchw_off;
-    if (to_images) {
-        const int64_t shape[4] = {images, cv->groups, kg, pq};
-        memcpy(e.shape, shape, sizeof shape);
-        e.out = (ampc_buf){nchw_data, nchw.dtype};
-        e.in[0] = matrices;
-        memcpy(e.strides[0], mat, sizeof mat);
-        if (bias != NULL) {
-            e.op = AMPC_EW_ADD;
-            e.nin = 2;
-            e.in[1] = buf_of(bias);
-            const int64_t bs[4] = {0, kg, 1, 0};
-            memcpy(e.strides[1], bs, sizeof bs);
-        }
-    }
-    else {
-        /* matrices in (group, image, position, channel) order, dense */
-        const int64_t shape[4] = {cv->groups, images, pq, kg};
-        const int64_t from[4] = {img[1], img[0], img[3], img[2]};
-        memcpy(e.shape, shape, sizeof shape);
-        e.out = matrices;
-        e.in[0] = (ampc_buf){nchw_data, nchw.dtype};
-        memcpy(e.strides[0], from, sizeof from);
+    npy_intp dims[4];
+    for (int d = 0; d < ndim; d++)
+        dims[d] = (npy_intp)shape[d];
+    PyArray_Descr *descr = st->descr[dtype];
+    Py_INCREF(descr);
+    return PyArray_NewFromDescr(&PyArray_Type, descr, ndim, dims, NULL, data, writeable ? NPY_ARRAY_WRITEABLE : 0,
+                                NULL);
+}
+
+/* An elementwise copy of a 3-D block, out dense in shape's order, in read
+ * with in_strides (elements), rounded to out's dtype; bias (one value per
+ * index of the middle dimension) added where given. out may be in. */
+static int copy_block(ampc_op_args *a, ampc_buf out, ampc_buf in, const int64_t shape[3], const int64_t in_strides[3],
+                      const ampc_view *bias)
+{
+    ampc_ew e = {.op = AMPC_EW_COPY, .param = 1.0, .scale = 1.0, .ndim = 3, .nin = 1,
+                 .numel = shape[0] * shape[1] * shape[2], .out = out, .in = {in}};
+    memcpy(e.shape, shape, sizeof e.shape[0] * 3);
+    memcpy(e.strides[0], in_strides, sizeof e.strides[0][0] * 3);
+    if (bias != NULL) {
+        const int64_t bias_strides[3] = {0, 1, 0};
+        e.op = AMPC_EW_ADD;
+        e.nin = 2;
+        e.in[1] = buf_of(bias);
+        memcpy(e.strides[1], bias_strides, sizeof bias_strides);
     }
     return AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e);
+}
+
+/*
+ * The CPU convolution as NumPy's matrix products, group by group of each
+ * image, on columns laid out so that NCHW needs no transposing:
+ *   forward      y[i, g] (kg, pq)  = W[g] (kg, crs) @ col[i, g] (crs, pq)
+ *   data grad    dcol[i, g]        = W[g]^T @ dy[i, g], then col2im
+ *   filter grad  dW[g] (kg, crs)   = dy[g] (kg, images * pq) @ col[g]^T
+ * (kg = k / groups, crs = (c / groups) * r * s, pq = p * q). y[i, g] and
+ * dy[i, g] are NCHW memory as it is; the filter gradient gathers each
+ * group's rows over all the images of a chunk, one product for them all. A
+ * 1x1 filter with stride 1 and no padding reads x itself as its columns
+ * and writes dx directly (float32 and float64 data).
+ */
+static int pointwise(const ampc_conv *cv)
+{
+    return cv->r == 1 && cv->s == 1 && cv->stride[0] == 1 && cv->stride[1] == 1 && cv->pad[0] == 0 &&
+           cv->pad[1] == 0;
 }
 
 static int64_t chunk_images(const ampc_conv *cv, ampc_dtype acc)
@@ -292,54 +306,71 @@ static int64_t chunk_images(const ampc_conv *cv, ampc_dtype acc)
     return nb < 1 ? 1 : nb > cv->n ? cv->n : nb;
 }
 
-static int run_im2col(const ampc_conv *cv, int64_t n0, int64_t images, void *col)
+/* Images [n0, n0 + images) of a dense NCHW buffer b (channels planes of
+ * plane values each) as (images, groups, channels / groups, plane) in acc:
+ * over b's memory where b is in acc already, else a converted copy. */
+static PyObject *images_in_acc(ampc_op_args *a, ampc_buf b, int64_t channels, int64_t plane, int64_t groups,
+                               int64_t n0, int64_t images, ampc_dtype acc)
 {
+    const int64_t shape[4] = {images, groups, channels / groups, plane};
+    char *data = (char *)b.data + n0 * channels * plane * ampc_dtype_size(b.dtype);
+    if (b.dtype == acc)
+        return over_memory(a->st, data, acc, 4, shape, 0);
+    void *copy;
+    PyObject *obj = acc_array(a, acc, 4, shape, &copy);
+    const int64_t block[3] = {images, channels, plane}, dense[3] = {channels * plane, plane, 1};
+    if (obj != NULL && copy_block(a, (ampc_buf){copy, acc}, (ampc_buf){data, b.dtype}, block, dense, NULL) < 0)
+        Py_CLEAR(obj);
+    return obj;
+}
+
+/* New columns of images [n0, n0 + images): an acc array of shape, filled by
+ * im2col with col_strides (elements: image, group, row). */
+static PyObject *columns(ampc_op_args *a, const ampc_conv *cv, int64_t n0, int64_t images, int ndim,
+                         const int64_t *shape, const int64_t col_strides[3], ampc_dtype acc)
+{
+    void *col;
+    PyObject *obj = acc_array(a, acc, ndim, shape, &col);
+    if (obj == NULL)
+        return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = ampc_cpu_im2col(cv, n0, images, col);
+    rc = ampc_cpu_im2col(cv, n0, images, col, col_strides);
     Py_END_ALLOW_THREADS
-    return ampc_op_cpu_status(rc);
+    if (ampc_op_cpu_status(rc) < 0)
+        Py_CLEAR(obj);
+    return obj;
 }
 
 static int conv_forward_cpu(ampc_op_args *a, ampc_conv *cv, const ampc_view *wt, const ampc_view *bias)
 {
     const ampc_dtype acc = ampc_acc_dtype(cv->x.dtype);
-    PyObject *wm = filter_matrix(a, wt, cv, acc);
+    PyObject *wm = filter_matrix(a, wt, cv, acc);  /* (groups, kg, crs) */
     if (wm == NULL || ampc_op_keep(a, wm) < 0)
         return -1;
-    PyObject *wmt = PyArray_SwapAxes((PyArrayObject *)wm, 1, 2);  /* (groups, crs, kg) */
-    if (wmt == NULL || ampc_op_keep(a, wmt) < 0)
-        return -1;
-    const int64_t nb = chunk_images(cv, acc), rowlen = cv->c / cv->groups * cv->r * cv->s;
+    const int64_t g = cv->groups, kg = cv->k / g, crs = cv->c / g * cv->r * cv->s, pq = cv->p * cv->q;
+    const int64_t nb = chunk_images(cv, acc), col_strides[3] = {g * crs * pq, crs * pq, pq};
+    const int in_place = cv->y.dtype == acc;  /* the product written into y itself */
     for (int64_t n0 = 0; n0 < cv->n; n0 += nb) {
         const int64_t images = cv->n - n0 < nb ? cv->n - n0 : nb;
-        const int64_t shape[3] = {cv->groups, images * cv->p * cv->q, rowlen};
-        void *col;
-        PyObject *col_obj = acc_array(a, acc, 3, shape, &col);
-        if (col_obj == NULL)
-            return -1;
-        PyObject *r = run_im2col(cv, n0, images, col) == 0 ? ampc_np_matmul(a->st, col_obj, wmt) : NULL;
-        Py_DECREF(col_obj);
+        const int64_t col_shape[4] = {images, g, crs, pq}, y_shape[4] = {images, g, kg, pq};
+        PyObject *col = pointwise(cv) ? images_in_acc(a, cv->x, cv->c, pq, g, n0, images, acc)
+                                      : columns(a, cv, n0, images, 4, col_shape, col_strides, acc);
+        ampc_buf y = {(char *)cv->y.data + n0 * cv->k * pq * ampc_dtype_size(cv->y.dtype), cv->y.dtype};
+        PyObject *out = col != NULL && in_place ? over_memory(a->st, y.data, acc, 4, y_shape, 1) : NULL;
+        PyObject *r = col != NULL && (out != NULL || !in_place) ? ampc_np_matmul(a->st, wm, col, out) : NULL;
+        Py_XDECREF(col);
+        Py_XDECREF(out);
         if (r == NULL)
             return -1;
-        const int rc = images_matrices(a, cv, n0, images, (ampc_buf){PyArray_DATA((PyArrayObject *)r), acc}, cv->y,
-                                       1, bias);
+        const int64_t block[3] = {images, cv->k, pq}, dense[3] = {cv->k * pq, pq, 1};
+        const ampc_buf product = {PyArray_DATA((PyArrayObject *)r), acc};
+        const int rc = in_place && bias == NULL ? 0 : copy_block(a, y, product, block, dense, bias);
         Py_DECREF(r);
         if (rc < 0)
             return -1;
     }
     return 0;
-}
-
-/* grad_output's chunk as (groups, images * p * q, k / groups) matrices. */
-static PyObject *dy_matrices(ampc_op_args *a, const ampc_conv *cv, int64_t n0, int64_t images, ampc_dtype acc)
-{
-    const int64_t shape[3] = {cv->groups, images * cv->p * cv->q, cv->k / cv->groups};
-    void *data;
-    PyObject *obj = acc_array(a, acc, 3, shape, &data);
-    if (obj != NULL && images_matrices(a, cv, n0, images, (ampc_buf){data, acc}, cv->y, 0, NULL) < 0)
-        Py_CLEAR(obj);
-    return obj;
 }
 
 static int conv_backward_data_cpu(ampc_op_args *a, ampc_conv *cv, const ampc_view *wt)
@@ -348,21 +379,30 @@ static int conv_backward_data_cpu(ampc_op_args *a, ampc_conv *cv, const ampc_vie
     PyObject *wm = filter_matrix(a, wt, cv, acc);
     if (wm == NULL || ampc_op_keep(a, wm) < 0)
         return -1;
-    const int64_t nb = chunk_images(cv, acc);
+    PyObject *wmt = PyArray_SwapAxes((PyArrayObject *)wm, 1, 2);  /* (groups, crs, kg) */
+    if (wmt == NULL || ampc_op_keep(a, wmt) < 0)
+        return -1;
+    const int64_t g = cv->groups, crs = cv->c / g * cv->r * cv->s, pq = cv->p * cv->q;
+    const int64_t nb = chunk_images(cv, acc), col_strides[3] = {g * crs * pq, crs * pq, pq};
+    const int direct = pointwise(cv) && cv->x.dtype == acc;  /* the product is dx */
     for (int64_t n0 = 0; n0 < cv->n; n0 += nb) {
         const int64_t images = cv->n - n0 < nb ? cv->n - n0 : nb;
-        PyObject *dym = dy_matrices(a, cv, n0, images, acc);
-        if (dym == NULL)
-            return -1;
-        PyObject *dcol = ampc_np_matmul(a->st, dym, wm);  /* (groups, images * p * q, crs) */
-        Py_DECREF(dym);
+        const int64_t dx_shape[4] = {images, g, crs, pq};
+        PyObject *dy = images_in_acc(a, cv->y, cv->k, pq, g, n0, images, acc);
+        void *dx = (char *)cv->x.data + n0 * cv->c * cv->h * cv->w * ampc_dtype_size(cv->x.dtype);
+        PyObject *out = dy != NULL && direct ? over_memory(a->st, dx, acc, 4, dx_shape, 1) : NULL;
+        PyObject *dcol = dy != NULL && (out != NULL || !direct) ? ampc_np_matmul(a->st, wmt, dy, out) : NULL;
+        Py_XDECREF(dy);
+        Py_XDECREF(out);
         if (dcol == NULL)
             return -1;
-        int rc;
+        int rc = 0;
         const void *cols = PyArray_DATA((PyArrayObject *)dcol);
-        Py_BEGIN_ALLOW_THREADS
-        rc = ampc_cpu_col2im(cv, n0, images, cols);
-        Py_END_ALLOW_THREADS
+        if (!direct) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = ampc_cpu_col2im(cv, n0, images, cols, col_strides);
+            Py_END_ALLOW_THREADS
+        }
         Py_DECREF(dcol);
         if (ampc_op_cpu_status(rc) < 0)
             return -1;
@@ -373,30 +413,34 @@ static int conv_backward_data_cpu(ampc_op_args *a, ampc_conv *cv, const ampc_vie
 static int conv_backward_filter_cpu(ampc_op_args *a, ampc_conv *cv)
 {
     const ampc_dtype acc = ampc_acc_dtype(cv->x.dtype);
-    const int64_t nb = chunk_images(cv, acc), rowlen = cv->c / cv->groups * cv->r * cv->s;
+    const int64_t g = cv->groups, kg = cv->k / g, crs = cv->c / g * cv->r * cv->s, pq = cv->p * cv->q;
+    const int64_t nb = chunk_images(cv, acc);
     PyObject *total = NULL;
     for (int64_t n0 = 0; n0 < cv->n; n0 += nb) {
         const int64_t images = cv->n - n0 < nb ? cv->n - n0 : nb;
-        const int64_t shape[3] = {cv->groups, images * cv->p * cv->q, rowlen};
-        void *col;
-        PyObject *col_obj = acc_array(a, acc, 3, shape, &col);
-        if (col_obj == NULL || run_im2col(cv, n0, images, col) < 0) {
-            Py_XDECREF(col_obj);
-            goto fail;
-        }
-        PyObject *dym = dy_matrices(a, cv, n0, images, acc);
-        PyObject *dymt = dym != NULL ? PyArray_SwapAxes((PyArrayObject *)dym, 1, 2) : NULL;
-        PyObject *part = dymt != NULL ? ampc_np_matmul(a->st, dymt, col_obj) : NULL;  /* (groups, kg, crs) */
-        Py_XDECREF(dymt);
-        Py_XDECREF(dym);
-        Py_DECREF(col_obj);
+        /* columns as (groups, crs, images * pq) and dy as (groups, kg, images * pq): a group's
+         * rows run over every image of the chunk */
+        const int64_t col_shape[3] = {g, crs, images * pq}, col_strides[3] = {pq, crs * images * pq, images * pq};
+        PyObject *col = columns(a, cv, n0, images, 3, col_shape, col_strides, acc);
+        const int64_t dy_shape[3] = {g, kg, images * pq}, block[3] = {cv->k, images, pq};
+        const int64_t from[3] = {pq, cv->k * pq, 1};  /* dy's (channel, image, position) strides */
+        void *rows;
+        PyObject *dy = col != NULL ? acc_array(a, acc, 3, dy_shape, &rows) : NULL;
+        const ampc_buf dy_chunk = {(char *)cv->y.data + n0 * cv->k * pq * ampc_dtype_size(cv->y.dtype), cv->y.dtype};
+        if (dy != NULL && copy_block(a, (ampc_buf){rows, acc}, dy_chunk, block, from, NULL) < 0)
+            Py_CLEAR(dy);
+        PyObject *colt = dy != NULL ? PyArray_SwapAxes((PyArrayObject *)col, 1, 2) : NULL;
+        PyObject *part = colt != NULL ? ampc_np_matmul(a->st, dy, colt, NULL) : NULL;  /* (groups, kg, crs) */
+        Py_XDECREF(colt);
+        Py_XDECREF(dy);
+        Py_XDECREF(col);
         if (part == NULL)
             goto fail;
         if (total == NULL) {
             total = part;
             continue;
         }
-        const int64_t numel = cv->k * rowlen;
+        const int64_t numel = cv->k * crs;
         ampc_ew e = {.op = AMPC_EW_ADD, .param = 1.0, .scale = 1.0, .ndim = 1, .nin = 2, .numel = numel,
                      .shape = {numel}, .strides = {{1}, {1}}};
         e.out = e.in[0] = (ampc_buf){PyArray_DATA((PyArrayObject *)total), acc};
@@ -408,7 +452,7 @@ static int conv_backward_filter_cpu(ampc_op_args *a, ampc_conv *cv)
     }
     if (total == NULL)
         return 0;  /* no images: the caller wrote zeros */
-    const int64_t numel = cv->k * rowlen;
+    const int64_t numel = cv->k * crs;
     ampc_ew e = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = numel, .shape = {numel},
                  .strides = {{1}}};
     e.out = cv->weight;

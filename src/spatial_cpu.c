@@ -30,14 +30,16 @@
 #define SQRT sqrt
 #include "spatial_real.inc"
 
-int ampc_cpu_im2col(const ampc_conv *cv, int64_t n0, int64_t images, void *col)
+int ampc_cpu_im2col(const ampc_conv *cv, int64_t n0, int64_t images, void *col, const int64_t col_strides[3])
 {
-    return cv->x.dtype == AMPC_FLOAT64 ? im2col_d(cv, n0, images, col) : im2col_f(cv, n0, images, col);
+    return cv->x.dtype == AMPC_FLOAT64 ? im2col_d(cv, n0, images, col, col_strides)
+                                       : im2col_f(cv, n0, images, col, col_strides);
 }
 
-int ampc_cpu_col2im(const ampc_conv *cv, int64_t n0, int64_t images, const void *col)
+int ampc_cpu_col2im(const ampc_conv *cv, int64_t n0, int64_t images, const void *col, const int64_t col_strides[3])
 {
-    return cv->x.dtype == AMPC_FLOAT64 ? col2im_d(cv, n0, images, col) : col2im_f(cv, n0, images, col);
+    return cv->x.dtype == AMPC_FLOAT64 ? col2im_d(cv, n0, images, col, col_strides)
+                                       : col2im_f(cv, n0, images, col, col_strides);
 }
 
 int ampc_cpu_batch_norm(const ampc_batch_norm *b)
