@@ -35,6 +35,9 @@ CONVS = [
     (2, 5, 11, 4, 3, 5, 3, (3, 2), (2, 1), (1, 1), 1),
     (1, 1, 1, 1, 1, 1, 1, (1, 1), (0, 0), (1, 1), 1),      # size 1 everywhere
     (2, 8, 6, 7, 8, 3, 3, (1, 1), (1, 1), (2, 2), 4),
+    (2, 6, 5, 7, 4, 1, 1, (1, 1), (0, 0), (1, 1), 2),      # 1x1, stride 1: x is its own columns
+    (2, 4, 7, 9, 5, 1, 1, (2, 2), (0, 0), (1, 1), 1),      # 1x1 strided: lowered
+    (1, 2, 4, 5, 3, 2, 2, (1, 2), (3, 3), (1, 1), 1),      # output rows and columns wholly in the padding
 ]
 
 
@@ -106,6 +109,21 @@ def test_conv2d_chunks_many_images(rng):
     egi, egw, _ = sref.conv2d_grads(dy, x, wt, (1, 1), (1, 1))
     assert_close(gi, egi, F32, scale=float(np.abs(egi).max()), what="grad_input")
     assert_close(gw, egw, F32, rtol=1e-4, scale=float(np.abs(egw).max()), what="grad_weight over 64000 positions")
+
+
+def test_pointwise_conv2d_chunks_many_images(rng):
+    """A 1x1 filter (stride 1, no padding) multiplies x itself and writes dx directly, a chunk of
+    images at a time: more images than one chunk holds, every chunk's offsets right."""
+    x = ref.random(rng, (30, 512, 24, 24), F32)
+    wt = ref.random(rng, (6, 512, 1, 1), F32, scale=0.05)
+    b = ref.random(rng, (6,), F32)
+    y = F.conv2d(x, wt, b)
+    assert_close(y, sref.conv2d(x, wt, b, (1, 1), (0, 0)), F32, scale=conv_scale(x, wt, 1))
+    dy = ref.random(rng, y.shape, F32)
+    gi, gw, _ = F.conv2d_backward(dy, x, wt, bias_grad=False)
+    egi, egw, _ = sref.conv2d_grads(dy, x, wt, (1, 1), (0, 0))
+    assert_close(gi, egi, F32, scale=float(np.abs(egi).max()), what="grad_input")
+    assert_close(gw, egw, F32, rtol=1e-4, scale=float(np.abs(egw).max()), what="grad_weight over 17280 positions")
 
 
 def test_conv2d_threads_do_not_change_bits(rng):
