@@ -46,7 +46,11 @@
 #pragma GCC target("avx2")
 #undef F
 #define F(name) name##_f_avx2
+#undef VEC_BYTES
+#define VEC_BYTES 32  /* real_sums.inc's lanes in half as many vectors: the same lanes, the same bits */
 #include "ops_real.inc"
+#undef VEC_BYTES
+#define VEC_BYTES 16
 #pragma GCC pop_options
 #endif
 #undef REAL
