@@ -308,6 +308,21 @@ def test_fused_attention_serves_no_numpy_arrays(rng):
         F._C._attention(None, q, q, True, 0.125)
 
 
+def test_sdpa_with_no_embedding_is_the_mean_of_the_values(rng):
+    """E = 0: every score an empty sum, 0 (torch's too); the default scale 1 / sqrt(0) was a
+    ZeroDivisionError. Causal: row i the mean of the first i + 1 values; gradients flow to v alone."""
+    q, k = np.ones((2, 3, 0), F64), np.ones((2, 4, 0), F64)
+    v = ref.random(rng, (2, 4, 5), F64)
+    np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v), np.repeat(v.mean(1, keepdims=True), 3, 1))
+    causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    np.testing.assert_allclose(causal, np.cumsum(v, 1)[:, :3] / np.arange(1, 4)[None, :, None])
+    probs = F._scaled_dot_product_attention_forward(q, k, v)[1]
+    g = ref.random(rng, (2, 3, 5), F64)
+    gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
+    assert gq.shape == q.shape and gk.shape == k.shape
+    np.testing.assert_allclose(gv, np.repeat(g.sum(1, keepdims=True) / 4, 4, 1))
+
+
 def test_sdpa_masks_scale_dropout(rng):
     q, k, v = (ref.random(rng, s, F32) for s in [(2, 4, 6), (2, 5, 6), (2, 5, 3)])
     mask = rng.random((4, 5)) > 0.3
@@ -424,6 +439,9 @@ def test_glue_and_backward(rng):
         F.split(x, [1, 1], 1)
     with pytest.raises(TypeError, match="cat: each of tensors must be an array"):
         F.cat([[1.0], [2.0]])
+    for count in (1, 3, 10**30):  # 10**30 ran out of memory making slices
+        with pytest.raises(ValueError, match=rf"stack_backward: count \({count}\) must be grad_output's size"):
+            F.stack_backward(s, count, 0)
 
 
 @pytest.mark.parametrize("dtypes,want", [

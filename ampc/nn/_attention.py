@@ -57,7 +57,11 @@ def _groups(query, key, enable_gqa):
 
 
 def _scale(query, scale):
-    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    """1 / sqrt(E) unless given. With E = 0 the scores are empty sums, 0 whatever the scale (torch
+    scales q and k before their product and gives the mean of v): 1 there, not a division by 0."""
+    if scale is not None:
+        return float(scale)
+    return 1.0 / math.sqrt(query.shape[-1]) if query.shape[-1] else 1.0
 
 
 def _additive_mask(attn_mask):

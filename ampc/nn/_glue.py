@@ -198,8 +198,13 @@ def stack(tensors, dim=0):
 
 
 def stack_backward(grad_output, count, dim=0):
+    """The gradients of stack's count inputs: grad_output's slices along dim (count of them)."""
     dim = _dim("stack_backward", dim, len(grad_output.shape))
-    return [squeeze(_slice(grad_output, dim, i, i + 1), dim) for i in range(as_int("stack_backward", "count", count))]
+    count = as_int("stack_backward", "count", count)
+    if count != grad_output.shape[dim]:
+        raise ValueError(f"stack_backward: count ({count}) must be grad_output's size along dim {dim} "
+                         f"({grad_output.shape[dim]})")
+    return [squeeze(_slice(grad_output, dim, i, i + 1), dim) for i in range(count)]
 
 
 def split(tensor, split_size_or_sections, dim=0):
