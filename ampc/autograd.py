@@ -431,6 +431,7 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
 
     @functools.wraps(op)
     def call(*args, **kwargs):
+        arguments = None
         try:
             if not is_grad_enabled() or not (_needs_grad(args) or _needs_grad(tuple(kwargs.values()))):
                 if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at and args[inplace_at]):
@@ -483,7 +484,7 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
         except AttributeError as error:  # an argument that is no array: named, as names_non_arrays does
             from ampc.nn._common import non_array_error  # ampc.nn imports this module: not at its top
 
-            named = non_array_error(op, error, args, kwargs)
+            named = non_array_error(op, error, args, kwargs, arguments)
             if named is None:
                 raise
             raise named from None

@@ -12,6 +12,8 @@ the weight decay, as torch's documented algorithm and its foreach/for-loop SGD d
 fused SGD applies it to the update instead, which differs when weight_decay is not zero).
 """
 
+import collections.abc
+
 import numpy as np
 
 from ampc import _C
@@ -31,6 +33,8 @@ class Optimizer:
     _step_supports_amp_scaling = True
 
     def __init__(self, params, defaults):
+        if not isinstance(defaults, dict):
+            raise TypeError(f"defaults must be a dict of the groups' settings, got {type(defaults).__name__}")
         self.defaults = defaults
         self.state = {}
         self.param_groups = []
@@ -148,6 +152,7 @@ class Optimizer:
         """Load a state dict from ampc or torch: settings from its groups, state arrays copied
         into new arrays of each parameter's type, device and dtype (the step count a float32
         on the parameter's device). Checked before anything changes."""
+        _check_payload(state_dict)
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
             raise ValueError("loaded state dict has a different number of parameter groups")
@@ -172,9 +177,16 @@ class Optimizer:
         if value is None or isinstance(value, (bool, str)):
             return value
         if name == "step":
-            return _C._scalar_like(p.data, float(value))
+            try:
+                return _C._scalar_like(p.data, float(value))
+            except (TypeError, ValueError):
+                raise TypeError(f"load_state_dict: a parameter's 'step' must be a number, got {type(value).__name__}")
         if isinstance(value, (int, float)):
             return value
+        shape = getattr(value, "shape", None)
+        if shape is None or tuple(shape) != tuple(p.data.shape):
+            raise ValueError(f"load_state_dict: a parameter's '{name}' must be an array of its shape "
+                             f"{tuple(p.data.shape)}, got " + (type(value).__name__ if shape is None else str(tuple(shape))))
         out = _C.zeros_like(p.data)
         _C.cast(value, out=out)
         return out
@@ -188,6 +200,25 @@ class Optimizer:
             lines.append(f"Parameter Group {i}")
             lines += [f"    {k}: {v}" for k, v in sorted(group.items()) if k != "params"]
         return "\n".join(lines + [")"])
+
+
+def _check_payload(state_dict):
+    """The outline of an optimizer's state dict (a checkpoint, outside input): a TypeError or
+    ValueError naming what is wrong, before anything is read from it."""
+    if not isinstance(state_dict, collections.abc.Mapping):
+        raise TypeError(f"load_state_dict: state_dict must be a dict, got {type(state_dict).__name__}")
+    for key in ("state", "param_groups"):
+        if key not in state_dict:
+            raise ValueError(f"load_state_dict: state_dict has no '{key}' entry")
+    groups = state_dict["param_groups"]
+    if not isinstance(groups, (list, tuple)) or not all(
+            isinstance(g, collections.abc.Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups):
+        raise TypeError("load_state_dict: state_dict['param_groups'] must be a list of dicts, each with a "
+                        "'params' list")
+    state = state_dict["state"]
+    if not isinstance(state, collections.abc.Mapping) or not all(
+            isinstance(v, collections.abc.Mapping) for v in state.values()):
+        raise TypeError("load_state_dict: state_dict['state'] must be a dict of dicts (each parameter's state)")
 
 
 def _check(condition, message):

@@ -15,12 +15,24 @@
 
 #define PARAM(op) ((ampc_parameter *)(op))
 
+/* A Parameter holds an array (torch's holds a tensor): a list or a number would be found out
+ * only later, by whatever reads its .shape. */
+static int check_array(PyObject *value, const char *what)
+{
+    if (PyArray_Check(value) || (!PyUnicode_Check(value) && PyObject_HasAttrString(value, "__dlpack__")))
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s must be an array (a NumPy ndarray, or an object with __dlpack__ such as a "
+                 "CuPy array, torch tensor or JAX array), got %s", what, Py_TYPE(value)->tp_name);
+    return -1;
+}
+
 static PyObject *Parameter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"data", "requires_grad", NULL};
     PyObject *data;
     int requires_grad = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:Parameter", kwlist, &data, &requires_grad))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:Parameter", kwlist, &data, &requires_grad) ||
+        check_array(data, "Parameter: data") < 0)
         return NULL;
     ampc_parameter *self = (ampc_parameter *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -70,6 +82,8 @@ static int Parameter_set_data(PyObject *op, PyObject *value, void *Py_UNUSED(clo
         PyErr_SetString(PyExc_AttributeError, "Parameter.data cannot be deleted");
         return -1;
     }
+    if (check_array(value, "Parameter.data") < 0)
+        return -1;
     Py_SETREF(PARAM(op)->data, Py_NewRef(value));
     PARAM(op)->version++;
     return 0;

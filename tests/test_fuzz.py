@@ -5,7 +5,7 @@ is the long run).
 DLPack capsules with arbitrary versions, devices, dtypes, ndims, shapes, strides and byte offsets: a
 capsule is either refused with a BufferError, left unconsumed and its deleter not called, or taken:
 then its shape and strides are the capsule's, reading it touches only its memory, and its deleter
-runs exactly once. GradScaler and Module state dicts with keys dropped, replaced by any value (arrays
+runs exactly once. GradScaler, Module and optimizer state dicts with keys dropped, replaced by any value (arrays
 of other shapes and dtypes, strings, non-contiguous) or added: a payload is refused with a clear
 exception and the scaler or model unchanged, or taken (as given; a model's arrays keep their shapes
 and dtypes). dtype and device arguments (as_dtype, cast, softmax's dtype, autocast's device_type and
@@ -203,6 +203,73 @@ def test_module_load_state_dict_takes_a_payload_whole_or_not_at_all(case):
         assert after[key].dtype == value.dtype and after[key].shape == value.shape  # the model's own
         if key not in sd:
             np.testing.assert_array_equal(after[key], value)
+
+
+# -- Optimizer.load_state_dict -------------------------------------------------------------------
+
+def _optimizer(kind):
+    ampc.manual_seed(0)
+    params = [ampc.Parameter(np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)),
+              ampc.Parameter(np.ones(3, np.float32))]
+    for p in params:
+        p.grad = np.full(p.data.shape, 0.5, np.float32)
+    opt = ampc.optim.AdamW(params, lr=0.01) if kind == "adamw" else ampc.optim.SGD(params, lr=0.1, momentum=0.9)
+    opt.step()
+    return opt
+
+
+STATE_VALUE = (ANY_VALUE | st.sampled_from([(2, 3), (3,), (), (3, 2), (0,)]).map(np.ones)
+               | st.just(np.ones((2, 3), np.float16)) | st.just(np.array(["a", "b"])))
+
+
+@st.composite
+def optimizer_state_dicts(draw, kind):
+    """The optimizer's own state dict, each part kept, dropped or replaced: the two top entries, each
+    group's settings and params list, each parameter's state and each of its values."""
+    sd = _optimizer(kind).state_dict()
+    for key in ("state", "param_groups"):
+        fate = draw(mostly("keep", "drop", "replace"))
+        if fate == "drop":
+            del sd[key]
+        elif fate == "replace":
+            sd[key] = draw(ANY_VALUE | st.just({0: 1}) | st.just([{}]) | st.just([{"params": 3}]))
+    for group in sd.get("param_groups", []) if isinstance(sd.get("param_groups"), list) else []:
+        if isinstance(group, dict) and draw(mostly(False, True)):
+            group[draw(st.sampled_from(["params", "lr", "momentum", "betas", "junk"]))] = draw(ANY_VALUE)
+    state = sd.get("state")
+    if isinstance(state, dict):
+        for index in list(state):
+            fate = draw(mostly("keep", "replace", "edit"))
+            if fate == "replace":
+                state[index] = draw(ANY_VALUE)
+            elif fate == "edit" and isinstance(state[index], dict):
+                state[index] = dict(state[index], **{draw(st.sampled_from(list(state[index]) + ["junk"])):
+                                                     draw(STATE_VALUE)})
+    return sd
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="AMPC_FUZZ_EXAMPLES" not in os.environ)
+@given(st.data(), st.sampled_from(["sgd", "adamw"]))
+def test_optimizer_load_state_dict_takes_a_payload_whole_or_not_at_all(data, kind):
+    """A checkpoint's optimizer state: refused with a TypeError or ValueError and the optimizer as
+    it was (state, settings), or taken, after which it still steps."""
+    sd = data.draw(optimizer_state_dicts(kind))
+    opt = _optimizer(kind)
+    before = opt.state_dict()
+    try:
+        opt.load_state_dict(sd)
+    except (TypeError, ValueError) as error:
+        assert str(error)
+        after = opt.state_dict()
+        assert after["param_groups"] == before["param_groups"]
+        for index, values in before["state"].items():
+            for name, value in values.items():
+                np.testing.assert_array_equal(np.asarray(after["state"][index][name]), np.asarray(value))
+        return
+    try:
+        opt.step()  # what it took, it can use; a setting of the wrong type is refused by the step
+    except (TypeError, ValueError, OverflowError) as error:
+        assert str(error)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -593,9 +593,19 @@ def test_bad_input_changes_nothing(rng, spoil, error, match, make):
 
 
 def test_numpy_scalars_are_read_only():
-    """A NumPy scalar is immutable: ampc reads a copy, so writing into one would be lost."""
-    p = optim.Parameter(np.float32(1.5))
-    p.grad = np.float32(1.0)
+    """A NumPy scalar is immutable: ampc reads a copy, so writing into one would be lost. A
+    Parameter refuses one when made (as torch's refuses what is not a tensor); a read-only array
+    is refused when a step would write it."""
+    for not_an_array in (np.float32(1.5), 1.5, [1.0, 2.0], None, "x"):
+        with pytest.raises(TypeError, match="Parameter: data must be an array"):
+            optim.Parameter(not_an_array)
+    p = optim.Parameter(np.ones(2, np.float32))
+    with pytest.raises(TypeError, match="Parameter.data must be an array"):
+        p.data = [1.0, 2.0]
+    assert p.data.shape == (2,)
+    frozen = np.ones(2, np.float32)
+    frozen.setflags(write=False)
+    p.data, p.grad = frozen, np.ones(2, np.float32)
     with pytest.raises(ValueError, match=r"params\[0\] is read-only"):
         optim.SGD([p], lr=0.5).step()
     with pytest.raises(ValueError, match="read-only"):
@@ -707,6 +717,21 @@ def test_load_state_dict_errors_change_nothing(rng):
     with pytest.raises(ValueError, match="doesn't match the size of optimizer's group"):
         opt.load_state_dict({"state": {}, "param_groups": [dict(sd["param_groups"][0], params=[0])]})
     assert opt.state == state
+    for bad, error, text in [({}, ValueError, "state_dict has no 'state' entry"),
+                             ({"state": {}}, ValueError, "no 'param_groups' entry"),
+                             ([], TypeError, "state_dict must be a dict"),
+                             ({"state": {}, "param_groups": "x"}, TypeError, "must be a list of dicts"),
+                             ({"state": {}, "param_groups": [{}]}, TypeError, "each with a 'params' list"),
+                             ({"state": {0: 1}, "param_groups": sd["param_groups"]}, TypeError, "a dict of dicts"),
+                             ({"state": {0: {"momentum_buffer": np.ones(4)}}, "param_groups": sd["param_groups"]},
+                              ValueError, r"'momentum_buffer' must be an array of its shape \(3,\), got \(4,\)"),
+                             ({"state": {0: {"momentum_buffer": [1.0, 2.0, 3.0]}}, "param_groups": sd["param_groups"]},
+                              ValueError, "got list")]:
+        with pytest.raises(error, match=text):
+            opt.load_state_dict(bad)
+        assert opt.state == state
+    with pytest.raises(TypeError, match="defaults must be a dict"):
+        optim.Optimizer(params, None)
 
 
 # ---------------------------------------------------------------------------

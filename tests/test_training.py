@@ -311,6 +311,36 @@ def test_register_parameter_get_submodule_get_parameter():
     assert [n for n, _ in layer.named_parameters()] == ["weight", "scale"]
 
 
+def test_layers_refuse_bad_arguments_as_torch_does():
+    """Found by constructing every layer with random arguments: a count of groups of 0 divided by zero,
+    a loss took a number for its class weights (and load_state_dict then failed reading its .shape),
+    a Linear of no inputs divided by zero (torch allows it: its bias bound is 0)."""
+    for make, error, text in [(lambda: nn.Conv2d(4, 4, 3, groups=0), ValueError, "groups must be a positive integer"),
+                              (lambda: nn.Conv2d(3, 4, 3, groups=2), ValueError, "in_channels must be divisible"),
+                              (lambda: nn.Conv1d(4, 3, 3, groups=2), ValueError, "out_channels must be divisible"),
+                              (lambda: nn.GroupNorm(0, 4), ValueError, "num_groups must be a positive integer"),
+                              (lambda: nn.BCELoss(weight=2), TypeError, "cannot assign 'int' object to buffer"),
+                              (lambda: nn.CrossEntropyLoss([1.0, 2.0]), TypeError, "to buffer 'weight'"),
+                              (lambda: nn.BCEWithLogitsLoss(pos_weight="x"), TypeError, "to buffer 'pos_weight'"),
+                              (lambda: nn.Parameter([1.0, 2.0]), TypeError, "Parameter: data must be an array")]:
+        with pytest.raises(error, match=text):
+            make()
+    empty = nn.Linear(0, 3)
+    assert empty.weight.data.shape == (3, 0) and not empty.bias.data.any()
+    np.testing.assert_array_equal(np.asarray(empty(np.ones((2, 0), np.float32)).data), np.zeros((2, 3)))
+
+
+def test_layers_name_an_input_that_is_no_array():
+    """A list or a string where an array goes: the TypeError naming the argument, as the
+    functional ops give (a list given to a layer with learned weights went through the tape, which
+    copied it, and came out as an AttributeError)."""
+    for layer, op in [(nn.LayerNorm(2), "layer_norm"), (nn.Linear(2, 3), "linear"), (nn.BatchNorm1d(2), "batch_norm"),
+                      (nn.Conv2d(1, 1, 1), "conv2d")]:
+        for bad in ([[1.0, 2.0]], "x"):
+            with pytest.raises(TypeError, match=f"{op}: input must be an array"):
+                layer(bad)
+
+
 def test_module_to_moves_everything_or_nothing(monkeypatch):
     """A move that fails part way (the GPU's memory running out) leaves every array where it was;
     a tied parameter is moved once."""

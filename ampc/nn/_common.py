@@ -146,29 +146,26 @@ def names_non_arrays(fn):
     return call
 
 
-def non_array_error(fn, error, args, kwargs):
+def non_array_error(fn, error, args, kwargs, passed=None):
     """not_an_array's TypeError for the argument of fn(*args, **kwargs) whose missing array attribute
     raised error (the AttributeError's obj, Python 3.10+), an element of a list argument included;
-    None when error is not about such an argument. Only the failure path pays for binding the
-    arguments."""
+    None when error is not about such an argument. passed: the arguments by name as fn's body got
+    them, where a wrapper replaced some (autograd's call makes a list argument a new list). Only the
+    failure path pays for binding the arguments."""
     culprit = getattr(error, "obj", _NOTHING) if getattr(error, "name", None) in _ARRAY_ATTRIBUTES else _NOTHING
     if culprit is _NOTHING:
         return None
     try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a text signature: no names to give
-        return None
-    name = _holding(signature, args, kwargs, culprit)
+        bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):  # a builtin without a text signature, or arguments that do not bind
+        bound = {}
+    name = _holding(bound, culprit) or _holding(passed or {}, culprit)
     return None if name is None else not_an_array(fn.__name__, name, culprit)
 
 
-def _holding(signature, args, kwargs, culprit):
+def _holding(arguments, culprit):
     """The name of the argument that is (or lists) culprit, or None."""
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError:
-        return None
-    for name, value in bound.arguments.items():
+    for name, value in arguments.items():
         if value is culprit:
             return name
         if isinstance(value, (list, tuple)) and any(v is culprit for v in value):

@@ -14,7 +14,7 @@ from ampc import _C, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
 from ampc.nn import _ampc_arrays, _embedding
-from ampc.nn._common import _FLOATING
+from ampc.nn._common import _FLOATING, shape_of
 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
@@ -42,10 +42,16 @@ def _uniform(shape, bound):
     return _generator().uniform(-bound, bound, shape).astype(np.float32)
 
 
+def _fan_in_bound(fan_in):
+    """1/sqrt(fan_in), torch's bound for Linear's and Conv's weights and biases; 0 for no inputs
+    (torch's too: a layer of 0 input features is allowed)."""
+    return 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+
+
 def _kaiming_uniform(shape, fan_in):
     """torch's default for Linear and Conv weights: kaiming_uniform_(a=sqrt(5)), which comes to
     U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
-    return _uniform(shape, 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0)
+    return _uniform(shape, _fan_in_bound(fan_in))
 
 
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
@@ -91,7 +97,11 @@ class Module:
         object.__delattr__(self, name)
 
     def register_buffer(self, name, value):
-        """An array saved in state_dict but not trained (batch norm's running statistics)."""
+        """An array saved in state_dict but not trained (batch norm's running statistics), or None."""
+        if value is not None and (isinstance(value, (str, bytes)) or getattr(value, "shape", None) is None
+                                  or getattr(value, "dtype", None) is None):
+            raise TypeError(f"cannot assign '{type(value).__name__}' object to buffer '{name}' "
+                            "(an array or None required)")  # torch's text, with its own types
         self.__dict__.pop(name, None)
         self._buffers[name] = value
 
@@ -441,7 +451,7 @@ class Linear(Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = Parameter(_kaiming_uniform((out_features, in_features), in_features))
-        self.bias = Parameter(_uniform((out_features,), 1.0 / math.sqrt(in_features))) if bias else None
+        self.bias = Parameter(_uniform((out_features,), _fan_in_bound(in_features))) if bias else None
 
     def forward(self, input):
         return F.linear(input, self.weight, self.bias)
@@ -463,8 +473,12 @@ class _ConvNd(Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros"):
         super().__init__()
-        if in_channels % groups or out_channels % groups:
-            raise ValueError("in_channels and out_channels must be divisible by groups")
+        if not isinstance(groups, int) or groups <= 0:
+            raise ValueError("groups must be a positive integer")  # torch's texts
+        if in_channels % groups:
+            raise ValueError("in_channels must be divisible by groups")
+        if out_channels % groups:
+            raise ValueError("out_channels must be divisible by groups")
         if padding_mode != "zeros":
             raise NotImplementedError(f"{type(self).__name__}: padding_mode {padding_mode!r} is not supported "
                                       "(only 'zeros')")
@@ -475,7 +489,7 @@ class _ConvNd(Module):
         self.padding_mode = padding_mode
         fan_in = in_channels // groups * math.prod(self.kernel_size)
         self.weight = Parameter(_kaiming_uniform((out_channels, in_channels // groups) + self.kernel_size, fan_in))
-        self.bias = Parameter(_uniform((out_channels,), 1.0 / math.sqrt(fan_in))) if bias else None
+        self.bias = Parameter(_uniform((out_channels,), _fan_in_bound(fan_in))) if bias else None
 
     def forward(self, input):
         conv = F.conv1d if self._DIMS == 1 else F.conv2d
@@ -515,9 +529,10 @@ class _BatchNorm(Module):
             self.running_mean = self.running_var = None
 
     def forward(self, input):
-        if len(input.shape) not in self._INPUT_DIMS:
+        ndim = len(shape_of(input, "batch_norm"))
+        if ndim not in self._INPUT_DIMS:
             wanted = " or ".join(f"{d}D" for d in self._INPUT_DIMS)
-            raise ValueError(f"expected {wanted} input (got {len(input.shape)}D input)")
+            raise ValueError(f"expected {wanted} input (got {ndim}D input)")
         training = self.training or not self.track_running_stats
         momentum = self.momentum
         if self.training and self.track_running_stats:
@@ -542,6 +557,8 @@ class BatchNorm2d(_BatchNorm):
 class GroupNorm(Module):
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
         super().__init__()
+        if not isinstance(num_groups, int) or num_groups <= 0:
+            raise ValueError(f"num_groups must be a positive integer, got {num_groups!r}")
         if num_channels % num_groups:
             raise ValueError("num_channels must be divisible by num_groups")
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
