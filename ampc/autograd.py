@@ -584,7 +584,7 @@ def _ones_like(x):
 
 
 def run_backward(root, gradient, retain_graph):
-    if not isinstance(root, Tensor):
+    if not isinstance(root, Tensor) or root.grad_fn is None:  # a detached Tensor has no graph either
         raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
     if gradient is None:
         if math.prod(int(s) for s in root.data.shape) != 1:

@@ -129,15 +129,27 @@ int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int 
     st->stream_cache_on = 1;
     st->stream_cache_api = NULL;
     groups = PyObject_GetAttrString(optimizer, "param_groups");
-    if (groups == NULL)
+    if (groups == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {  /* a string, a loss: say what was wanted */
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "optimizer must be an optimizer (an object with param_groups), got %.200s",
+                         Py_TYPE(optimizer)->tp_name);
+        }
         goto done;
+    }
     group_iter = PyObject_GetIter(groups);
     if (group_iter == NULL)
         goto done;
     for (int gi = 0; (group = PyIter_Next(group_iter)) != NULL; gi++) {
-        params = PyMapping_GetItemString(group, "params");
-        if (params == NULL)
+        params = PyMapping_Check(group) ? PyMapping_GetItemString(group, "params") : NULL;
+        if (params == NULL) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_KeyError)) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_TypeError, "optimizer.param_groups[%d] must be a dict with 'params', got %.200s",
+                             gi, Py_TYPE(group)->tp_name);
+            }
             goto done;
+        }
         param_iter = PyObject_GetIter(params);
         if (param_iter == NULL)
             goto done;

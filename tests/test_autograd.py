@@ -422,3 +422,9 @@ def test_in_place_on_a_parameter_that_needs_a_gradient_is_refused():
     with pytest.raises(RuntimeError, match="a leaf Variable that requires grad is being used in an in-place operation"):
         F.relu(p, inplace=True)
     np.testing.assert_array_equal(p.data, [-1.0, 2.0])
+
+
+def test_backward_of_a_tensor_without_a_graph():
+    """A Tensor no op made (grad_fn None): torch's RuntimeError, not an AttributeError from the walk."""
+    with pytest.raises(RuntimeError, match="does not require grad and does not have a grad_fn"):
+        ampc.autograd.Tensor(np.ones((), np.float32), None).backward()

@@ -229,6 +229,30 @@ def test_an_entry_of_params_that_is_no_parameter(entry):
     assert (good == 1.0).all()
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", None, 3.0, np.ones(2, np.float32)], ids=repr)
+def test_something_that_is_no_optimizer(optimizer):
+    """unscale_, step and overflow_report given no optimizer: a TypeError saying what was wanted (it
+    was the AttributeError of .param_groups), the scaler as it was."""
+    s = cpu_scaler(init_scale=4.0)
+    for call in (s.unscale_, s.step, s.overflow_report):
+        with pytest.raises(TypeError, match=r"optimizer must be an optimizer \(an object with param_groups\), got"):
+            call(optimizer)
+    assert s.get_scale() == 4.0
+    good = np.full(2, 4.0, np.float32)
+    s.unscale_(opt_with(good))
+    assert (good == 1.0).all()
+
+
+@pytest.mark.parametrize("group", [3, {}, {"lr": 0.1}], ids=repr)
+def test_a_param_group_that_is_no_group(group):
+    s = cpu_scaler(init_scale=4.0)
+    opt = opt_with(np.full(2, 4.0, np.float32))
+    opt.param_groups.append(group)
+    with pytest.raises(TypeError, match=r"optimizer\.param_groups\[1\] must be a dict with 'params', got"):
+        s.unscale_(opt)
+    assert (opt.param_groups[0]["params"][0].grad == 4.0).all()
+
+
 def test_perfect_storm(rng):
     """Many gradients of awkward sizes and mixed dtypes; an inf injected at each position in
     turn: found_inf is exactly 1, never missed, never counted twice."""
