@@ -322,7 +322,10 @@ def test_layers_refuse_bad_arguments_as_torch_does():
                               (lambda: nn.BCELoss(weight=2), TypeError, "cannot assign 'int' object to buffer"),
                               (lambda: nn.CrossEntropyLoss([1.0, 2.0]), TypeError, "to buffer 'weight'"),
                               (lambda: nn.BCEWithLogitsLoss(pos_weight="x"), TypeError, "to buffer 'pos_weight'"),
-                              (lambda: nn.Parameter([1.0, 2.0]), TypeError, "Parameter: data must be an array")]:
+                              (lambda: nn.NLLLoss(np.float32(1.5)), TypeError, "'float32' object to buffer"),
+                              (lambda: nn.Parameter([1.0, 2.0]), TypeError, "Parameter: data must be an array"),
+                              (lambda: ampc.optim.Adam(nn.Linear(2, 2).parameters(), 1e-3, True), TypeError,
+                               "betas must be a pair of floats")]:
         with pytest.raises(error, match=text):
             make()
     empty = nn.Linear(0, 3)

@@ -98,8 +98,7 @@ class Module:
 
     def register_buffer(self, name, value):
         """An array saved in state_dict but not trained (batch norm's running statistics), or None."""
-        if value is not None and (isinstance(value, (str, bytes)) or getattr(value, "shape", None) is None
-                                  or getattr(value, "dtype", None) is None):
+        if value is not None and not isinstance(value, np.ndarray) and not hasattr(value, "__dlpack__"):
             raise TypeError(f"cannot assign '{type(value).__name__}' object to buffer '{name}' "
                             "(an array or None required)")  # torch's text, with its own types
         self.__dict__.pop(name, None)
