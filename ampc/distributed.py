@@ -264,6 +264,9 @@ def _group(group):
     if group is None:
         raise RuntimeError("Default process group has not been initialized, please make sure to call "
                            "init_process_group.")
+    if not isinstance(group, (ProcessGroup, TorchProcessGroup)):
+        raise TypeError(f"group must be a process group (new_group's or init_process_group's), got "
+                        f"{type(group).__name__}")
     return group
 
 

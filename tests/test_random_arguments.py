@@ -1,6 +1,7 @@
 """Every public callable given random arguments (issue 8's bad-input matrix, swept): ampc's functions,
-ampc.nn.functional's ops, every layer (made, called, its state dict loaded), every optimizer (made,
-stepped, a state dict loaded), GradScaler's methods and Tensor's. Each call either works or raises
+ampc.nn.functional's ops, ampc.distributed's (without a process group), every layer (made, called,
+its state dict loaded), every optimizer (made, stepped, a state dict loaded), GradScaler's methods
+and Tensor's. Each call either works or raises
 one of the exceptions a user is told to expect (TypeError, ValueError, RuntimeError, IndexError for
 a dimension, OverflowError, NotImplementedError, torch's AssertionError and KeyError where torch
 raises them); never an AttributeError, ZeroDivisionError or MemoryError from inside ampc. A longer
@@ -9,7 +10,8 @@ sweep: AMPC_RANDOM_CALLS=300 python -m pytest tests/test_random_arguments.py.
 What this found, and what is fixed: sdpa with a head size of 0 (a division by zero), stack_backward
 with a huge count (memory exhausted), layers made with groups=0, a number as a loss's class weights,
 a Linear of no inputs, a list given to a layer with weights, Parameter of a non-array, optimizer
-state dicts without their entries, GradScaler's methods given no optimizer."""
+state dicts without their entries, GradScaler's methods given no optimizer, ampc.distributed's calls
+given something that is no process group."""
 
 import inspect
 import os
@@ -88,7 +90,11 @@ def test_functional_ops(name, f, test_seed):
         call_expecting(f, random_arguments(draw, f))
 
 
-@pytest.mark.parametrize("name,f", public_functions(ampc, GLOBAL_SETTERS), ids=lambda v: v if isinstance(v, str) else "")
+DISTRIBUTED = public_functions(ampc.distributed, {"init_process_group", "destroy_process_group"})
+
+
+@pytest.mark.parametrize("name,f", public_functions(ampc, GLOBAL_SETTERS) + DISTRIBUTED,
+                         ids=lambda v: v if isinstance(v, str) else "")
 def test_top_level_functions(name, f, test_seed):
     draw = random.Random(test_seed)
     for _ in range(CALLS):
