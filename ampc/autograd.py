@@ -231,7 +231,8 @@ class Arithmetic:
         return math.prod(self.shape)
 
     def __getitem__(self, key):
-        """self[key] for ints and slices, on the tape (its gradient: zeros with the slice's)."""
+        """self[key] on the tape: ints and slices, and for NumPy arrays index arrays and masks too
+        (the gradient: zeros, with the picked elements' added in)."""
         return self._f()._index(self, key)
 
     def to(self, dtype):

@@ -1,6 +1,7 @@
 """ampc.autograd: backward() through graphs of ampc ops, against float64 finite differences and the
 ops' own backward functions; grad mode, retain_graph, the scaler's scaled loss, autocast's dtypes."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -428,3 +429,41 @@ def test_backward_of_a_tensor_without_a_graph():
     """A Tensor no op made (grad_fn None): torch's RuntimeError, not an AttributeError from the walk."""
     with pytest.raises(RuntimeError, match="does not require grad and does not have a grad_fn"):
         ampc.autograd.Tensor(np.ones((), np.float32), None).backward()
+
+
+@pytest.mark.parametrize("key", [
+    np.array([0, 2, 2, 3]),                                   # an index taken twice
+    (np.array([0, 1, 1]), np.array([4, 0, 4])),               # pairs, one repeated
+    (slice(None), np.array([4, 0, 4])),                       # a slice and an index array
+    np.array([True, False, True, True]),                      # a mask
+    [1, 1, 0],                                                # a list
+    (slice(1, 3), Ellipsis, np.array([2])),
+    (1, slice(None, None, 2)),                                # basic: a view
+], ids=repr)
+def test_indexing_gradients_add_up_repeated_indices(rng, key):
+    """Tensor[key] with index arrays and masks (logits[rows, targets]): the gradient adds g at each
+    picked element, an element picked twice getting both (it got zeros: g was written into NumPy's
+    copy of the picked elements)."""
+    x = rng.standard_normal((4, 5, 6))
+    w = ampc.nn.Parameter(x.copy())
+    out = w[key]
+    np.testing.assert_array_equal(out.data, x[key])
+    g = rng.standard_normal(out.data.shape)
+    F.sum(out * g).backward()
+    want = np.zeros_like(x)
+    np.add.at(want, key, g)
+    np.testing.assert_allclose(w.grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_indexing_gradients_of_16_bit_data_round_once(rng):
+    """An element picked 300 times: its gradient summed in float32 and rounded once to bfloat16."""
+    x = np.ones((3, 2), ml_dtypes.bfloat16)
+    w = ampc.nn.Parameter(x.copy())
+    key = np.zeros(300, np.int64)
+    g = np.full((300, 2), 1.0 / 3, np.float32).astype(ml_dtypes.bfloat16)
+    F.sum(w[key] * g).backward()
+    assert w.grad.dtype == ml_dtypes.bfloat16
+    want = np.float32(g.astype(np.float32)[:, 0].sum())
+    np.testing.assert_array_equal(w.grad[0].astype(np.float32), np.full(2, want).astype(ml_dtypes.bfloat16)
+                                  .astype(np.float32))
+    assert not w.grad[1:].astype(np.float32).any()

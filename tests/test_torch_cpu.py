@@ -162,3 +162,12 @@ def test_the_demo_adds_torch_s_rows(capsys):
     for row in rows[4:]:
         assert float(row[5].strip().rstrip(" %")) > 50
     assert [row[7].strip() for row in rows[4:]] == ["—", "—", "65536"]
+
+
+def test_indexing_torch_data_by_index_arrays_is_refused_on_the_tape():
+    """Only NumPy data's gradient adds up at index arrays here: other libraries' are refused with a
+    clear error, not given a zero gradient."""
+    w = ampc.nn.Parameter(torch.ones(4, 3))
+    assert tuple(w[1:3].data.shape) == (2, 3)
+    with pytest.raises(NotImplementedError, match="index arrays or masks is differentiable for NumPy arrays only"):
+        w[np.array([0, 0])]

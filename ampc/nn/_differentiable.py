@@ -7,6 +7,10 @@ argument that needs a gradient they return an ampc.autograd.Tensor. A forward he
 arguments as autocast already cast them, so it calls the op's body (``raw``), not the op again.
 """
 
+import numbers
+
+import numpy as np
+
 from ampc import _C
 from ampc.autograd import differentiable
 from ampc.nn import functional as F
@@ -343,19 +347,38 @@ def cast(input, dtype):
     return _C.cast(input, dtype)
 
 
+def _is_basic(key):
+    """Whether key picks a view (ints, slices, None, ...), not elements by index arrays or masks."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return all(part is None or part is Ellipsis or isinstance(part, slice)
+               or (isinstance(part, numbers.Integral) and not isinstance(part, bool)) for part in parts)
+
+
 def index(input, key):
-    """input[key] for a key of ints and slices (a view where the library makes one)."""
+    """input[key]: ints and slices (a view where the library makes one), or, for NumPy arrays, index
+    arrays and masks (a copy), as NumPy and torch read them."""
     lib = _glue._library(input)
+    if not _is_basic(key) and lib is not np:
+        raise NotImplementedError("Tensor indexing by index arrays or masks is differentiable for NumPy arrays "
+                                  f"only; index {lib.__name__} arrays with ints and slices")
     if hasattr(lib, "take_slice"):
         return lib.getitem(input, key)
     return input[key]
 
 
 def _index_backward(a, saved, g, needs):
-    """A zero gradient of input's shape with g where input[key] was taken."""
-    x = a["input"]
+    """A zero gradient of input's shape with g where input[key] was taken: written into the view of
+    a basic key, added at the indices of an advanced one (an index taken twice gets both, as torch's
+    index backward; summed in float32, float64 for float64, and rounded once)."""
+    x, key = a["input"], a["key"]
     out = _C.zeros_like(x, dtype=_C.as_dtype(g.dtype), shape=tuple(x.shape))
-    _C.cast(g, out=index(out, a["key"]))
+    if _is_basic(key):
+        _C.cast(g, out=index(out, key))
+        return (out,)
+    acc = np.float64 if out.dtype == np.float64 else np.float32
+    total = np.zeros(out.shape, acc)
+    np.add.at(total, key, np.asarray(g).astype(acc))
+    _C.cast(total, out=out)
     return (out,)
 
 
