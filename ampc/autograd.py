@@ -227,6 +227,13 @@ class Arithmetic:
     def relu(self):
         return self._f().relu(self)
 
+    def size(self, dim=None):
+        shape = tuple(self.shape)
+        return shape if dim is None else shape[dim]
+
+    def dim(self):
+        return len(self.shape)
+
     def numel(self):
         return math.prod(self.shape)
 
@@ -266,12 +273,6 @@ class Tensor(Arithmetic):
     dtype = property(lambda self: self.data.dtype)
     ndim = property(lambda self: len(self.data.shape))
     device = property(lambda self: getattr(self.data, "device", "cpu"))
-
-    def size(self, dim=None):
-        return self.shape if dim is None else self.shape[dim]
-
-    def dim(self):
-        return self.ndim
 
     def __len__(self):
         return len(self.data)

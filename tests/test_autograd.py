@@ -467,3 +467,10 @@ def test_indexing_gradients_of_16_bit_data_round_once(rng):
     np.testing.assert_array_equal(w.grad[0].astype(np.float32), np.full(2, want).astype(ml_dtypes.bfloat16)
                                   .astype(np.float32))
     assert not w.grad[1:].astype(np.float32).any()
+
+
+def test_parameters_answer_size_and_dim_as_tensors_do():
+    w = ampc.nn.Parameter(np.ones((3, 4), np.float32))
+    t = w * 2.0
+    for a in (w, t):
+        assert a.size() == (3, 4) and a.size(1) == 4 and a.size(-2) == 3 and a.dim() == 2 and a.numel() == 12
