@@ -105,11 +105,12 @@ class Node:
     outputs; ``sources`` are those inputs' own nodes, Parameters, or None; ``dtypes`` their dtypes
     before autocast cast them."""
 
-    __slots__ = ("name", "backward", "args", "saved", "sources", "dtypes", "outputs")
+    __slots__ = ("name", "backward", "args", "saved", "sources", "dtypes", "outputs", "versions")
 
-    def __init__(self, name, backward, args, saved, sources, dtypes, outputs):
+    def __init__(self, name, backward, args, saved, sources, dtypes, outputs, versions=()):
         self.name, self.backward, self.args, self.saved = name, backward, args, saved
         self.sources, self.dtypes, self.outputs = sources, dtypes, outputs
+        self.versions = versions  # (Parameter, its version when the op ran): what backward() checks
 
     def __repr__(self):
         return f"<{self.name}Backward>"
@@ -460,6 +461,9 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
             dtypes = tuple(getattr(_array(v), "dtype", None) for v in values)
             for key, value in arguments.items():
                 arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
+            parameters = [v for value in arguments.values()
+                          for v in (value if isinstance(value, (list, tuple)) else (value,))
+                          if isinstance(v, _C.Parameter)]
             originals = {n: arguments[n] for n in keep_uncast}
             if capture is not None:
                 # the first argument positionally: fp32_set_opt_dtype looks at it
@@ -476,7 +480,7 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
                     arguments[n] = _array(original)
             outputs = len(output) if isinstance(output, tuple) else 1
             node = Node(name, backward if missing is None else _not_implemented(missing), arguments, saved, sources,
-                        dtypes, outputs)
+                        dtypes, outputs, tuple((p, p._version) for p in parameters))
             if isinstance(output, tuple):
                 return tuple(Tensor(o, node, i) for i, o in enumerate(output))
             if isinstance(in_place, Tensor):
@@ -585,6 +589,13 @@ def _ones_like(x):
     return _library(x).ones_like(x)
 
 
+def _modified(p, version):
+    """torch's text for a tensor written after an op saved it (an optimizer's step between a forward
+    and its backward): its gradients would be computed from the new values, without a word."""
+    return (f"one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"[Parameter {tuple(p.shape)}] is at version {p._version}; expected version {version} instead.")
+
+
 def run_backward(root, gradient, retain_graph):
     if not isinstance(root, Tensor) or root.grad_fn is None:  # a detached Tensor has no graph either
         raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
@@ -601,7 +612,12 @@ def run_backward(root, gradient, retain_graph):
     grads = {id(root.grad_fn): [None] * root.grad_fn.outputs}
     touched = {}  # the Parameters whose .grad this pass wrote
     grads[id(root.grad_fn)][root._index] = gradient
-    for node in _order(root.grad_fn):
+    order = _order(root.grad_fn)
+    for node in order:  # all checked before any gradient is written
+        for p, version in node.versions:
+            if p._version != version:
+                raise RuntimeError(_modified(p, version))
+    for node in order:
         pending = grads.pop(id(node), None)
         if pending is None:
             continue

@@ -474,3 +474,27 @@ def test_parameters_answer_size_and_dim_as_tensors_do():
     t = w * 2.0
     for a in (w, t):
         assert a.size() == (3, 4) and a.size(1) == 4 and a.size(-2) == 3 and a.dim() == 2 and a.numel() == 12
+
+
+def test_backward_refuses_parameters_written_since_the_forward():
+    """An optimizer step (or `p.data = ...`) between a forward and its backward: torch's RuntimeError
+    naming the versions, and no gradient written; the gradients were computed from the new values,
+    in silence. A write before the forward, or after the backward, is fine."""
+    w = ampc.nn.Parameter(np.ones(3, np.float32))
+    v = ampc.nn.Parameter(np.full(3, 2.0, np.float32))
+    opt = ampc.optim.SGD([v], lr=1.0)
+    v.grad = np.ones(3, np.float32)
+    opt.step()  # before the forward: fine
+    loss = F.sum(w * v) + F.sum(w.exp())
+    opt.step()
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation: \[Parameter \(3,\)\] is at version 2; "
+                                           r"expected version 1 instead\."):
+        loss.backward()
+    assert w.grad is None  # nothing half-written
+    loss = F.sum(w * v)
+    v.data = v.data * 0.5
+    with pytest.raises(RuntimeError, match="is at version 3; expected version 2"):
+        loss.backward()
+    loss = F.sum(w * v)
+    loss.backward()
+    np.testing.assert_array_equal(w.grad, v.data)
