@@ -277,6 +277,17 @@ def test_module_dtype_methods_go_there_and_back():
     assert np.array_equal(m[0].weight.data, want.astype(ml_dtypes.bfloat16).astype(np.float64))
 
 
+def test_zero_grad_keeping_the_arrays_zeroes_inf_and_nan_too():
+    """zero_grad(set_to_none=False) after an overflow: zeros, in the same arrays (it multiplied by 0,
+    which left NaN where the overflow had put inf or NaN, and the scaler skipped every step after)."""
+    m = nn.Linear(2, 2)
+    grads = [np.full(p.data.shape, v, np.float32) for p, v in zip(m.parameters(), (np.inf, np.nan))]
+    for p, g in zip(m.parameters(), grads):
+        p.grad = g
+    m.zero_grad(set_to_none=False)
+    assert all(p.grad is g and not g.any() for p, g in zip(m.parameters(), grads))
+
+
 def test_requires_grad_freezes_parameters():
     m = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     assert m[0].requires_grad_(False) is m[0]

@@ -261,11 +261,13 @@ class Module:
         return self.to("cpu")
 
     def zero_grad(self, set_to_none=True):
+        """Every parameter's gradient None, or (set_to_none=False) zeroed in place, as torch's: zeros
+        also where an overflow left inf or NaN (multiplying by 0 kept NaN there)."""
         for p in self.parameters():
             if set_to_none or p.grad is None:
                 p.grad = None
             else:
-                p.grad = p.grad * 0
+                _C.zero_(p.grad)
 
     def apply(self, fn):
         for module in list(self.modules())[::-1]:
