@@ -530,6 +530,23 @@ def test_cross_entropy_backward_low_precision(rng, dtype):
     assert_close(g, e, dtype, scale=np.abs(e).max())
 
 
+@pytest.mark.parametrize("dtypes", [(F16, F32), (BF16, F32), (F32, F64), (F16, F64)], ids=str)
+def test_cross_entropy_probability_targets_of_a_wider_dtype(rng, dtypes):
+    """float16 logits with float32 probabilities: a float32 loss, as torch's (its promotion of the
+    log-probabilities and the targets), from the logits' values (it was rounded to float16); the
+    gradient in the logits' dtype."""
+    low, wide = dtypes
+    x = ref.random(rng, (6, 9), low, scale=2)
+    p = rng.random((6, 9))
+    target = (p / p.sum(1, keepdims=True)).astype(wide)
+    for reduction in ("mean", "sum", "none"):
+        out = F.cross_entropy(x, target, reduction=reduction)
+        assert out.dtype == wide
+        expected = ref.cross_entropy(f64(x), f64(target), reduction=reduction)
+        assert_close(out, expected, wide, rtol=4 * ref.RTOL[wide])
+    assert F.cross_entropy_backward(np.float32(1.0), x, target).dtype == low
+
+
 def test_nll_loss_forward_and_backward(rng):
     for dtype in FLOATS:
         logp = ref.log_softmax(ref.random(rng, (6, 5), F64), 1).astype(dtype)

@@ -336,9 +336,18 @@ def group_norm_backward(grad_output, input, num_groups, weight=None, bias=None, 
 
 def _cross_entropy_forward(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
                            log_probs=False):
-    """(loss, lse, denom): the loss, and what its backward needs."""
+    """(loss, lse, denom): the loss, and what its backward needs. Probability targets of a wider
+    dtype than input's (float16 logits, float32 targets) give a loss of the promoted dtype, as
+    torch's: computed from input's values in it (the gradient stays in input's dtype)."""
     op = "nll_loss" if log_probs else "cross_entropy"
     _check_reduction(op, reduction)
+    if not log_probs and _is_floating_array(target) and _is_floating_array(input):
+        promoted = _result_type(op, (as_dtype(input.dtype), as_dtype(target.dtype)))
+        if promoted != as_dtype(input.dtype):
+            loss, lse, denom = _cross_entropy_forward(_C.cast(input, promoted), target, weight, ignore_index,
+                                                      reduction, label_smoothing)
+            acc = _acc(as_dtype(input.dtype))  # the backward's, for input's dtype
+            return loss, _C.cast(lse, acc), denom if as_dtype(denom.dtype) == acc else _C.cast(denom, acc)
     return _C._cross_entropy(input, target, weight, _as_int(op, "ignore_index", ignore_index), float(label_smoothing),
                              reduction, log_probs)
 
@@ -408,6 +417,13 @@ def _legacy_reduction(size_average, reduce, reduction):
 
 _LOSS_ARGUMENTS = ("input", "target", "grad_output")
 _WEIGHTED_LOSS_ARGUMENTS = ("input", "target", "weight")
+
+
+def _is_floating_array(x):
+    try:
+        return as_dtype(x.dtype) in (F32, F64, np.dtype(np.float16), as_dtype("bfloat16"))
+    except (AttributeError, TypeError, ValueError):
+        return False
 
 
 def _same_shape_loss_dtype(name, input, target, reduction):
