@@ -79,6 +79,21 @@ def training_step(loss_of, optimizer, scaler, device_type, dtype, before_step=No
     return loss
 
 
+def batches(x_train, y_train, epochs, batch_size, seed, nan_at=None):
+    """The demo's batches as NumPy arrays, ampc's runs and torch's alike: each epoch a fixed shuffle
+    of the training set, and a NaN in the batch of step nan_at."""
+    step = 0
+    for epoch in range(epochs):
+        order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
+        for start in range(0, len(x_train), batch_size):
+            batch = order[start:start + batch_size]
+            x = x_train[batch]  # a fancy-indexed copy: the data set keeps its values
+            if step == nan_at:
+                x[0, 0] = np.nan
+            yield x, y_train[batch]
+            step += 1
+
+
 def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at=None, progress=True, index=-1,
           nan_at=None):
     """Train a fresh MLP under recipe on device index (-1: the CPU); a dict of what the demo reports,
@@ -96,27 +111,21 @@ def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at
     steps_per_epoch = math.ceil(len(x_train) / batch_size)
     bar = Progress(name, epochs * steps_per_epoch) if progress else None
     losses, scales, step_times = [], [], []
-    for epoch in range(epochs):
-        order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
-        for start in range(0, len(x_train), batch_size):
-            batch = order[start:start + batch_size]
-            x = x_train[batch]
-            if nan_at == len(losses):
-                x[0, 0] = np.nan  # a fancy-indexed copy: the data set keeps its values
-            x, y = ampc._C._to_device(x, index), ampc._C._to_device(y_train[batch], index)
-            began = time.perf_counter()
-            def overflow():
-                first = next(iter(model.parameters()))
-                first.grad = ampc._C._to_device(np.full(first.grad.shape, np.inf, np.float32), index)
+    for x, y in batches(x_train, y_train, epochs, batch_size, seed, nan_at):
+        x, y = ampc._C._to_device(x, index), ampc._C._to_device(y, index)
+        began = time.perf_counter()
+        def overflow():
+            first = next(iter(model.parameters()))
+            first.grad = ampc._C._to_device(np.full(first.grad.shape, np.inf, np.float32), index)
 
-            loss = training_step(lambda: F.cross_entropy(model(x), y), optimizer, scaler, device_type, dtype,
-                                 overflow if inject_inf_at == len(losses) else None)
-            _synchronize(index)
-            step_times.append(time.perf_counter() - began)
-            losses.append(float(loss))
-            scales.append(scaler.get_scale() if scaled else 1.0)
-            if bar is not None:
-                bar.show(len(losses), losses[-1])
+        loss = training_step(lambda: F.cross_entropy(model(x), y), optimizer, scaler, device_type, dtype,
+                             overflow if inject_inf_at == len(losses) else None)
+        _synchronize(index)
+        step_times.append(time.perf_counter() - began)
+        losses.append(float(loss))
+        scales.append(scaler.get_scale() if scaled else 1.0)
+        if bar is not None:
+            bar.show(len(losses), losses[-1])
     model.eval()
     with ampc.no_grad():
         logits = model(ampc._C._to_device(x_test, index))

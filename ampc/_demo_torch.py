@@ -99,30 +99,24 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
         torch.cuda.reset_peak_memory_stats(device)
     bar = _demo.Progress("torch " + name, epochs * math.ceil(len(x_train) / batch_size))
     losses, scales, step_times, skipped = [], [], [], 0
-    for epoch in range(epochs):
-        order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
-        for start in range(0, len(x_train), batch_size):
-            batch = order[start:start + batch_size]
-            x = x_train[batch]
-            if nan_at == len(losses):
-                x[0, 0] = np.nan
-            x, y = torch.from_numpy(x).to(device), torch.from_numpy(y_train[batch]).to(device)
-            _synchronize(torch, index)
-            began = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scale = scaler.get_scale() if scaled else 1.0
-            scaler.update()
-            _synchronize(torch, index)
-            step_times.append(time.perf_counter() - began)
-            if scaled and scaler.get_scale() < scale:  # a step with inf or NaN gradients backs the scale off
-                skipped += 1
-            losses.append(loss.item())
-            scales.append(scaler.get_scale() if scaled else 1.0)
-            bar.show(len(losses), losses[-1])
+    for x, y in _demo.batches(x_train, y_train, epochs, batch_size, seed, nan_at):
+        x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+        _synchronize(torch, index)
+        began = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scale = scaler.get_scale() if scaled else 1.0
+        scaler.update()
+        _synchronize(torch, index)
+        step_times.append(time.perf_counter() - began)
+        if scaled and scaler.get_scale() < scale:  # a step with inf or NaN gradients backs the scale off
+            skipped += 1
+        losses.append(loss.item())
+        scales.append(scaler.get_scale() if scaled else 1.0)
+        bar.show(len(losses), losses[-1])
     model.eval()
     with torch.no_grad():
         predictions = model(torch.from_numpy(x_test).to(device)).argmax(dim=1).cpu().numpy()
