@@ -180,7 +180,8 @@ class Optimizer:
             try:
                 return _C._scalar_like(p.data, float(value))
             except (TypeError, ValueError):
-                raise TypeError(f"load_state_dict: a parameter's 'step' must be a number, got {type(value).__name__}")
+                raise TypeError(f"load_state_dict: a parameter's 'step' must be a number, got "
+                                f"{type(value).__name__}") from None
         if isinstance(value, (int, float)):
             return value
         shape = getattr(value, "shape", None)

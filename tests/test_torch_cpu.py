@@ -165,9 +165,12 @@ def test_the_demo_adds_torch_s_rows(capsys):
 
 
 def test_indexing_torch_data_by_index_arrays_is_refused_on_the_tape():
-    """Only NumPy data's gradient adds up at index arrays here: other libraries' are refused with a
-    clear error, not given a zero gradient."""
+    """Only NumPy data's gradient adds up at index arrays here: other libraries' backward is refused
+    with a clear error, not given a zero gradient (the forward reads as torch reads it)."""
     w = ampc.nn.Parameter(torch.ones(4, 3))
     assert tuple(w[1:3].data.shape) == (2, 3)
-    with pytest.raises(NotImplementedError, match="index arrays or masks is differentiable for NumPy arrays only"):
-        w[np.array([0, 0])]
+    picked = w[torch.tensor([0, 0])]
+    assert tuple(picked.data.shape) == (2, 3)
+    with pytest.raises(NotImplementedError, match="indexing by index arrays or masks is implemented for NumPy"):
+        ampc.nn.functional.sum(picked).backward()
+    assert w.grad is None

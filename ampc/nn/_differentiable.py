@@ -355,12 +355,9 @@ def _is_basic(key):
 
 
 def index(input, key):
-    """input[key]: ints and slices (a view where the library makes one), or, for NumPy arrays, index
-    arrays and masks (a copy), as NumPy and torch read them."""
+    """input[key]: ints and slices (a view where the library makes one), index arrays and masks (a
+    copy), as the array's library reads them."""
     lib = _glue._library(input)
-    if not _is_basic(key) and lib is not np:
-        raise NotImplementedError("Tensor indexing by index arrays or masks is differentiable for NumPy arrays "
-                                  f"only; index {lib.__name__} arrays with ints and slices")
     if hasattr(lib, "take_slice"):
         return lib.getitem(input, key)
     return input[key]
@@ -375,6 +372,9 @@ def _index_backward(a, saved, g, needs):
     if _is_basic(key):
         _C.cast(g, out=index(out, key))
         return (out,)
+    if not isinstance(out, np.ndarray):
+        raise NotImplementedError("the gradient of indexing by index arrays or masks is implemented for NumPy "
+                                  f"arrays only, not {type(out).__name__}; index with ints and slices")
     acc = np.float64 if out.dtype == np.float64 else np.float32
     total = np.zeros(out.shape, acc)
     np.add.at(total, key, np.asarray(g).astype(acc))
