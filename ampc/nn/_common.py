@@ -24,7 +24,7 @@ def acc_dtype(dtype):
     return F64 if dtype == F64 else F32
 
 
-_FLOATING = {F32, F64, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
+FLOATING = {F32, F64, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}  # the dtypes ampc computes on
 
 
 _BOOL_AND_INTEGER_KINDS = frozenset("biu")
@@ -38,9 +38,9 @@ def result_type(op, dtypes):
     them all, as NumPy's (torch has none for int64 with uint64: a TypeError). Other dtypes
     (complex, strings), which no op of ampc computes on, promote as NumPy promotes them."""
     dtypes = [np.dtype(d) for d in dtypes]
-    if not all(d in _FLOATING or d.kind in _BOOL_AND_INTEGER_KINDS for d in dtypes):
+    if not all(d in FLOATING or d.kind in _BOOL_AND_INTEGER_KINDS for d in dtypes):
         return functools.reduce(np.promote_types, dtypes)
-    floating = [d for d in dtypes if d in _FLOATING]
+    floating = [d for d in dtypes if d in FLOATING]
     if floating:
         first = floating[0]
         if all(d == first for d in floating):
@@ -60,7 +60,7 @@ def floating_dtype(op, name, x):
         dtype = as_dtype(x.dtype)
     except TypeError:  # a dtype ampc does not know (complex)
         dtype = None
-    if dtype not in _FLOATING:
+    if dtype not in FLOATING:
         raise TypeError(f"{op}: {name} must be a floating array (float32, float16, bfloat16 or float64), "
                         f"got dtype {x.dtype}")
     return dtype
@@ -76,7 +76,7 @@ def cast_for_dtype(input, dtype):
         want, have = as_dtype(dtype), as_dtype(input.dtype)
     except (TypeError, ValueError, AttributeError):
         return input
-    if dtype is None or want == have or want not in _FLOATING or (want == F32 and have in _FLOATING and have != F64):
+    if dtype is None or want == have or want not in FLOATING or (want == F32 and have in FLOATING and have != F64):
         return input
     return _C.cast(input, want)
 

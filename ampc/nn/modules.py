@@ -14,7 +14,7 @@ from ampc import _C, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
 from ampc.nn import _ampc_arrays, _embedding
-from ampc.nn._common import _FLOATING, shape_of
+from ampc.nn._common import FLOATING, shape_of
 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
@@ -404,7 +404,7 @@ def _is_floating(x):
     """Whether x's dtype is one of the floating ones a module's dtype moves (bfloat16 too, which NumPy
     does not count as np.floating); integer and bool buffers, and dtypes ampc does not know, stay."""
     try:
-        return _C.as_dtype(x.dtype) in _FLOATING
+        return _C.as_dtype(x.dtype) in FLOATING
     except TypeError:
         return False
 
