@@ -11,6 +11,7 @@ from ampc._C import (
     CudaError,
     OutOfMemoryError,
     Parameter,
+    StateDictError,
     as_dtype,
     bfloat16,
     cast,
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArgumentError",
+    "StateDictError",
     "Array",
     "AutocastOp",
     "CudaError",

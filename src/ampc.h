@@ -43,6 +43,7 @@ typedef struct {
     PyObject *converter_for;                   /* ampc._interop.converter_for, once imported */
     PyObject *cuda_error;                      /* ampc.CudaError */
     PyObject *argument_error;                  /* ampc.ArgumentError */
+    PyObject *state_dict_error;                /* ampc.StateDictError */
     PyTypeObject *scaler_type;                 /* ampc.GradScaler */
     PyObject *oom_error;                       /* ampc.OutOfMemoryError */
     /* ampc._cuda, loaded on first use (cuda_backend.c) */

@@ -161,6 +161,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->converter_for);
     Py_VISIT(st->cuda_error);
     Py_VISIT(st->argument_error);
+    Py_VISIT(st->state_dict_error);
     Py_VISIT(st->scaler_type);
     Py_VISIT(st->oom_error);
     Py_VISIT(st->cuda_module);
@@ -190,6 +191,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->converter_for);
     Py_CLEAR(st->cuda_error);
     Py_CLEAR(st->argument_error);
+    Py_CLEAR(st->state_dict_error);
     Py_CLEAR(st->scaler_type);
     Py_CLEAR(st->oom_error);
     Py_CLEAR(st->cuda_module);
@@ -248,6 +250,17 @@ static int module_exec(PyObject *module)
         bases, NULL);
     Py_DECREF(bases);
     if (st->argument_error == NULL || PyModule_AddObjectRef(module, "ArgumentError", st->argument_error) < 0)
+        return -1;
+    /* A state dict without a required entry: torch's KeyError, and the ValueError that a bad
+     * payload (outside input) gives everywhere else in ampc. */
+    bases = PyTuple_Pack(2, PyExc_KeyError, PyExc_ValueError);
+    if (bases == NULL)
+        return -1;
+    st->state_dict_error = PyErr_NewExceptionWithDoc(
+        "ampc.StateDictError", "A state dict without a required entry: both a KeyError (as torch's) and a "
+        "ValueError.", bases, NULL);
+    Py_DECREF(bases);
+    if (st->state_dict_error == NULL || PyModule_AddObjectRef(module, "StateDictError", st->state_dict_error) < 0)
         return -1;
     if (ampc_scaler_type_init(module, st) < 0 || ampc_parameter_type_init(module, st) < 0 ||
         ampc_autocast_state_init(module, st) < 0 || ampc_autocast_dispatch_init(module, st) < 0)

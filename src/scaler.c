@@ -1496,9 +1496,9 @@ static PyObject *Scaler_state_dict(PyObject *op, PyObject *Py_UNUSED(ignored))
 }
 
 /* A number under `key`: into *f (a float) or *i (an int), whichever is
- * given. 1 if read, 0 if absent and optional, -1 with an exception (KeyError,
- * as torch, when absent and required). */
-static int read_number(PyObject *sd, const char *key, int required, double *f, int64_t *i)
+ * given. 1 if read, 0 if absent and optional, -1 with an exception
+ * (StateDictError, a KeyError as torch's, when absent and required). */
+static int read_number(ampc_state *st, PyObject *sd, const char *key, int required, double *f, int64_t *i)
 {
     PyObject *v = PyMapping_GetItemString(sd, key);
     if (v == NULL) {
@@ -1507,7 +1507,10 @@ static int read_number(PyObject *sd, const char *key, int required, double *f, i
         PyErr_Clear();
         if (!required)
             return 0;
-        PyErr_SetString(PyExc_KeyError, key);
+        PyObject *name = PyUnicode_FromString(key);
+        if (name != NULL)
+            PyErr_SetObject(st->state_dict_error, name);  /* str() quotes it, as KeyError's */
+        Py_XDECREF(name);
         return -1;
     }
     const int rc = f ? as_double(v, key, f) : as_int64(v, key, i);
@@ -1536,12 +1539,14 @@ static PyObject *Scaler_load_state_dict(PyObject *op, PyObject *sd)
     /* Everything is read and checked first: a bad dict changes nothing. */
     double scale, growth, backoff, min_scale = self->min_scale, max_scale = self->max_scale, hyst_d = self->hysteresis;
     int64_t interval, tracker;
-    if (read_number(sd, "scale", 1, &scale, NULL) < 0 || read_number(sd, "growth_factor", 1, &growth, NULL) < 0 ||
-        read_number(sd, "backoff_factor", 1, &backoff, NULL) < 0 ||
-        read_number(sd, "growth_interval", 1, NULL, &interval) < 0 ||
-        read_number(sd, "_growth_tracker", 1, NULL, &tracker) < 0 ||
-        read_number(sd, "min_scale", 0, &min_scale, NULL) < 0 || read_number(sd, "max_scale", 0, &max_scale, NULL) < 0 ||
-        read_number(sd, "hysteresis", 0, &hyst_d, NULL) < 0)
+    if (read_number(st, sd, "scale", 1, &scale, NULL) < 0 ||
+        read_number(st, sd, "growth_factor", 1, &growth, NULL) < 0 ||
+        read_number(st, sd, "backoff_factor", 1, &backoff, NULL) < 0 ||
+        read_number(st, sd, "growth_interval", 1, NULL, &interval) < 0 ||
+        read_number(st, sd, "_growth_tracker", 1, NULL, &tracker) < 0 ||
+        read_number(st, sd, "min_scale", 0, &min_scale, NULL) < 0 ||
+        read_number(st, sd, "max_scale", 0, &max_scale, NULL) < 0 ||
+        read_number(st, sd, "hysteresis", 0, &hyst_d, NULL) < 0)
         return NULL;
     if (check_config(st, scale, growth, backoff, interval, min_scale, max_scale, (int64_t)hyst_d) < 0)
         return NULL;
