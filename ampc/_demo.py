@@ -41,7 +41,8 @@ def digits_split(seed=0, test_fraction=0.2):
     return images[train], labels[train], images[test], labels[test]
 
 
-def mlp(hidden=256):
+def mlp(hidden=256, nn=nn):
+    """The demo's MLP from nn's layers: ampc.nn's, or torch.nn's for --compare-torch (the same names)."""
     return nn.Sequential(nn.Linear(64, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
                          nn.Linear(hidden, 10))
 

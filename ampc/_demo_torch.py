@@ -84,13 +84,12 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
     device = torch.device("cpu") if index < 0 else torch.device("cuda", index)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(seed)
-    nn = torch.nn
-    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 10))
-    model = model.to(device)
+    model = _demo.mlp(nn=torch.nn).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    autocast_dtype = _torch_dtype(torch, dtype)
     try:
         scaler = torch.amp.GradScaler(device.type, enabled=scaled)
-        with torch.autocast(device.type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=dtype is not None):
             model(torch.zeros(1, 64, device=device))
     except (AttributeError, RuntimeError) as e:
         print(f"--compare-torch: torch {torch.__version__} cannot run {name} on {device.type}: {e}")
@@ -104,7 +103,7 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
         _synchronize(torch, index)
         began = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=dtype is not None):
             loss = torch.nn.functional.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(optimizer)

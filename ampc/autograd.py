@@ -412,6 +412,12 @@ def _off_tape_in_place(op, binder, target, args, kwargs):
     return target
 
 
+def _each(values):
+    """The values, each element of a list or tuple among them in its place (cat's tensors)."""
+    for value in values:
+        yield from value if isinstance(value, (list, tuple)) else (value,)
+
+
 def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
     """op, recorded on the tape when grad mode is on and an argument needs a gradient.
 
@@ -452,8 +458,7 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
                 if isinstance(in_place, _C.Parameter) and in_place.requires_grad:
                     raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
             # one source per differentiable array: a list argument (cat's tensors) gives one each
-            values = [v for n in grad_args for v in (arguments[n] if isinstance(arguments[n], (list, tuple))
-                                                     else (arguments[n],))]
+            values = list(_each(arguments[n] for n in grad_args))
             # an argument the op has no gradient for, that needs one (a loss's class weights): torch's
             # error when the backward reaches it, not a gradient left out without a word
             missing = next((n for n in arguments if n not in grad_args and _needs_grad(arguments[n])), None)
@@ -461,9 +466,7 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
             dtypes = tuple(getattr(_array(v), "dtype", None) for v in values)
             for key, value in arguments.items():
                 arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
-            parameters = [v for value in arguments.values()
-                          for v in (value if isinstance(value, (list, tuple)) else (value,))
-                          if isinstance(v, _C.Parameter)]
+            parameters = [v for v in _each(arguments.values()) if isinstance(v, _C.Parameter)]
             originals = {n: arguments[n] for n in keep_uncast}
             if capture is not None:
                 # the first argument positionally: fp32_set_opt_dtype looks at it

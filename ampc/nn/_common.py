@@ -27,6 +27,15 @@ def acc_dtype(dtype):
 FLOATING = {F32, F64, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}  # the dtypes ampc computes on
 
 
+def is_floating_array(x):
+    """Whether x is an array of one of FLOATING's dtypes (bfloat16 too, which NumPy does not count as
+    np.floating); False for integer and bool arrays, dtypes ampc does not know, and non-arrays."""
+    try:
+        return as_dtype(x.dtype) in FLOATING
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
 _BOOL_AND_INTEGER_KINDS = frozenset("biu")
 
 

@@ -20,9 +20,10 @@ import numpy as np
 from ampc import _C
 from ampc._C import as_dtype
 from ampc.amp import autocast_op
-from ampc.nn._common import F32, F64, FLOATING, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
 from ampc.nn._common import cast_for_dtype as _cast_for_dtype
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
+from ampc.nn._common import is_floating_array as _is_floating_array
 from ampc.nn._common import is_number as _is_number, result_type as _result_type, shape_of as _shape_of
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     _forward as _scaled_dot_product_attention_forward, scaled_dot_product_attention,
@@ -417,13 +418,6 @@ def _legacy_reduction(size_average, reduce, reduction):
 
 _LOSS_ARGUMENTS = ("input", "target", "grad_output")
 _WEIGHTED_LOSS_ARGUMENTS = ("input", "target", "weight")
-
-
-def _is_floating_array(x):
-    try:
-        return as_dtype(x.dtype) in FLOATING
-    except (AttributeError, TypeError, ValueError):
-        return False
 
 
 def _same_shape_loss_dtype(name, input, target, reduction):

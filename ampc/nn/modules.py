@@ -14,7 +14,7 @@ from ampc import _C, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
 from ampc.nn import _ampc_arrays, _embedding
-from ampc.nn._common import FLOATING, shape_of
+from ampc.nn._common import is_floating_array, shape_of
 
 __all__ = [
     "AdaptiveAvgPool2d", "AvgPool2d", "BCELoss", "BCEWithLogitsLoss", "BatchNorm1d", "BatchNorm2d", "Conv1d", "Conv2d",
@@ -385,7 +385,8 @@ def _relaid(x, memory_format):
 
 
 def _moved(x, index, dtype, memory_format=None):
-    if dtype is not None and _is_floating(x) and _C.as_dtype(x.dtype) != _C.as_dtype(dtype):
+    # integer and bool buffers keep their dtype
+    if dtype is not None and is_floating_array(x) and _C.as_dtype(x.dtype) != _C.as_dtype(dtype):
         x = _C.cast(x, dtype)
     x = _relaid(x, memory_format)
     if index is None or _array_device(x) == index:
@@ -398,15 +399,6 @@ def _moved(x, index, dtype, memory_format=None):
         copy = _C.zeros_like(x, shape=tuple(x.shape))
         _C.cast(x, out=copy)
         return _C._to_device(copy, index)
-
-
-def _is_floating(x):
-    """Whether x's dtype is one of the floating ones a module's dtype moves (bfloat16 too, which NumPy
-    does not count as np.floating); integer and bool buffers, and dtypes ampc does not know, stay."""
-    try:
-        return _C.as_dtype(x.dtype) in FLOATING
-    except TypeError:
-        return False
 
 
 def _holds_numbers(value):
