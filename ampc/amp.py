@@ -96,7 +96,7 @@ class GradScaler(_C.GradScaler):
         if not autograd.is_grad_enabled():
             return scale(outputs.data)
         node = autograd.Node("scale", lambda args, saved, grad, needs: (scale(grad),), {}, None,
-                             (autograd._source(outputs),), (outputs.dtype,), 1)
+                             (autograd._source(outputs),), (outputs.dtype,))
         return autograd.Tensor(scale(outputs.data), node)
 
 

@@ -102,12 +102,13 @@ _FREED = ("Trying to backward through the graph a second time (or directly acces
 class Node:
     """One op on the tape: ``backward(args, saved, grads, needs)`` returns the gradients of the
     op's differentiable inputs (None where ``needs`` says none is wanted) from the gradients of its
-    outputs; ``sources`` are those inputs' own nodes, Parameters, or None; ``dtypes`` their dtypes
-    before autocast cast them."""
+    outputs (a list of them for an op that returns a tuple, even of one array: ``outputs`` is its
+    length, None for an op that returns one array); ``sources`` are those inputs' own nodes,
+    Parameters, or None; ``dtypes`` their dtypes before autocast cast them."""
 
     __slots__ = ("name", "backward", "args", "saved", "sources", "dtypes", "outputs", "versions")
 
-    def __init__(self, name, backward, args, saved, sources, dtypes, outputs, versions=()):
+    def __init__(self, name, backward, args, saved, sources, dtypes, outputs=None, versions=()):
         self.name, self.backward, self.args, self.saved = name, backward, args, saved
         self.sources, self.dtypes, self.outputs = sources, dtypes, outputs
         self.versions = versions  # (Parameter, its version when the op ran): what backward() checks
@@ -281,7 +282,7 @@ class Tensor(Arithmetic):
     def __array__(self, dtype=None, copy=None):
         import numpy as np
 
-        return np.asarray(self.data, dtype=dtype)
+        return np.asarray(self.data, dtype=dtype, copy=copy)
 
     def __dlpack__(self, *args, **kwargs):
         return self.data.__dlpack__(*args, **kwargs)
@@ -481,7 +482,7 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
             for n, original in originals.items():
                 if _widened(original, arguments[n]):
                     arguments[n] = _array(original)
-            outputs = len(output) if isinstance(output, tuple) else 1
+            outputs = len(output) if isinstance(output, tuple) else None
             node = Node(name, backward if missing is None else _not_implemented(missing), arguments, saved, sources,
                         dtypes, outputs, tuple((p, p._version) for p in parameters))
             if isinstance(output, tuple):
@@ -612,7 +613,7 @@ def run_backward(root, gradient, retain_graph):
     if tuple(gradient.shape) != tuple(root.data.shape):
         raise RuntimeError(f"Mismatch in shape: grad_output[0] has a shape of {tuple(gradient.shape)} and output[0] "
                            f"has a shape of {tuple(root.data.shape)}.")
-    grads = {id(root.grad_fn): [None] * root.grad_fn.outputs}
+    grads = {id(root.grad_fn): [None] * (root.grad_fn.outputs or 1)}
     touched = {}  # the Parameters whose .grad this pass wrote
     grads[id(root.grad_fn)][root._index] = gradient
     order = _order(root.grad_fn)
@@ -627,13 +628,13 @@ def run_backward(root, gradient, retain_graph):
         if node.args is None:
             raise RuntimeError(_FREED)
         needs = tuple(source is not None for source in node.sources)
-        result = node.backward(node.args, node.saved, pending if node.outputs > 1 else pending[0], needs)
+        result = node.backward(node.args, node.saved, pending if node.outputs is not None else pending[0], needs)
         for source, grad, dtype in zip(node.sources, result, node.dtypes):
             if source is None or grad is None:
                 continue
             if isinstance(source, tuple):
                 grad = _to_dtype(grad, dtype)
-                slots = grads.setdefault(id(source[0]), [None] * source[0].outputs)
+                slots = grads.setdefault(id(source[0]), [None] * (source[0].outputs or 1))
                 slots[source[1]] = grad if slots[source[1]] is None else _add(slots[source[1]], grad)
             else:  # a Parameter: its .grad, added to as torch's
                 grad = _like_parameter(grad, source)

@@ -26,13 +26,23 @@ static int check_array(PyObject *value, const char *what)
     return -1;
 }
 
+/* The array a Parameter is to hold: value's own, or for another Parameter (Parameter(p), q.data = p)
+ * the array that one holds, shared as torch's nn.Parameter(p) shares p's storage; never a Parameter
+ * inside a Parameter. */
+static PyObject *array_to_hold(ampc_state *st, PyObject *value, const char *what)
+{
+    if (ampc_is_parameter(st, value))
+        return PARAM(value)->data;
+    return check_array(value, what) < 0 ? NULL : value;
+}
+
 static PyObject *Parameter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"data", "requires_grad", NULL};
     PyObject *data;
     int requires_grad = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:Parameter", kwlist, &data, &requires_grad) ||
-        check_array(data, "Parameter: data") < 0)
+        (data = array_to_hold(ampc_state_from_type(type), data, "Parameter: data")) == NULL)
         return NULL;
     ampc_parameter *self = (ampc_parameter *)type->tp_alloc(type, 0);
     if (self == NULL)
@@ -82,7 +92,7 @@ static int Parameter_set_data(PyObject *op, PyObject *value, void *Py_UNUSED(clo
         PyErr_SetString(PyExc_AttributeError, "Parameter.data cannot be deleted");
         return -1;
     }
-    if (check_array(value, "Parameter.data") < 0)
+    if ((value = array_to_hold(ampc_state_from_type(Py_TYPE(op)), value, "Parameter.data")) == NULL)
         return -1;
     Py_SETREF(PARAM(op)->data, Py_NewRef(value));
     PARAM(op)->version++;
@@ -133,6 +143,16 @@ static PyObject *Parameter_get_dtype(PyObject *op, void *Py_UNUSED(closure))
     return PyObject_GetAttrString(PARAM(op)->data, "dtype");
 }
 
+static PyObject *Parameter_get_ndim(PyObject *op, void *Py_UNUSED(closure))
+{
+    PyObject *shape = Parameter_get_shape(op, NULL);
+    if (shape == NULL)
+        return NULL;
+    PyObject *ndim = PyLong_FromSsize_t(PyTuple_GET_SIZE(shape));
+    Py_DECREF(shape);
+    return ndim;
+}
+
 static PyGetSetDef Parameter_getset[] = {
     {"data", Parameter_get_data, Parameter_set_data,
      "The array. Assigning a new one counts as a write (the version goes up).", NULL},
@@ -143,6 +163,7 @@ static PyGetSetDef Parameter_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {"shape", Parameter_get_shape, NULL, "data's shape, as a tuple.", NULL},
     {"dtype", Parameter_get_dtype, NULL, "data's dtype.", NULL},
+    {"ndim", Parameter_get_ndim, NULL, "data's number of dimensions.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -188,7 +209,49 @@ static PyObject *Parameter_setstate(PyObject *op, PyObject *state)
     Py_RETURN_NONE;
 }
 
+/* The array protocols, answered by data, so that np.asarray(p), torch.from_dlpack(p) and
+ * cupy.asarray(p) see the array (without __array__ NumPy made an object array of the Parameter). */
+static PyObject *Parameter_array(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"dtype", "copy", NULL};
+    PyObject *dtype = Py_None, *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|OO:__array__", kwlist, &dtype, &copy))
+        return NULL;
+    PyObject *numpy = PyImport_ImportModule("numpy");
+    PyObject *asarray = numpy != NULL ? PyObject_GetAttrString(numpy, "asarray") : NULL;
+    Py_XDECREF(numpy);
+    if (asarray == NULL)
+        return NULL;
+    PyObject *call_args = Py_BuildValue("(O)", PARAM(op)->data);
+    PyObject *call_kwargs = call_args != NULL ? Py_BuildValue("{sOsO}", "dtype", dtype, "copy", copy) : NULL;
+    PyObject *result = call_kwargs != NULL ? PyObject_Call(asarray, call_args, call_kwargs) : NULL;
+    Py_XDECREF(call_kwargs);
+    Py_XDECREF(call_args);
+    Py_DECREF(asarray);
+    return result;
+}
+
+static PyObject *Parameter_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
+{
+    PyObject *method = PyObject_GetAttrString(PARAM(op)->data, "__dlpack__");
+    if (method == NULL)
+        return NULL;
+    PyObject *capsule = PyObject_Call(method, args, kwargs);
+    Py_DECREF(method);
+    return capsule;
+}
+
+static PyObject *Parameter_dlpack_device(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    return PyObject_CallMethod(PARAM(op)->data, "__dlpack_device__", NULL);
+}
+
 static PyMethodDef Parameter_methods[] = {
+    {"__array__", (PyCFunction)(void (*)(void))Parameter_array, METH_VARARGS | METH_KEYWORDS,
+     "data as a NumPy array (np.asarray(data, dtype, copy))."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))Parameter_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "data's DLPack capsule."},
+    {"__dlpack_device__", Parameter_dlpack_device, METH_NOARGS, "data's DLPack device."},
     {"bump_version", Parameter_bump_version, METH_NOARGS,
      "bump_version($self, /)\n--\n\nCount a write to data that ampc cannot see (p.data[...] = x): a float16 "
      "copy that autocast cached for this region is then made again."},

@@ -439,6 +439,8 @@ def test_backward_of_a_tensor_without_a_graph():
     [1, 1, 0],                                                # a list
     (slice(1, 3), Ellipsis, np.array([2])),
     (1, slice(None, None, 2)),                                # basic: a view
+    (1, 2, 3),                                                # one element (NumPy makes it a scalar)
+    -1,
 ], ids=repr)
 def test_indexing_gradients_add_up_repeated_indices(rng, key):
     """Tensor[key] with index arrays and masks (logits[rows, targets]): the gradient adds g at each
@@ -469,11 +471,46 @@ def test_indexing_gradients_of_16_bit_data_round_once(rng):
     assert not w.grad[1:].astype(np.float32).any()
 
 
+def test_one_element_picked_then_used_keeps_its_gradient(rng):
+    """w[1, 2] * 2: NumPy's x[1, 2] is a scalar, which the product took for a Python number (np.float64
+    is a float) and gave no gradient, in silence; written into, the backward raised."""
+    w = param(rng, 2, 3)
+    check_grads(lambda: w[1, 2] * 2.0 + w[0, 0] * w[1, 2], [w])
+
+
+@pytest.mark.parametrize("size, dim", [(2, 0), (5, 1), (3, -1)])
+def test_a_split_into_one_piece_passes_its_gradient_through(rng, size, dim):
+    """split(size) of a dimension no longer than size is one piece, returned in a tuple as torch's:
+    its backward read the gradient's rows as the pieces' gradients."""
+    w = param(rng, 2, 3)
+    g = rng.standard_normal((2, 3))
+    check_grads(lambda: F.sum(w.split(size, dim)[0] * g) + F.sum(w.chunk(1, dim)[0] ** 2), [w])
+
+
 def test_parameters_answer_size_and_dim_as_tensors_do():
     w = ampc.nn.Parameter(np.ones((3, 4), np.float32))
     t = w * 2.0
     for a in (w, t):
         assert a.size() == (3, 4) and a.size(1) == 4 and a.size(-2) == 3 and a.dim() == 2 and a.numel() == 12
+        assert a.ndim == 2
+
+
+def test_parameters_pass_for_their_arrays():
+    """np.asarray(p) is p's array (it was a NumPy object array of Tensors, one per row); DLPack
+    consumers see it too; a Parameter made from another holds that one's array, as torch's shares its
+    storage."""
+    x = np.arange(6.0).reshape(2, 3)
+    for p in (ampc.Parameter(x), ampc.nn.Parameter(x)):
+        assert np.asarray(p) is x and np.asarray(p, np.float32).dtype == np.float32
+        assert np.array(p) is not x and np.array_equal(np.array(p), x)
+        np.testing.assert_array_equal(np.from_dlpack(p), x)
+        assert p.ndim == 2
+        with pytest.raises(ValueError):
+            np.asarray(p, np.float32, copy=False)
+        q = ampc.nn.Parameter(p)
+        assert q.data is x
+        q.data = ampc.Parameter(x[0])
+        assert np.shares_memory(q.data, x) and q.data.shape == (3,) and q._version == 1
 
 
 def test_backward_refuses_parameters_written_since_the_forward():

@@ -113,6 +113,18 @@ def test_load_state_dict_round_trip_and_errors():
     assert result.missing_keys == ["5.bias"] and result.unexpected_keys == []
 
 
+def test_load_state_dict_takes_parameters():
+    """state_dict(keep_vars=True) holds the Parameters themselves, as torch's: loading it copies their
+    arrays (a Parameter was refused as no array)."""
+    a, b = model(), model()
+    for p in a.parameters():
+        p.data[...] = np.random.default_rng(1).standard_normal(p.data.shape)
+    b.load_state_dict(a.state_dict(keep_vars=True))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        np.testing.assert_array_equal(x, y, err_msg=name)
+        assert not np.shares_memory(x, y), name
+
+
 def test_load_state_dict_refuses_values_that_are_not_numbers_before_writing_any():
     """A None or a string array after valid keys: the error names the key (torch's text) and nothing
     is half-loaded (the fuzz target found 0.bias written before num_batches_tracked's None failed).

@@ -23,7 +23,8 @@ def raw(op):
 
 
 def _unbroadcast(grad, like):
-    return None if like is None or isinstance(like, (int, float)) else F._unbroadcast(grad, tuple(like.shape))
+    # a number (2.0) needs no gradient; a NumPy scalar (np.float64 is a float too) has a shape and one
+    return None if getattr(like, "shape", None) is None else F._unbroadcast(grad, tuple(like.shape))
 
 
 def _plain_forward(op):
@@ -360,6 +361,11 @@ def index(input, key):
     lib = _glue._library(input)
     if hasattr(lib, "take_slice"):
         return lib.getitem(input, key)
+    if isinstance(input, np.ndarray) and _is_basic(key):
+        # x[1, 2] is a NumPy scalar, x[1, 2, ...] a 0-d view: the backward writes its gradient there
+        key = key if isinstance(key, tuple) else (key,)
+        if not any(part is Ellipsis for part in key):
+            key += (Ellipsis,)
     return input[key]
 
 
