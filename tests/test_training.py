@@ -483,6 +483,49 @@ def test_containers_take_modules_only():
     assert len(seq) == 2 and sorted(seq.state_dict()) == ["tail.bias", "tail.weight"]
 
 
+def test_containers_edit_as_torch_s():
+    """Sequential and ModuleList indexed, sliced, assigned, deleted from, inserted into and extended as
+    torch's: a Sequential's slice keeps its names (its state dict keys are the model's); the rest
+    number their entries 0, 1, 2 ... again (insert, extend and item deletion were missing, and a
+    slice was renumbered)."""
+    a, b, c, d = nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 3), nn.GELU()
+    seq = nn.Sequential(a, b, c, d)
+    assert list(seq[2:].state_dict()) == ["2.weight", "2.bias"] and seq[-1] is d and seq[1:3][1] is c
+    seq[0] = nn.Identity()
+    assert list(seq.state_dict()) == ["2.weight", "2.bias"] and [n for n, _ in seq.named_children()][0] == "0"
+    del seq[0]
+    assert list(seq.state_dict()) == ["1.weight", "1.bias"] and list(seq) == [b, c, d]
+    seq.insert(-1, a)
+    assert list(seq) == [b, c, a, d] and list(seq.state_dict()) == ["1.weight", "1.bias", "2.weight", "2.bias"]
+    assert seq.pop(1) is c and list(seq) == [b, a, d]
+    del seq[1:]
+    assert list(seq) == [b]
+    lst = nn.ModuleList([a]).extend(x for x in (b, c)).insert(0, d)
+    assert list(lst) == [d, a, b, c] and list(lst[1:].state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    for bad, error in ((lambda: seq[3], IndexError), (lambda: seq.insert(5, a), IndexError),
+                       (lambda: lst.extend(3), TypeError), (lambda: lst.insert(0, 3), TypeError)):
+        with pytest.raises(error):
+            bad()
+    assert list(seq) == [b] and list(lst) == [d, a, b, c]
+
+
+def test_assigning_an_array_to_a_parameter_s_name_is_refused():
+    """m.weight = array took weight out of parameters() (and so out of the optimizer and the state
+    dict) in silence; torch refuses it, and a submodule's name takes a module or None only. A
+    parameter assigned anew keeps its place in the state dict."""
+    m = nn.Linear(3, 2)
+    with pytest.raises(TypeError, match="cannot assign 'numpy.ndarray' as parameter 'weight'"):
+        m.weight = np.zeros((2, 3), np.float32)
+    seq = nn.Sequential(m)
+    with pytest.raises(TypeError, match="cannot assign 'int' as child module '0'"):
+        setattr(seq, "0", 3)
+    assert [n for n, _ in m.named_parameters()] == ["weight", "bias"]
+    m.weight = nn.Parameter(np.ones((2, 3), np.float32))
+    assert list(m.state_dict()) == ["weight", "bias"] and m.weight.data.sum() == 6
+    m.bias = None
+    assert m.bias is None and list(m.state_dict()) == ["weight"]
+
+
 def test_the_remaining_layers_run_their_functional_ops():
     """Each module beyond issue 6's list is its functional op with torch's arguments and defaults."""
     rng = np.random.default_rng(13)

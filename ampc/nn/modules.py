@@ -6,7 +6,9 @@ ampc.autograd.Tensor whose backward() fills the parameters' ``.grad``.
 """
 
 import collections
+import collections.abc
 import math
+import operator
 
 import numpy as np
 
@@ -54,6 +56,12 @@ def _kaiming_uniform(shape, fan_in):
     return _uniform(shape, _fan_in_bound(fan_in))
 
 
+def _typename(value):
+    """torch's name for a type in its errors: numpy.ndarray, int."""
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
 _IncompatibleKeys = collections.namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 
 
@@ -68,18 +76,30 @@ class Module:
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
+        """As torch's: a Parameter or a Module is registered (in its place, if the name had one); a name
+        that holds a parameter, submodule or buffer takes only its kind or None (an array assigned to a
+        parameter's name would have taken it out of parameters() and the optimizer, in silence)."""
         if "_parameters" not in self.__dict__:
             raise AttributeError("cannot assign before Module.__init__() call")
-        if name in self._buffers and not isinstance(value, (_C.Parameter, Module)):
-            self._buffers[name] = value  # `self.num_batches_tracked += 1`, a buffer set anew
-            return
-        for table in (self._parameters, self._buffers, self._modules):
-            table.pop(name, None)
-        if isinstance(value, _C.Parameter):
-            self._parameters[name] = value
-        elif isinstance(value, Module):
-            self._modules[name] = value
-        else:
+        params, buffers, modules = self._parameters, self._buffers, self._modules
+        if isinstance(value, (_C.Parameter, Module)):
+            own, others = (params, (buffers, modules)) if isinstance(value, _C.Parameter) else (modules, (params, buffers))
+            for table in others:
+                table.pop(name, None)
+            self.__dict__.pop(name, None)
+            own[name] = value
+        elif name in params and value is not None:
+            raise TypeError(f"cannot assign '{_typename(value)}' as parameter '{name}' "
+                            "(ampc.nn.Parameter or None expected)")
+        elif name in modules and value is not None:
+            raise TypeError(f"cannot assign '{_typename(value)}' as child module '{name}' "
+                            "(ampc.nn.Module or None expected)")
+        elif name in buffers:
+            self.register_buffer(name, value)  # `self.num_batches_tracked += 1`: a buffer set anew
+        elif name in params:  # None: an absent optional parameter, as register_parameter(name, None)
+            params[name] = None
+        else:  # None for a submodule (no longer one) or any value for a plain attribute
+            modules.pop(name, None)
             object.__setattr__(self, name, value)
 
     def __getattr__(self, name):
@@ -733,14 +753,37 @@ class Flatten(Module):
 
 
 class _ModuleSequence(Module):
-    """What Sequential and ModuleList share: submodules named 0, 1, 2 ... in order."""
+    """What Sequential and ModuleList share: submodules in order, named 0, 1, 2 ... (renumbered after
+    a deletion or an insertion, as torch's)."""
 
-    def _sliced(self, modules):
+    def _sliced(self, items):
         raise NotImplementedError
 
+    def _key(self, index):
+        """The name of the submodule at index, negative from the end; torch's IndexError outside."""
+        index, n = operator.index(index), len(self)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range")
+        return list(self._modules)[index % n]
+
+    def _renumber(self, modules):
+        self._modules.clear()
+        for i, module in enumerate(modules):
+            self.add_module(str(i), module)
+
     def __getitem__(self, index):
-        items = list(self._modules.values())
-        return self._sliced(items[index]) if isinstance(index, slice) else items[index]
+        if isinstance(index, slice):
+            return self._sliced(list(self._modules.items())[index])
+        return self._modules[self._key(index)]
+
+    def __setitem__(self, index, module):
+        self.add_module(self._key(index), module)
+
+    def __delitem__(self, index):
+        names = list(self._modules)[index] if isinstance(index, slice) else [self._key(index)]
+        for name in names:
+            del self._modules[name]
+        self._renumber(list(self._modules.values()))
 
     def __len__(self):
         return len(self._modules)
@@ -751,6 +794,30 @@ class _ModuleSequence(Module):
     def append(self, module):
         self.add_module(str(len(self)), module)
         return self
+
+    def extend(self, modules):
+        if not isinstance(modules, collections.abc.Iterable):
+            raise TypeError(f"{type(self).__name__}.extend should be called with an iterable, but got "
+                            f"{type(modules).__name__}")
+        for module in list(modules):  # list: a container extended by itself
+            self.append(module)
+        return self
+
+    def insert(self, index, module):
+        index, n = operator.index(index), len(self)
+        if not -n <= index <= n:
+            raise IndexError(f"Index out of range: {index}")
+        if not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        modules = list(self._modules.values())
+        modules.insert(index, module)
+        self._renumber(modules)
+        return self
+
+    def pop(self, index):
+        module = self[index]
+        del self[index]
+        return module
 
 
 class Sequential(_ModuleSequence):
@@ -763,8 +830,8 @@ class Sequential(_ModuleSequence):
             for module in modules:
                 self.append(module)
 
-    def _sliced(self, modules):
-        return Sequential(*modules)
+    def _sliced(self, items):  # the names kept, as torch's (a slice's state dict keys are the model's)
+        return Sequential(collections.OrderedDict(items))
 
     def forward(self, input):
         for module in self._modules.values():
@@ -775,11 +842,11 @@ class Sequential(_ModuleSequence):
 class ModuleList(_ModuleSequence):
     def __init__(self, modules=None):
         super().__init__()
-        for module in modules or ():
-            self.append(module)
+        if modules is not None:
+            self.extend(modules)
 
-    def _sliced(self, modules):
-        return ModuleList(modules)
+    def _sliced(self, items):  # numbered again, as torch's
+        return ModuleList(module for _, module in items)
 
 
 class ModuleDict(Module):
