@@ -925,7 +925,7 @@ static PyObject *Scaler_scale(PyObject *op, PyObject *outputs)
 /* unscale_, step, update                                                    */
 /* ------------------------------------------------------------------------ */
 
-static PyTypeObject *param_type(PyObject *optimizer);
+static PyTypeObject *param_type(ampc_state *st, PyObject *optimizer);
 
 /* The legacy fused-optimizer contract: step(..., grad_scaler=self). */
 static int takes_grad_scaler(PyObject *optimizer)
@@ -996,7 +996,7 @@ static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
         /* Disabled, the gradients are not scaled, but clipping still clips:
          * the same user code runs with and without mixed precision. */
         norm = clip_unscaled(st, optimizer, &clip);
-        PyTypeObject *like = norm ? param_type(optimizer) : NULL;
+        PyTypeObject *like = norm ? param_type(st, optimizer) : NULL;
         return like ? ampc_return_as(st, norm, like) : norm;
     }
     if (check_scale(self, "unscale_") < 0)
@@ -1029,7 +1029,7 @@ static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
     if (norm == NULL)
         Py_RETURN_NONE;
     /* The norm comes back as the gradients' own array type, as clip_grad_norm_'s does. */
-    PyTypeObject *like = param_type(optimizer);
+    PyTypeObject *like = param_type(st, optimizer);
     return like ? ampc_return_as(st, norm, like) : norm;
 }
 
@@ -1048,9 +1048,10 @@ static int any_found(ampc_state *st, ScalerObject *self, const opt_state *os, in
     return 0;
 }
 
-/* The optimizer's first parameter's type: grad_scale and found_inf are
- * handed over in its library's array type (torch for torch optimizers). */
-static PyTypeObject *param_type(PyObject *optimizer)
+/* The optimizer's first parameter's array type: grad_scale and found_inf are
+ * handed over in its library's array type (torch for torch optimizers; an
+ * ampc.Parameter's, the type of the array it holds). */
+static PyTypeObject *param_type(ampc_state *st, PyObject *optimizer)
 {
     PyObject *groups = PyObject_GetAttrString(optimizer, "param_groups");
     PyTypeObject *type = NULL;
@@ -1060,7 +1061,8 @@ static PyTypeObject *param_type(PyObject *optimizer)
         PyObject *p = params && PySequence_Check(params) && PySequence_Size(params) > 0 ? PySequence_GetItem(params, 0)
                                                                                        : NULL;
         if (p != NULL) {
-            PyObject *data = PyObject_HasAttrString(p, "__dlpack__") ? Py_NewRef(p) : PyObject_GetAttrString(p, "data");
+            PyObject *data = ampc_is_parameter(st, p) ? Py_NewRef(((ampc_parameter *)p)->data)
+                             : PyObject_HasAttrString(p, "__dlpack__") ? Py_NewRef(p) : PyObject_GetAttrString(p, "data");
             if (data != NULL) {
                 type = Py_TYPE(data);
                 Py_DECREF(data);
@@ -1180,7 +1182,7 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
         }
         if (os->stage == READY && unscale_grads(st, self, optimizer, os, 1, 1, NULL) < 0)
             goto done;
-        PyTypeObject *like = param_type(optimizer);
+        PyTypeObject *like = param_type(st, optimizer);
         found = combined_found(st, self, os, like);
         if (found == NULL)
             goto done;
@@ -1786,7 +1788,7 @@ static PyObject *Scaler_found_inf_per_device(PyObject *op, PyObject *optimizer)
         Py_XDECREF(d);
         return NULL;
     }
-    PyTypeObject *like = param_type(optimizer);
+    PyTypeObject *like = param_type(st, optimizer);
     for (int i = 0; os && i < os->nfound; i++) {
         const int m = os->found[i].memory;
         char name[32];
