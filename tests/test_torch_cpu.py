@@ -174,3 +174,74 @@ def test_indexing_torch_data_by_index_arrays_is_refused_on_the_tape():
     with pytest.raises(NotImplementedError, match="indexing by index arrays or masks is implemented for NumPy"):
         ampc.nn.functional.sum(picked).backward()
     assert w.grad is None
+
+
+class _NanoGPT(torch.nn.Module):
+    """nanoGPT's GPT-2 (Karpathy's model.py, dropout left out) in torch: the reference
+    ampc.models.gpt claims to be, written here independently of it."""
+
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd):
+        super().__init__()
+        nn = torch.nn
+        self.n_head = n_head
+        self.wte, self.wpe = nn.Embedding(vocab_size, n_embd), nn.Embedding(block_size, n_embd)
+        self.h = nn.ModuleList(nn.ModuleDict(dict(
+            ln_1=nn.LayerNorm(n_embd), c_attn=nn.Linear(n_embd, 3 * n_embd), attn_proj=nn.Linear(n_embd, n_embd),
+            ln_2=nn.LayerNorm(n_embd), c_fc=nn.Linear(n_embd, 4 * n_embd), mlp_proj=nn.Linear(4 * n_embd, n_embd)))
+            for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def ampc_state_dict(self):
+        """The state dict under ampc.models.gpt's (and nanoGPT's) names."""
+        rename = {"attn_proj": "attn.c_proj", "c_attn": "attn.c_attn", "c_fc": "mlp.c_fc", "mlp_proj": "mlp.c_proj"}
+        out = {}
+        for key, value in self.state_dict().items():
+            parts = key.split(".")
+            if parts[0] == "h":
+                parts[2] = rename.get(parts[2], parts[2])
+            out[".".join(parts)] = value.detach().numpy()
+        return out
+
+    def forward(self, idx, targets):
+        b, t = idx.shape
+        x = self.wte(idx) + self.wpe(torch.arange(t))
+        for blk in self.h:
+            q, k, v = blk.c_attn(blk.ln_1(x)).split(x.shape[2], dim=2)
+            q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in (q, k, v))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + blk.attn_proj(y.transpose(1, 2).contiguous().view(b, t, -1))
+            x = x + blk.mlp_proj(torch.nn.functional.gelu(blk.c_fc(blk.ln_2(x)), approximate="tanh"))
+        logits = self.lm_head(self.ln_f(x))
+        return torch.nn.functional.cross_entropy(logits.view(b * t, -1), targets.view(-1))
+
+
+@pytest.mark.parametrize("dtype, rtol", [(None, 2e-6), ("bfloat16", 2e-2), ("float16", 3e-3)],
+                         ids=["fp32", "autocast bf16", "autocast fp16"])
+def test_gpt_trains_as_nanogpt_in_torch(dtype, rtol):
+    """ampc.models.gpt and nanoGPT's model in torch with the same weights and batch: the same loss,
+    and every parameter's gradient (the tied embedding's from both its uses) within float32's
+    rounding, or bfloat16's and float16's under each library's CPU autocast."""
+    cfg = dict(vocab_size=97, block_size=16, n_layer=2, n_head=4, n_embd=32)
+    torch.manual_seed(0)
+    ref = _NanoGPT(**cfg)
+    model = ampc.models.gpt(**cfg)
+    model.load_state_dict(ref.ampc_state_dict())
+    rng = np.random.default_rng(5)
+    idx, targets = rng.integers(0, 97, (3, 16)), rng.integers(0, 97, (3, 16))
+    with torch.autocast("cpu", dtype=getattr(torch, dtype or "float32"), enabled=dtype is not None):
+        want = ref(torch.tensor(idx), torch.tensor(targets))
+    with ampc.autocast("cpu", dtype=getattr(ampc, dtype or "float32"), enabled=dtype is not None):
+        _, loss = model(idx, targets)
+    want.backward()
+    loss.backward()
+    assert float(loss) == pytest.approx(want.item(), rel=rtol / 10)
+    grads = {k: v.grad.numpy() for k, v in ref.named_parameters()}
+    rename = dict(zip(ref.state_dict(), ref.ampc_state_dict()))
+    params = dict(model.named_parameters())
+    assert len(params) == len(grads)
+    for key, want_grad in grads.items():
+        got = params[rename[key]].grad
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want_grad, rtol=0, atol=rtol * np.abs(want_grad).max(), err_msg=key)
