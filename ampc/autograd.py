@@ -575,12 +575,13 @@ def _element_strides(x):
 
 
 def _like_parameter(grad, param):
-    """grad in the dtype and the layout of param's array (a channels-last weight gets a channels-last
-    gradient, as torch's gradient layout contract): what a fused optimizer step walks in step. A
-    cast keeps its input's layout; a gradient laid out otherwise is copied into the parameter's."""
+    """grad in the array type, dtype and layout of param's array (a channels-last weight gets a
+    channels-last gradient, as torch's gradient layout contract): what a fused optimizer step walks
+    in step. A cast keeps its input's layout; a gradient laid out otherwise, or of another library
+    (a NumPy weight that torch data flowed through), is copied into an array like the parameter's."""
     data = param.data
     dtype = _C.as_dtype(data.dtype)
-    if _element_strides(grad) == _element_strides(data):
+    if type(grad) is type(data) and _element_strides(grad) == _element_strides(data):
         return grad if _C.as_dtype(grad.dtype) == dtype else _C.cast(grad, dtype)
     out = _C.zeros_like(data)
     _C.cast(grad, out=out)

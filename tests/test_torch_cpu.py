@@ -245,3 +245,23 @@ def test_gpt_trains_as_nanogpt_in_torch(dtype, rtol):
         got = params[rename[key]].grad
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, want_grad, rtol=0, atol=rtol * np.abs(want_grad).max(), err_msg=key)
+
+
+def test_numpy_parameters_fed_torch_data_get_numpy_gradients():
+    """A model of NumPy parameters fed torch tensors: the output is torch's, as the data's library,
+    but each .grad is a NumPy array like its parameter (it was a torch.Tensor), equal to the
+    gradient the same batch as NumPy arrays gives."""
+    nn = ampc.nn
+    ampc.manual_seed(3)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((5, 4)).astype(np.float32), rng.integers(0, 3, 5)
+    out = model(torch.from_numpy(x))
+    assert isinstance(out.data, torch.Tensor)
+    nn.functional.cross_entropy(out, torch.from_numpy(y)).backward()
+    from_torch = [p.grad for p in model.parameters()]
+    model.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    for got, want in zip(from_torch, (p.grad for p in model.parameters())):
+        assert type(got) is np.ndarray
+        np.testing.assert_array_equal(got, want)
