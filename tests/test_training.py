@@ -49,6 +49,25 @@ def test_the_demo_command(tmp_path, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--epochs", "0"], "argument --epochs: must be at least 1, got 0"),  # was an IndexError after training
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1, got 0"),  # was the default, in silence
+    (["--nan-at", "-1"], "argument --nan-at: must be at least 0, got -1"),  # was never injected, in silence
+    (["--model", "gpt2", "--seq-len", "0"], "argument --seq-len: must be at least 1"),
+    (["--model", "gpt2", "--steps", "0"], "argument --steps: must be at least 1"),
+    (["--epochs", "two"], "argument --epochs: expected an integer, got 'two'"),
+    (["--device", "gpu"], "--device: Expected one of cpu, cuda device type"),
+    (["--device", "cuda:99"], "--device cuda:99: this process sees"),
+    (["--plot", "/nonexistent-folder/runs.png"], "is not a folder this process can write to"),  # was after training
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_the_demo_refuses_bad_arguments_before_training(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", *args])
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == ""
+
+
 def test_the_demo_with_a_nan_in_the_data_says_what_each_run_did(capsys):
     """--nan-at: one batch holds a NaN in every run; the scaled fp16 run skips that step and goes on
     learning, the unscaled runs' weights turn NaN (their predictions: all class 0), and the notes
