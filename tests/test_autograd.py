@@ -60,6 +60,77 @@ def test_residual_mlp_with_shared_weights(seed):
     check_grads(loss, [w_in, b_in, w_shared, w_out, gamma, beta])
 
 
+def _random_chain(rng, x):
+    """A random chain of the tape's glue and smooth ops on the Parameter x, the same ops each time
+    it is called with an rng in the same state: split and chunk into one piece or several, cat and
+    stack, elements and rows picked by ints, slices, None and Ellipsis, the shape methods, powers,
+    reductions, softmaxes. Returns the chain's end and the names of its steps."""
+    def pieces(a, d):
+        parts = a.split(int(rng.integers(1, a.shape[d] + 2)), d)  # one piece when the size >= the dimension
+        return F.cat([part * float(i + 1) for i, part in enumerate(parts)], d)
+
+    def pick(a):
+        key = []
+        for size in a.shape:
+            kind = int(rng.integers(0, 4))
+            key += [[int(rng.integers(-size, size))], [slice(int(rng.integers(0, size)), None, int(rng.integers(1, 3)))],
+                    [None, slice(None)], [slice(None)]][kind]
+        return a[tuple(key)] if rng.integers(0, 2) else a[(Ellipsis,) + tuple(key[-1:])]
+
+    steps = {
+        "pieces": lambda a: pieces(a, int(rng.integers(0, a.ndim))),
+        "chunk_stack": lambda a: F.stack([a.chunk(1, 0)[0], a * 2.0], int(rng.integers(0, a.ndim + 1))),
+        "pick": pick,
+        "transpose": lambda a: a.transpose(int(rng.integers(-a.ndim, a.ndim)), int(rng.integers(-a.ndim, a.ndim))),
+        "permute": lambda a: a.permute(*(int(d) for d in rng.permutation(a.ndim))),
+        "reshape": lambda a: a.reshape(-1),
+        "unsqueeze": lambda a: a.unsqueeze(int(rng.integers(-a.ndim - 1, a.ndim + 1))),
+        "squeeze": lambda a: a.squeeze(),
+        "flatten": lambda a: a.flatten(int(rng.integers(0, a.ndim))),
+        "T": lambda a: a.T,
+        "power": lambda a: (a * a + 0.5) ** float(rng.choice([2.0, 0.5, -1.0])),
+        "rpow": lambda a: 2.0 ** F.tanh(a),
+        "divide": lambda a: 1.5 / (a * a + 1.0) - a,
+        "reduce": lambda a: getattr(a, str(rng.choice(["sum", "mean"])))(int(rng.integers(-a.ndim, a.ndim)),
+                                                                         keepdim=bool(rng.integers(0, 2))),
+        "softmax": lambda a: getattr(a, str(rng.choice(["softmax", "log_softmax"])))(int(rng.integers(-a.ndim, a.ndim))),
+        "smooth": lambda a: getattr(a, str(rng.choice(["exp", "sigmoid", "tanh"])))() * 0.5,
+        "product": lambda a: a @ a.transpose(-1, -2) if a.ndim >= 2 else a * a,
+    }
+    names = list(steps)
+    trail, out = [], x
+    for _ in range(int(rng.integers(1, 7))):
+        if out.ndim == 0:
+            out = out.unsqueeze(0)
+        name = names[int(rng.integers(0, len(names)))]
+        out = steps[name](out)
+        trail.append(name)
+    return out, trail
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_chains_of_glue_and_smooth_ops(seed):
+    """Random chains of the tape's ops against float64 finite differences: how a split into one
+    piece (its gradient read as the pieces'), a picked element (a NumPy scalar taken for a number:
+    no gradient) and a stack of a chunk went wrong, found by such chains against torch."""
+    rng = np.random.default_rng(seed)
+    x = param(rng, *(int(s) for s in rng.integers(1, 4, size=int(rng.integers(1, 4)))))
+    state = rng.bit_generator.state
+    out, trail = _random_chain(rng, x)
+    g = rng.standard_normal(out.shape)
+
+    def loss():
+        rng.bit_generator.state = state
+        return F.sum(_random_chain(rng, x)[0] * g)
+
+    x.grad = None
+    loss().backward()
+    expected = numeric_grad(loss, x)
+    assert x.grad is not None and x.grad.shape == x.shape, trail
+    np.testing.assert_allclose(x.grad, expected, rtol=1e-5, atol=1e-6 * max(1.0, np.abs(expected).max()),
+                               err_msg=str(trail))
+
+
 def test_convolutional_graph():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 6, 6))
