@@ -229,6 +229,17 @@ class Arithmetic:
     def relu(self):
         return self._f().relu(self)
 
+    def abs(self):
+        return self._f().abs(self)
+
+    __abs__ = abs
+
+    def sqrt(self):
+        return self._f().sqrt(self)
+
+    def rsqrt(self):
+        return self._f().rsqrt(self)
+
     def size(self, dim=None):
         shape = tuple(self.shape)
         return shape if dim is None else shape[dim]

@@ -131,6 +131,17 @@ def test_random_chains_of_glue_and_smooth_ops(seed):
                                err_msg=str(trail))
 
 
+def test_abs_sqrt_rsqrt_on_the_tape():
+    """As Tensor methods and abs(), against float64 finite differences; rsqrt is float32 under CUDA
+    autocast, as torch lists it, and keeps its input's dtype under the CPU's."""
+    rng = np.random.default_rng(3)
+    w, v = ampc.nn.Parameter(rng.random((3, 4)) + 0.5), param(rng, 3, 4)
+    check_grads(lambda: F.sum(w.sqrt() * abs(v) + w.rsqrt() * v.abs() ** 3.0), [w, v])
+    assert ampc.autocast_policy("rsqrt", "cuda") == "fp32" and ampc.autocast_policy("rsqrt", "cpu") == "none"
+    with ampc.autocast("cpu", dtype=ampc.bfloat16):
+        assert F.rsqrt(np.ones(3, np.float32)).dtype == np.float32
+
+
 def test_convolutional_graph():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 6, 6))

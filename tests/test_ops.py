@@ -181,6 +181,27 @@ def test_unary_backward_low_precision(rng, name, fwd, bwd, dtype):
     assert_close(bwd(g, x), exact, dtype, what=name)
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_abs_sqrt_rsqrt_and_their_gradients_round_once(rng, dtype):
+    """abs, sqrt and rsqrt against float64 (NaN at negative inputs for the roots, as torch's), each
+    value within its dtype's rounding; the gradients from the values the forward returned (as the
+    tape keeps them), within one rounding of the float64 formula on those same values."""
+    x = ref.random(rng, (5, 37), dtype)
+    x[0, :4] = np.array([0.25, 4.0, 2.0, -1.0]).astype(dtype)  # roots exact and not, a negative
+    g = ref.random(rng, (5, 37), dtype)
+    xd, gd = f64(x), f64(g)
+    with np.errstate(invalid="ignore"):
+        for name, op, want in (("abs", F.abs, np.abs(xd)), ("sqrt", F.sqrt, np.sqrt(xd)),
+                               ("rsqrt", F.rsqrt, 1 / np.sqrt(xd))):
+            assert_close(op(x), want, dtype, scale=0, what=name)
+        root, inverse = F.sqrt(x), F.rsqrt(x)
+        assert_close(F.abs_backward(g, x), gd * np.sign(xd), dtype, scale=0, what="abs_backward")
+        assert_close(F.sqrt_backward(g, root), 0.5 * gd / f64(root), dtype, scale=0, what="sqrt_backward")
+        assert_close(F.rsqrt_backward(g, inverse), -0.5 * gd * f64(inverse) ** 3, dtype, scale=0,
+                     what="rsqrt_backward")
+    assert F.abs_backward(np.ones(2), np.array([0.0, -0.0])).tolist() == [0.0, 0.0]  # torch's 0 at 0
+
+
 def test_pow_array_exponent_gradients(rng):
     """Both gradients of input ** exponent with broadcast arrays (shaped as the output: summed here
     over the broadcast dimensions, as the tape does), against finite differences in float64

@@ -90,6 +90,9 @@ UNARY = [
     ("tanh", F.tanh, torch.tanh),
     ("exp", F.exp, torch.exp),
     ("log", F.log, torch.log),
+    ("abs", F.abs, torch.abs),
+    ("sqrt", lambda x: F.sqrt(F.abs(x)), lambda x: torch.sqrt(torch.abs(x))),
+    ("rsqrt", lambda x: F.rsqrt(F.abs(x)), lambda x: torch.rsqrt(torch.abs(x))),
     ("pow3", lambda x: F.pow(x, 3.0), lambda x: torch.pow(x, 3.0)),
     ("pow2", lambda x: F.pow(x, 2), lambda x: torch.pow(x, 2)),
 ]
@@ -114,6 +117,7 @@ BACKWARD = [
      lambda x: TF.gelu(x, approximate="tanh")),
     ("silu", lambda g, x: F.silu_backward(g, x), TF.silu),
     ("pow3", lambda g, x: F.pow_backward(g, x, 3.0), lambda x: torch.pow(x, 3.0)),
+    ("abs", lambda g, x: F.abs_backward(g, x), torch.abs),
 ]
 
 

@@ -682,6 +682,33 @@ def pow_exponent_backward(grad_output, input, exponent):
                name=op, names=("input", "exponent", "grad_output"))
 
 
+def sqrt(input):
+    return _ew("sqrt", input)
+
+
+@autocast_op(name="rsqrt")
+def rsqrt(input):
+    """1 / sqrt(input), rounded once (float32 under CUDA autocast, as torch's)."""
+    return _ew("rsqrt", input)
+
+
+def sqrt_backward(grad_output, output):
+    """grad_output / (2 sqrt(input)), from sqrt's output: inf at 0, as torch's."""
+    return _ew("div", grad_output, output, scale=0.5, name="sqrt_backward", names=("grad_output", "output"))
+
+
+def rsqrt_backward(grad_output, output):
+    """-grad_output * rsqrt(input)^3 / 2, from rsqrt's output; the cube in the accumulation dtype and
+    the product rounded once."""
+    dtype = _floating_dtype("rsqrt_backward", "output", output)
+    result = _result_type("rsqrt_backward", [_floating_dtype("rsqrt_backward", "grad_output", grad_output), dtype])
+    acc = _acc(dtype)
+    cube = _ew("mul", _ew("mul", output, output, dtype=acc, name="rsqrt_backward", names=("output", "output")),
+               output, dtype=acc, name="rsqrt_backward", names=("output", "output"))
+    return _ew("mul", grad_output, cube, scale=-0.5, dtype=result, name="rsqrt_backward",
+               names=("grad_output", "output"))
+
+
 def exp_backward(grad_output, output):
     return _ew("mul", grad_output, output, name="exp_backward", names=("grad_output", "output"))
 
@@ -730,6 +757,15 @@ def sigmoid(input):
 
 def tanh(input):
     return _ew("tanh", input)
+
+
+def abs(input):  # noqa: A001 - torch's name
+    return _ew("abs", input)
+
+
+def abs_backward(grad_output, input):
+    """grad_output * sign(input): 0 at 0, as torch's; NaN where input is NaN (torch's: 0)."""
+    return _gradient_at_input("mul", "abs_backward", grad_output, _ew("sign", input, name="abs_backward"))
 
 
 def add(input, other, *, alpha=1):
