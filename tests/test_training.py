@@ -614,3 +614,47 @@ def test_module_dict():
     assert len(list(d.parameters())) == 4 and d.pop("b").__class__ is nn.ReLU and list(d.keys()) == ["a", "c"]
     with pytest.raises(TypeError, match="int is not a Module subclass"):
         d["x"] = 3
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, float("inf")])
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])
+def test_clip_grad_norm_as_torch_s(rng, norm_type, max_norm):
+    """ampc.nn.utils.clip_grad_norm_: the total norm over every gradient (float64 reference, float32
+    gradients), and each gradient scaled by max_norm / (norm + 1e-6) where that is below 1, as
+    torch's; a parameter without a gradient is passed over; a generator of parameters is taken."""
+    params = [nn.Parameter(np.zeros(s, np.float32)) for s in ((3, 4), (7,), (2, 1, 5), (2,))]
+    for p in params[:3]:
+        p.grad = (rng.standard_normal(p.shape) * 3).astype(np.float32)
+    grads = [p.grad.astype(np.float64) for p in params[:3]]
+    flat = np.concatenate([g.ravel() for g in grads])
+    want = np.abs(flat).max() if norm_type == float("inf") else (np.abs(flat) ** norm_type).sum() ** (1 / norm_type)
+    norm = nn.utils.clip_grad_norm_((p for p in params), max_norm, norm_type=norm_type)
+    assert np.asarray(norm).dtype == np.float32 and float(norm) == pytest.approx(want, rel=1e-6)
+    coef = min(1.0, max_norm / (want + 1e-6))
+    for p, g in zip(params[:3], grads):
+        np.testing.assert_allclose(p.grad, g * coef, rtol=1e-6, atol=0)
+    assert params[3].grad is None
+
+
+def test_clip_grad_norm_non_finite_and_bad_input(rng):
+    """A non-finite norm leaves the gradients (a GradScaler skips the step) and, when asked, raises
+    torch's RuntimeError; clip_grad_value_ clamps in place, NaN kept; wrong arguments are TypeErrors
+    that name the function, nothing written."""
+    p = nn.Parameter(np.zeros(3, np.float32))
+    p.grad = np.array([np.inf, 1.0, -2.0], np.float32)
+    before = p.grad.copy()
+    assert float(nn.utils.clip_grad_norm_(p, 1.0)) == np.inf
+    np.testing.assert_array_equal(p.grad, before)
+    with pytest.raises(RuntimeError, match="is non-finite, so it cannot be clipped"):
+        nn.utils.clip_grad_norm_([p], 1.0, error_if_nonfinite=True)
+    np.testing.assert_array_equal(p.grad, before)
+    assert float(nn.utils.clip_grad_norm_([], 1.0)) == 0.0
+    q = nn.Parameter(np.zeros(4, np.float32))
+    q.grad = np.array([np.nan, -3.0, 0.25, 4.0], np.float32)
+    nn.utils.clip_grad_value_([q], 0.5)
+    np.testing.assert_array_equal(q.grad, np.array([np.nan, -0.5, 0.25, 0.5], np.float32))
+    for call in (lambda: nn.utils.clip_grad_norm_(3, 1.0), lambda: nn.utils.clip_grad_norm_([p], "1"),
+                 lambda: nn.utils.clip_grad_value_([np.zeros(2)], 1.0)):
+        with pytest.raises(TypeError, match="clip_grad_(norm|value)_:"):
+            call()
+    np.testing.assert_array_equal(p.grad, before)

@@ -1,6 +1,6 @@
 """ampc.nn: the layers (as torch.nn's) and the ops they run (ampc.nn.functional)."""
 
-from ampc.nn import functional
+from ampc.nn import functional, utils
 from ampc.nn.modules import (
     AdaptiveAvgPool2d,
     AvgPool2d,
