@@ -424,7 +424,7 @@ static int conv_backward_filter_cpu(ampc_op_args *a, ampc_conv *cv)
         PyObject *col = columns(a, cv, n0, images, 3, col_shape, col_strides, acc);
         const int64_t dy_shape[3] = {g, kg, images * pq}, block[3] = {cv->k, images, pq};
         const int64_t from[3] = {pq, cv->k * pq, 1};  /* dy's (channel, image, position) strides */
-        void *rows;
+        void *rows = NULL;  /* set by acc_array when it succeeds (the GPU machine's GCC cannot see that) */
         PyObject *dy = col != NULL ? acc_array(a, acc, 3, dy_shape, &rows) : NULL;
         const ampc_buf dy_chunk = {(char *)cv->y.data + n0 * cv->k * pq * ampc_dtype_size(cv->y.dtype), cv->y.dtype};
         if (dy != NULL && copy_block(a, (ampc_buf){rows, acc}, dy_chunk, block, from, NULL) < 0)
