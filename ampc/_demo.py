@@ -50,7 +50,9 @@ def mlp(hidden=256, nn=nn):
 class Progress:
     """A one-line progress bar on stderr, redrawn as it fills; off a terminal, one line at the end."""
 
-    def __init__(self, name, total, stream=sys.stderr, width=30):
+    def __init__(self, name, total, stream=None, width=30):
+        # sys.stderr as it is now, not as it was at import (pytest had closed that capture on the GPU machine)
+        stream = sys.stderr if stream is None else stream
         self.name, self.total, self.stream, self.width = name, total, stream, width
         self.live = getattr(stream, "isatty", lambda: False)()
         self.drawn = -1
