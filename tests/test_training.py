@@ -653,8 +653,12 @@ def test_clip_grad_norm_non_finite_and_bad_input(rng):
     q.grad = np.array([np.nan, -3.0, 0.25, 4.0], np.float32)
     nn.utils.clip_grad_value_([q], 0.5)
     np.testing.assert_array_equal(q.grad, np.array([np.nan, -0.5, 0.25, 0.5], np.float32))
+    integer = nn.Parameter(np.zeros(2, np.int32))
+    integer.grad = np.array([5, 6], np.int32)
     for call in (lambda: nn.utils.clip_grad_norm_(3, 1.0), lambda: nn.utils.clip_grad_norm_([p], "1"),
-                 lambda: nn.utils.clip_grad_value_([np.zeros(2)], 1.0)):
+                 lambda: nn.utils.clip_grad_value_([np.zeros(2)], 1.0),
+                 lambda: nn.utils.clip_grad_value_([p, integer], 0.5)):  # p is not clamped first
         with pytest.raises(TypeError, match="clip_grad_(norm|value)_:"):
             call()
     np.testing.assert_array_equal(p.grad, before)
+    np.testing.assert_array_equal(integer.grad, [5, 6])

@@ -11,7 +11,7 @@ import numpy as np
 from ampc import _C
 from ampc.autograd import _host_scalar
 from ampc.nn import functional as F
-from ampc.nn._common import is_number
+from ampc.nn._common import floating_dtype, is_number
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
@@ -25,7 +25,7 @@ class _Parameters:
 
 def _with_grads(op, parameters):
     """The parameters that have a gradient: one parameter, or an iterable of them (torch's)."""
-    if isinstance(parameters, _C.Parameter) or hasattr(parameters, "grad"):
+    if hasattr(parameters, "grad"):  # one parameter (a Parameter, a torch tensor)
         parameters = [parameters]
     try:
         params = list(parameters)
@@ -66,9 +66,13 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 
 
 def clip_grad_value_(parameters, clip_value, foreach=None):
-    """Clamp each gradient in place to [-clip_value, clip_value], as torch's (NaN stays NaN)."""
+    """Clamp each gradient in place to [-clip_value, clip_value], as torch's (NaN stays NaN); every
+    gradient clamped before any is written, so that one the kernel refuses leaves them all as they were."""
     op = "clip_grad_value_"
     clip_value = _number(op, "clip_value", clip_value)
-    for p in _with_grads(op, parameters):
-        clamped = F._ew("maximum", F._ew("minimum", p.grad, clip_value, name=op), -clip_value, name=op)
-        _C.cast(clamped, out=p.grad)
+    grads = [p.grad for p in _with_grads(op, parameters)]
+    for g in grads:
+        floating_dtype(op, "a parameter's .grad", g)
+    clamped = [F._ew("maximum", F._ew("minimum", g, clip_value, name=op), -clip_value, name=op) for g in grads]
+    for g, c in zip(grads, clamped):
+        _C.cast(c, out=g)
