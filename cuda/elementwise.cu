@@ -39,10 +39,31 @@ __device__ __forceinline__ void sigmoid_pair(Acc y, Acc &s, Acc &rest)
     rest = y < (Acc)0 ? d : e * d;
 }
 
+/* sign(d) as torch's: 0 at +-0 and at NaN (abs's and l1_loss's gradients are 0 there). */
 template <class Acc>
 __device__ __forceinline__ Acc sign_of(Acc d)
 {
-    return d > 0 ? (Acc)1 : d < 0 ? (Acc)-1 : d;
+    return d > 0 ? (Acc)1 : d < 0 ? (Acc)-1 : (Acc)0;
+}
+
+/* x ** p as torch computes it (ops_real.inc's pow_by): its special-cased exponents by their
+ * operations (sqrt for 0.5, x * x * x for 3, ...), any other by pow. */
+template <class Acc>
+__device__ __forceinline__ Acc pow_by(Acc x, Acc p)
+{
+    return p == 0 ? (Acc)1 : p == 1 ? x : p == 2 ? x * x : p == 3 ? x * x * x : p == -2 ? (Acc)1 / (x * x)
+         : p == (Acc)0.5 ? m_sqrt(x) : p == (Acc)-0.5 ? (Acc)1 / m_sqrt(x) : p == -1 ? (Acc)1 / x : m_pow(x, p);
+}
+
+/* binary_cross_entropy_with_logits as torch's (1 - t) x - log_sigmoid(x), and its limit at an
+ * infinite x (ops_real.inc's bce_logits). */
+template <class Acc>
+__device__ __forceinline__ Acc bce_logits(Acc x, Acc t)
+{
+    const Acc log_sigmoid = (x < (Acc)0 ? x : (Acc)0) - m_log1p(m_exp(-m_abs(x)));
+    const Acc c = x > (Acc)0 ? (Acc)1 - t : -t;
+    const Acc limit = c == (Acc)0 ? (Acc)0 : c * x;
+    return isinf(x) ? limit : ((Acc)1 - t) * x - log_sigmoid;
 }
 
 /* f(a, b; p) of one element. Inlined, so that a kernel given op as a
@@ -65,7 +86,7 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
     case AMPC_EW_TANH: return m_tanh(a);
     case AMPC_EW_EXP: return m_exp(a);
     case AMPC_EW_LOG: return m_log(a);
-    case AMPC_EW_POW_SCALAR: return p == 2 ? a * a : m_pow(a, p);
+    case AMPC_EW_POW_SCALAR: return pow_by(a, p);
     case AMPC_EW_SQRT: return m_sqrt(a);
     case AMPC_EW_RSQRT: return (Acc)1 / m_sqrt(a);
     case AMPC_EW_ABS: return m_abs(a);
@@ -78,7 +99,7 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
     case AMPC_EW_MINIMUM: return a != a || b != b ? a + b : a < b ? a : b;
     case AMPC_EW_POW_BASE_GRAD: return b == 0 ? (Acc)0 : b * m_pow(a, b - 1);
     case AMPC_EW_POW_EXPONENT_GRAD: return a == 0 && b >= 0 ? (Acc)0 : m_pow(a, b) * m_log(a);
-    case AMPC_EW_RELU_GRAD: return b > 0 ? a : (Acc)0;
+    case AMPC_EW_RELU_GRAD: return b <= (Acc)0 ? (Acc)0 : a;  /* torch's: a NaN input passes its gradient */
     case AMPC_EW_GELU_GRAD: {
         const Acc k = (Acc)(M_2_SQRTPI * M_SQRT1_2 * 0.5); /* 1 / sqrt(2 pi) */
         const Acc cdf = normal_cdf(b);
@@ -97,10 +118,10 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
     }
     case AMPC_EW_SIGMOID_GRAD: return a * b * ((Acc)1 - b);
     case AMPC_EW_TANH_GRAD: return a * ((Acc)1 - b * b);
-    case AMPC_EW_POW_SCALAR_GRAD: return p == 2 ? a * (Acc)2 * b : a * p * m_pow(b, p - 1);
+    case AMPC_EW_POW_SCALAR_GRAD: return a * (p * pow_by(b, p - 1));
     case AMPC_EW_SQUARED_DIFF: return (a - b) * (a - b);
     case AMPC_EW_ABS_DIFF: return m_abs(a - b);
-    case AMPC_EW_BCE_LOGITS: return (a > 0 ? a : (Acc)0) - a * b + m_log1p(m_exp(-m_abs(a)));
+    case AMPC_EW_BCE_LOGITS: return bce_logits(a, b);
     case AMPC_EW_BCE: {
         const Acc la = m_log(a) > (Acc)-100 ? m_log(a) : (Acc)-100;
         const Acc l1a = m_log1p(-a) > (Acc)-100 ? m_log1p(-a) : (Acc)-100;

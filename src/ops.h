@@ -78,17 +78,17 @@ typedef enum {
     AMPC_EW_POW_BASE_GRAD,  /* b == 0 ? 0 : b * a ** (b - 1) */
     AMPC_EW_POW_EXPONENT_GRAD, /* a == 0 && b >= 0 ? 0 : a ** b * log(a) */
     /* gradients: a = dy, b = the forward's x (or y where said) */
-    AMPC_EW_RELU_GRAD,      /* b: y or x (the same test) */
+    AMPC_EW_RELU_GRAD,      /* a where b (y or x: the same test) is not <= 0 */
     AMPC_EW_GELU_GRAD,
     AMPC_EW_GELU_TANH_GRAD,
     AMPC_EW_SILU_GRAD,
     AMPC_EW_SIGMOID_GRAD,   /* b: y */
     AMPC_EW_TANH_GRAD,      /* b: y */
-    AMPC_EW_POW_SCALAR_GRAD,/* dy * p * x ** (p - 1) */
+    AMPC_EW_POW_SCALAR_GRAD,/* dy * (p * x ** (p - 1)) */
     /* pointwise losses: a = input, b = target; their gradients with respect to a */
     AMPC_EW_SQUARED_DIFF,   /* (a - b)^2 */
     AMPC_EW_ABS_DIFF,       /* |a - b| */
-    AMPC_EW_BCE_LOGITS,     /* max(a, 0) - a * b + log1p(exp(-|a|)) */
+    AMPC_EW_BCE_LOGITS,     /* (1 - b) a - log_sigmoid(a) */
     AMPC_EW_BCE,            /* -(b * log(a) + (1 - b) * log(1 - a)), logs clamped at -100 */
     AMPC_EW_SQUARED_DIFF_GRAD,
     AMPC_EW_ABS_DIFF_GRAD,  /* sign(a - b) */

@@ -202,6 +202,58 @@ def test_abs_sqrt_rsqrt_and_their_gradients_round_once(rng, dtype):
     assert F.abs_backward(np.ones(2), np.array([0.0, -0.0])).tolist() == [0.0, 0.0]  # torch's 0 at 0
 
 
+def test_gradients_at_nan_as_torch():
+    """relu's gradient passes at a NaN input (torch's threshold_backward zeroes only x <= 0: a NaN
+    loss keeps NaN gradients, and the scaler skips the step); abs's and l1_loss's are 0 there
+    (torch's sign of NaN is 0). Values from torch 2.15's autograd."""
+    x = np.array([np.nan, -1.0, 0.0, 2.0], np.float32)
+    g = np.array([0.5, 1.0, 1.0, 1.0], np.float32)
+    np.testing.assert_array_equal(F.relu_backward(g, x), [0.5, 0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(F.relu_backward(g, F.relu(x)), [0.5, 0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(F.abs_backward(g, x), [0.0, -1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(F.l1_loss_backward(1.0, x, np.zeros(4, np.float32), reduction="sum"),
+                                  [0.0, -1.0, 0.0, 1.0])
+
+
+@pytest.mark.parametrize("dtype", [F32, F64], ids=str)
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, -2.0, 0.5, -0.5, -1.0, 1.5])
+def test_pow_by_a_number_is_torch_s_special_case(p, dtype):
+    """torch computes x ** p for these p by other operations (a fill, a copy, x * x, x * x * x,
+    1 / (x * x), sqrt, 1 / sqrt, 1 / x) and their values differ from pow's at special inputs
+    (sqrt(-inf) is NaN where pow(-inf, 0.5) is inf) and by an ulp elsewhere (x * x * x is two
+    roundings); the gradient is torch's grad * (p * x ** (p - 1)) through the same cases. Bit for bit,
+    on infinities, signed zeros, NaN, negatives and random values."""
+    x = np.concatenate([[-np.inf, np.inf, -0.0, 0.0, np.nan, -8.0, 1e-30, 3.0],
+                        np.random.default_rng(5).standard_normal(40) * 3]).astype(dtype)
+    g = np.linspace(0.5, 2.0, x.size).astype(dtype)
+
+    def torch_pow(v, q):
+        with np.errstate(all="ignore"):
+            cases = {0.0: np.ones_like(v), 1.0: v, 2.0: v * v, 3.0: v * v * v, -2.0: 1 / (v * v),
+                     0.5: np.sqrt(v), -0.5: 1 / np.sqrt(v), -1.0: 1 / v}
+            return cases[q] if q in cases else np.power(v, dtype.type(q))
+
+    def bits(a):
+        return np.asarray(a, dtype).view(np.uint32 if dtype == F32 else np.uint64)
+
+    np.testing.assert_array_equal(bits(F.pow(x, p)), bits(torch_pow(x, p)))
+    with np.errstate(all="ignore"):
+        want = np.zeros_like(x) if p == 0 else g * (dtype.type(p) * torch_pow(x, p - 1))
+    np.testing.assert_array_equal(bits(F.pow_backward(g, x, p)), bits(want))
+
+
+def test_bce_with_logits_at_infinite_logits():
+    """The loss's limit where torch's (1 - t) x - log_sigmoid(x) is inf - inf: inf for a confident
+    wrong logit, 0 where the target agrees (t = 1 at +inf, t = 0 at -inf); torch answers NaN at
+    -inf. The gradient sigmoid(x) - t is finite there."""
+    x = np.array([np.inf, -np.inf, np.inf, -np.inf, np.inf, np.nan], np.float32)
+    t = np.array([0.3, 0.3, 1.0, 0.0, 0.0, 0.5], np.float32)
+    loss = F.binary_cross_entropy_with_logits(x, t, reduction="none")
+    np.testing.assert_array_equal(loss, [np.inf, np.inf, 0.0, 0.0, np.inf, np.nan])
+    grad = F.binary_cross_entropy_with_logits_backward(1.0, x, t, reduction="none")
+    np.testing.assert_allclose(grad, [0.7, -0.3, 0.0, 0.0, 1.0, np.nan], rtol=1e-7)
+
+
 def test_pow_array_exponent_gradients(rng):
     """Both gradients of input ** exponent with broadcast arrays (shaped as the output: summed here
     over the broadcast dimensions, as the tape does), against finite differences in float64

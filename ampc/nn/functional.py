@@ -764,7 +764,7 @@ def abs(input):  # noqa: A001 - torch's name
 
 
 def abs_backward(grad_output, input):
-    """grad_output * sign(input): 0 at 0, as torch's; NaN where input is NaN (torch's: 0)."""
+    """grad_output * sign(input): 0 at 0 and where input is NaN, as torch's."""
     return _gradient_at_input("mul", "abs_backward", grad_output, _ew("sign", input, name="abs_backward"))
 
 
