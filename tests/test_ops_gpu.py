@@ -251,6 +251,40 @@ def test_softmax_special_values():
         close(got[2], want[2], torch.float32)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=ID.get)
+def test_special_values_as_torch(dtype):
+    """At infinities, signed zeros and NaN: relu's gradient passes at NaN, abs's is 0 there, x ** p
+    by torch's special cases (sqrt, x * x * x, reciprocals) forward and backward, bit for bit against
+    torch's CUDA kernels and autograd."""
+    x = torch.tensor([-math.inf, math.inf, -0.0, 0.0, math.nan, -8.0, 1e-30, 3.0], device="cuda", dtype=dtype)
+    x = torch.cat([x, randn(40, dtype=dtype, scale=3.0)])
+    g = torch.linspace(0.5, 2.0, x.numel(), device="cuda", dtype=dtype)
+
+    def same_bits(got, want, what):
+        assert got.dtype == want.dtype, what
+        ints = torch.int32 if dtype == torch.float32 else torch.int64
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan), what
+        assert torch.equal(got[~nan].view(ints), want[~nan].view(ints)), what
+
+    def torch_grad(fn):
+        t = x.clone().requires_grad_(True)
+        fn(t).backward(g)
+        return t.grad
+
+    same_bits(F.relu_backward(g, x), torch_grad(TF.relu), "relu_backward")
+    same_bits(F.abs_backward(g, x), torch_grad(torch.abs), "abs_backward")
+    for p in (0.0, 1.0, 2.0, 3.0, -2.0, 0.5, -1.0, 1.5):
+        same_bits(F.pow(x, p), torch.pow(x, p), f"pow {p}")
+        same_bits(F.pow_backward(g, x, p), torch_grad(lambda t: torch.pow(t, p)), f"pow_backward {p}")
+    # -0.5: torch's CUDA rsqrt is the hardware's (within 2 ulp), ampc's 1 / sqrt rounded twice
+    got, want = F.pow(x, -0.5), torch.pow(x, -0.5)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    assert torch.equal(got[got.isinf()], want[want.isinf()])
+    finite = want.isfinite()
+    close(got[finite], want[finite], dtype, rtol=4 * torch.finfo(dtype).eps, what="pow -0.5")
+
+
 # --------------------------------------------------------------------------------------------
 # layer_norm
 # --------------------------------------------------------------------------------------------
