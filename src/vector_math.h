@@ -55,13 +55,13 @@ static AMPC_ALWAYS_INLINE float ampc_exp_reduction_n(float x)
  * results in the subnormal range round once and large n overflow to inf. */
 static AMPC_ALWAYS_INLINE float ampc_exp_reduced(float n, float r)
 {
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
+    /* Estrin's scheme (depth 4 where Horner's chain is 6 multiply-adds): without FMA (kept off, for
+     * the same bits on every instruction set) that chain's latency bound the loops calling e^x */
+    const float r2 = r * r;
+    const float q0 = 1.6666665459e-1f * r + 5.0000001201e-1f, q1 = 8.3334519073e-3f * r + 4.1665795894e-2f;
+    const float q2 = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    float p = (q0 + q1 * r2) + q2 * (r2 * r2);
+    p = p * r2 + r + 1.0f;
     const int32_t k = (int32_t)n, h = k / 2;
     return p * ampc_float_from_bits((uint32_t)(h + 127) << 23) * ampc_float_from_bits((uint32_t)(k - h + 127) << 23);
 }
