@@ -233,6 +233,10 @@ __global__ void cast_contiguous_kernel(typename D::bits *__restrict__ dst,
         dst[i] = Convert<D, S>::exact(src[i]);
 }
 
+/* Each element read and written as one access (src/dlpack.c refuses GPU arrays whose elements
+ * are not aligned to their size), never through memcpy: CUDA 13.0's ptxas split memcpy into byte
+ * stores and stored the low byte of a float16 converted from int8, uint8 or bool from the wrong
+ * half-register, the source byte (0x3c01 for 1), for every strided element. */
 template <class D, class S>
 __global__ void cast_strided_kernel(char *dst, const char *src, int64_t n, const StridedLayout layout)
 {
@@ -240,10 +244,8 @@ __global__ void cast_strided_kernel(char *dst, const char *src, int64_t n, const
          t += (int64_t)gridDim.x * BLOCK) {
         int64_t dst_off, src_off;
         strided_offsets(layout, t, dst_off, src_off);
-        typename S::bits x;
-        memcpy(&x, src + src_off, sizeof x);
-        const typename D::bits y = Convert<D, S>::exact(x);
-        memcpy(dst + dst_off, &y, sizeof y);
+        const typename S::bits x = *reinterpret_cast<const typename S::bits *>(src + src_off);
+        *reinterpret_cast<typename D::bits *>(dst + dst_off) = Convert<D, S>::exact(x);
     }
 }
 

@@ -165,6 +165,14 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
         (void)first;
         (void)last;
     }
+    /* The GPU kernels read and write whole elements (a misaligned one faults the CUDA context for
+     * good); torch, CuPy and JAX never make such arrays. Strides count elements, so the first
+     * element decides. */
+    if (v->device.type == AMPC_DEVICE_CUDA && base % (uintptr_t)itemsize != 0) {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack data of a GPU array is not aligned to its %lld-byte "
+                     "elements", argname, (long long)itemsize);
+        return -1;
+    }
     v->data = (char *)base;
     return 0;
 }

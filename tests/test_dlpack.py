@@ -183,6 +183,8 @@ BAD = [
     (dict(byte_offset=2**64 - 8), "past the address space"),
     (dict(shape=(3,), strides=(2**62,)), "stride"),
     (dict(shape=(2**61,), bits=64), "negative or too large"),
+    (dict(device=(2, 0), data=4097, bits=16), "not aligned to its 2-byte elements"),  # GPU kernels read whole elements
+    (dict(device=(2, 0), byte_offset=6, bits=64), "not aligned to its 8-byte elements"),
 ]
 
 
