@@ -46,7 +46,7 @@ __device__ __forceinline__ Acc sign_of(Acc d)
     return d > 0 ? (Acc)1 : d < 0 ? (Acc)-1 : (Acc)0;
 }
 
-/* x ** p as torch computes it (ops_real.inc's pow_by): its special-cased exponents by their
+/* x ** p as torch computes it (ops_real.inc's pow_rows): its special-cased exponents by their
  * operations (sqrt for 0.5, x * x * x for 3, ...), any other by pow. */
 template <class Acc>
 __device__ __forceinline__ Acc pow_by(Acc x, Acc p)
