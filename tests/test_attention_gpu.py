@@ -181,6 +181,20 @@ def test_dropout_drops_what_the_composed_attention_drops(causal, dtype, monkeypa
               what=f"dropped grad_{name} vs composed")
 
 
+@pytest.mark.parametrize("dtype", LOW, ids=ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("keys", [64, 1024, 5000, 70])
+def test_composed_probabilities_of_three_queries(keys, causal, dtype):
+    """The composed path's probabilities (the product in float32, then the softmax) for few queries
+    against many keys, the shapes compute-sanitizer's tour runs (initcheck reported the softmax's
+    reads of the product's output there): every element against float64."""
+    q, k = randn(1, 2, 3, 32, dtype=dtype), randn(1, 2, keys, 32, dtype=dtype)
+    got = _attention.probabilities(q, k, is_causal=causal)
+    assert got.dtype == dtype and got.shape == (1, 2, 3, keys)
+    want = torch.softmax(scores64(q, k, causal), -1)
+    close(got, want, dtype, rtol=RTOL[dtype], scale=want.abs().max().item(), what="probabilities")
+
+
 def test_what_is_not_served_answers_none():
     x16 = randn(1, 2, 8, 64, dtype=torch.float16)
     assert _C._attention(randn(1, 2, 8, 32, dtype=torch.float16), *[randn(1, 2, 8, 32, dtype=torch.float16)] * 2,
