@@ -234,9 +234,9 @@ __global__ void cast_contiguous_kernel(typename D::bits *__restrict__ dst,
 }
 
 /* Each element read and written as one access (src/dlpack.c refuses GPU arrays whose elements
- * are not aligned to their size), never through memcpy: CUDA 13.0's ptxas split memcpy into byte
- * stores and stored the low byte of a float16 converted from int8, uint8 or bool from the wrong
- * half-register, the source byte (0x3c01 for 1), for every strided element. */
+ * are not aligned to their size), never through memcpy: memcpy became byte stores, and CUDA 13.0's
+ * ptxas stored the low byte of a float16 converted from int8, uint8 or bool from the wrong
+ * half-register (the PTX is right), the source byte (0x3c01 for 1), for every strided element. */
 template <class D, class S>
 __global__ void cast_strided_kernel(char *dst, const char *src, int64_t n, const StridedLayout layout)
 {
