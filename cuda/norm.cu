@@ -34,7 +34,7 @@ template <int G, class Acc>
 __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
 {
     typedef RowGroup<G> Group;
-    __shared__ Acc scratch[BLOCK / 32];
+    __shared__ Acc scratch[2 * BLOCK / 32];
     const int64_t n = l.n;
     for (int64_t row = Group::first(); row < l.rows; row += Group::step()) {
         const int64_t base = row * n;
@@ -46,8 +46,7 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
             q += (v - mu) * (v - mu);
             d += v - mu;
         });
-        q = Group::sum(q, scratch);
-        d = Group::sum(d, scratch);
+        Group::sum2(q, d, scratch);
         Acc mean, rstd;
         mean_and_rstd(mu, q, d, (Acc)n, (Acc)l.eps, mean, rstd);
         row_each<G, Acc>(l.x, base, n, 1, [&](int64_t j, Acc v) {
@@ -70,7 +69,7 @@ template <int G, class Acc>
 __global__ void __launch_bounds__(BLOCK) layer_norm_dx_kernel(ampc_layer_norm_backward l)
 {
     typedef RowGroup<G> Group;
-    __shared__ Acc scratch[BLOCK / 32];
+    __shared__ Acc scratch[2 * BLOCK / 32];
     const int64_t n = l.n;
     for (int64_t row = Group::first(); row < l.rows; row += Group::step()) {
         const int64_t base = row * n;
@@ -82,8 +81,8 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_dx_kernel(ampc_layer_norm_ba
             sg += g;
             sgx += g * (x - mean) * rstd;
         });
-        const Acc mg = Group::sum(sg, scratch) / (Acc)n;
-        const Acc mgx = Group::sum(sgx, scratch) / (Acc)n;
+        Group::sum2(sg, sgx, scratch);
+        const Acc mg = sg / (Acc)n, mgx = sgx / (Acc)n;
         row_each2<G, Acc>(l.dy, l.x, base, n, 1, [&](int64_t j, Acc dy, Acc x) {
             const Acc g = l.weight.data != nullptr ? dy * load<Acc>(l.weight, j) : dy;
             store(l.dx, base + j, rstd * (g - mg - (x - mean) * rstd * mgx));
@@ -149,7 +148,7 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_cached(ampc_layer_norm l)
 {
     typedef RowGroup<G> Group;
     constexpr int VEC = vec_of<T>();
-    __shared__ float scratch[BLOCK / 32];
+    __shared__ float scratch[2 * BLOCK / 32];
     const int64_t n = l.n;
     const int lane = Group::lane();
     const T *w = static_cast<const T *>(l.weight.data), *b = static_cast<const T *>(l.bias.data);
@@ -165,8 +164,7 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_cached(ampc_layer_norm l)
             q += (v - mu) * (v - mu);
             d += v - mu;
         });
-        q = Group::sum(q, scratch);
-        d = Group::sum(d, scratch);
+        Group::sum2(q, d, scratch);
         float mean, rstd;
         mean_and_rstd(mu, q, d, (float)n, (float)l.eps, mean, rstd);
         T *y = static_cast<T *>(l.y.data) + row * n;
@@ -204,7 +202,7 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_dx_cached(ampc_layer_norm_ba
 {
     typedef RowGroup<G> Group;
     constexpr int VEC = vec_of<T>();
-    __shared__ float scratch[BLOCK / 32];
+    __shared__ float scratch[2 * BLOCK / 32];
     const int64_t n = l.n;
     const int lane = Group::lane();
     const T *w = static_cast<const T *>(l.weight.data);
@@ -231,8 +229,8 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_dx_cached(ampc_layer_norm_ba
                 sgx += g * (x.p[k][i] - mean) * rstd;
             }
         }
-        const float mg = Group::sum(sg, scratch) / (float)n;
-        const float mgx = Group::sum(sgx, scratch) / (float)n;
+        Group::sum2(sg, sgx, scratch);
+        const float mg = sg / (float)n, mgx = sgx / (float)n;
         T *dx = static_cast<T *>(l.dx.data) + row * n;
 #pragma unroll
         for (int k = 0; k < NV; k++) {

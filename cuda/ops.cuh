@@ -148,8 +148,8 @@ struct RowGroup {
     /* The sum (max: the NaN-propagating maximum) over the group, the same
      * value in every lane. The warp's butterfly combines the same two values
      * in each pair of lanes, and the block combines its warps' results in
-     * warp order. scratch: BLOCK / 32 values of shared memory (unused unless
-     * G == BLOCK). */
+     * warp order. scratch: BLOCK / 32 values of shared memory (unused where
+     * G <= 32). */
     template <class Acc>
     __device__ static Acc sum(Acc v, Acc *scratch)
     {
@@ -160,6 +160,37 @@ struct RowGroup {
     __device__ static Acc max(Acc v, Acc *scratch)
     {
         return reduce(v, scratch, [](Acc a, Acc b) { return nan_max(a, b); });
+    }
+
+    /* Two sums at once, each with sum()'s order and bits: one exchange
+     * through shared memory (two barriers) instead of two. scratch:
+     * 2 * BLOCK / 32 values. */
+    template <class Acc>
+    __device__ static void sum2(Acc &a, Acc &b, Acc *scratch)
+    {
+        if constexpr (G > 1) {
+            for (int offset = 16; offset > 0; offset /= 2) {
+                a += __shfl_xor_sync(0xffffffffu, a, offset);
+                b += __shfl_xor_sync(0xffffffffu, b, offset);
+            }
+        }
+        if constexpr (G > 32) {
+            constexpr int WARPS = G / 32, HALF = BLOCK / 32;
+            const int warp = threadIdx.x / 32, first = warp - warp % WARPS;
+            if (threadIdx.x % 32 == 0) {
+                scratch[warp] = a;
+                scratch[HALF + warp] = b;
+            }
+            sync();
+            Acc ra = scratch[first], rb = scratch[HALF + first];
+            for (int w = 1; w < WARPS; w++) {
+                ra += scratch[first + w];
+                rb += scratch[HALF + first + w];
+            }
+            sync();
+            a = ra;
+            b = rb;
+        }
     }
 
 private:
@@ -178,6 +209,17 @@ private:
         }
     }
 
+    /* A barrier of the group's warps alone: a named one (1 + the group's
+     * index; 0 is __syncthreads') for a group smaller than the block, so
+     * that the block's rows do not wait for each other's reductions. */
+    __device__ static void sync()
+    {
+        if constexpr (G == BLOCK)
+            __syncthreads();
+        else
+            asm volatile("bar.sync %0, %1;" ::"r"(1 + (int)(threadIdx.x / G)), "n"(G) : "memory");
+    }
+
     template <class Acc, class Op>
     __device__ static Acc across_warps(Acc v, Acc *scratch, Op op)
     {
@@ -185,11 +227,11 @@ private:
         const int warp = threadIdx.x / 32, first = warp - warp % WARPS;
         if (threadIdx.x % 32 == 0)
             scratch[warp] = v;
-        __syncthreads();
+        sync();
         Acc r = scratch[first];
         for (int w = 1; w < WARPS; w++)
             r = op(r, scratch[first + w]);
-        __syncthreads();  /* scratch is free for the next reduction */
+        sync();  /* scratch is free for the next reduction */
         return r;
     }
 };

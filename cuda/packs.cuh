@@ -97,15 +97,19 @@ static inline bool same_phase(const void *a, const void *b)
 /* ------------------------------------------------------------------------ */
 
 /* Tiers of the cached kernels: a warp per row with 4 or 8 packs a lane,
- * 4 warps or a block per row with 8 (rows up to 16384 float32 or 32768
- * 16-bit elements; longer ones stream). Several packs a lane keep enough
- * loads in flight. cached_tier(n, VEC) is the smallest that holds a row, or
- * -1. Each tier is a set of kernel instances: few keep the build short.
- * The kernels loop over a block's rows together (RowGroup::block_first):
- * a group past the last row holds no packs and only joins the reductions. */
-constexpr int CACHED_TIERS = 4;
-constexpr int TIER_GROUP[CACHED_TIERS] = {32, 32, 128, BLOCK};
-constexpr int TIER_PACKS[CACHED_TIERS] = {4, 8, 8, 8};
+ * 4 warps per row with 4 or 8, a block per row with 8 (rows up to 16384
+ * float32 or 32768 16-bit elements; longer ones stream). Several packs a
+ * lane keep enough loads in flight; a kernel holds registers for all NV
+ * packs whether the row fills them or not, and a backward pass holding two
+ * rows at NV = 8 (110-115 registers) fits one block an SM where NV = 4 (64)
+ * fits two: hence both widths at 4 warps. cached_tier(n, VEC) is the
+ * smallest that holds a row, or -1. Each tier is a set of kernel instances:
+ * few keep the build short. The kernels loop over a block's rows together
+ * (RowGroup::block_first): a group past the last row holds no packs and
+ * only joins the reductions. */
+constexpr int CACHED_TIERS = 5;
+constexpr int TIER_GROUP[CACHED_TIERS] = {32, 32, 128, 128, BLOCK};
+constexpr int TIER_PACKS[CACHED_TIERS] = {4, 8, 4, 8, 8};
 
 static inline int cached_tier(int64_t n, int vec)
 {
@@ -218,7 +222,8 @@ __device__ __forceinline__ void cached_map(const CachedRow<T, G, NV> &a, const C
         switch (tier) {                                                                                 \
         case 0: kernel<T, 32, 4><<<(grid), ops::BLOCK, 0, (stream)>>>(__VA_ARGS__); break;              \
         case 1: kernel<T, 32, 8><<<(grid), ops::BLOCK, 0, (stream)>>>(__VA_ARGS__); break;              \
-        case 2: kernel<T, 128, 8><<<(grid), ops::BLOCK, 0, (stream)>>>(__VA_ARGS__); break;             \
+        case 2: kernel<T, 128, 4><<<(grid), ops::BLOCK, 0, (stream)>>>(__VA_ARGS__); break;             \
+        case 3: kernel<T, 128, 8><<<(grid), ops::BLOCK, 0, (stream)>>>(__VA_ARGS__); break;             \
         default: kernel<T, ops::BLOCK, 8><<<(grid), ops::BLOCK, 0, (stream)>>>(__VA_ARGS__); break;     \
         }                                                                                               \
     } while (0)
