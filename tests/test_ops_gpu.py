@@ -210,10 +210,10 @@ def test_dense_elementwise_in_any_memory_order(dtype):
 # softmax, log_softmax
 # --------------------------------------------------------------------------------------------
 
-# Rows held in a warp's registers (1000, 768), in a block's (3000), streamed (7, 2049, 50257: rows
-# off 16-byte boundaries too), strided (dim not last).
-SOFTMAX_CASES = [((7,), 0), ((33, 1000), -1), ((5, 768), -1), ((3, 3000), -1), ((4, 50257), -1), ((2, 3, 2049), -1),
-                 ((8, 16, 33), 1), ((5, 1), 1), ((64, 3), 0)]
+# Rows held in registers, a warp's (768, 1000) or 4 warps' or a block's (1536, 3000, 6144: packs.cuh's
+# tiers), streamed (7, 2049, 50257: rows off 16-byte boundaries too), strided (dim not last).
+SOFTMAX_CASES = [((7,), 0), ((33, 1000), -1), ((5, 768), -1), ((4, 1536), -1), ((3, 3000), -1), ((3, 6144), -1),
+                 ((4, 50257), -1), ((2, 3, 2049), -1), ((8, 16, 33), 1), ((5, 1), 1), ((64, 3), 0)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
@@ -293,8 +293,11 @@ def test_special_values_as_torch(dtype):
 # layer_norm
 # --------------------------------------------------------------------------------------------
 
+# Rows of 768 to 20000 reach each of packs.cuh's cached tiers in float32 and in 16 bits; 20000 float32
+# streams, 4099 takes the general kernels.
 LN_CASES = [((4, 7), (7,)), ((2, 3, 17), (3, 17)), ((5, 1), (1,)), ((8, 768), (768,)), ((3, 4099), (4099,)),
-            ((1000, 64), (64,)), ((6, 3072), (3072,)), ((2, 20000), (20000,))]
+            ((1000, 64), (64,)), ((4, 1536), (1536,)), ((6, 3072), (3072,)), ((3, 6144), (6144,)),
+            ((2, 20000), (20000,))]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
