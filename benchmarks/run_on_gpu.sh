@@ -7,7 +7,8 @@
 # steps out, to split the work over calls of 10 minutes; AMPC_CUDA_ARCH=90
 # builds for the H200 alone, three times faster. SANITIZE_TESTS="tests/test_layers_gpu.py ..."
 # also runs those GPU test files under each of compute-sanitizer's tools (SANITIZE_TOOLS, default
-# "memcheck racecheck initcheck"), torch's caching allocator off so that its pool hides nothing.
+# "memcheck racecheck initcheck"; SANITIZE_SHARDS, SANITIZE_JOBS), torch's caching allocator off so
+# that its pool hides nothing.
 #
 #   bash benchmarks/run_on_gpu.sh [pytest args...]
 set -uo pipefail
@@ -47,20 +48,29 @@ for tool in memcheck racecheck initcheck; do
     fi
 done
 
-# The GPU test files themselves under the sanitizer, a file and a tool at a time (slow: every
-# launch is checked), each line of the table: tool, file, exit status, the sanitizer's summary.
-for file in ${SANITIZE_TESTS:-}; do
+# The GPU test files themselves under the sanitizer, each in SANITIZE_SHARDS parts (tests/conftest.py's
+# AMPC_TEST_SHARD), SANITIZE_JOBS processes at once (slow: every launch is checked), a line each in
+# sanitize_table.txt: tool, file, shard, exit status, the sanitizer's summary and pytest's. Tests that
+# prove a call never waited for the GPU skip there (AMPC_UNDER_SANITIZER).
+sanitize_one() {  # tool file shard
+    local log="$OUT/sanitize_$1_$(basename "$2" .py)_${3%/*}.log"
+    AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 \
+        compute-sanitizer --tool "$1" --error-exitcode 99 \
+        python3 -m pytest -q -x -p no:cacheprovider --require-gpu "$2" >"$log" 2>&1
+    echo "$1 $2 $3 rc=$? $(grep -E 'ERROR SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)"
+}
+export -f sanitize_one
+export OUT
+if [ -n "${SANITIZE_TESTS:-}" ]; then
+    step "sanitizers over ${SANITIZE_TESTS}"
+    shards=${SANITIZE_SHARDS:-1}
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
-        step "$tool $file"
-        log="$OUT/sanitize_${tool}_$(basename "$file" .py).log"
-        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-            python3 -m pytest -q -x -p no:cacheprovider --require-gpu "$file" >"$log" 2>&1
-        rc=$?
-        [ $rc -eq 0 ] || status=1
-        echo "$tool $file rc=$rc $(grep -E 'ERROR SUMMARY|passed|failed' "$log" | tail -2 | tr '\n' ' ')" |
-            tee -a "$OUT/sanitize_table.txt"
-    done
-done
+        for file in $SANITIZE_TESTS; do
+            for ((i = 0; i < shards; i++)); do echo "$tool $file $i/$shards"; done
+        done
+    done | xargs -P "${SANITIZE_JOBS:-4}" -L 1 bash -c 'sanitize_one "$@"' _ | tee -a "$OUT/sanitize_table.txt"
+    grep -qv ' rc=0 ' "$OUT/sanitize_table.txt" && status=1
+fi
 
 if ! skipped benchmarks; then
     step benchmarks

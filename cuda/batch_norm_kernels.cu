@@ -14,13 +14,14 @@
  * spatial_real.inc). Channels must come in whole 16-byte packs.
  *
  * NCHW data is n * c planes of h * w contiguous elements: a row group per
- * plane (a warp per run of consecutive images' planes of one channel, for
- * short planes) takes their mean and sum of squared deviations about it
- * (two passes, the second from cache), or the two gradient sums, with the
- * row kernels' 16-byte streaming (packs.cuh) for whole planes; these are
- * then merged per channel in image order, by Chan's formula for the
- * moments, so the results repeat bit for bit. Planes of fewer than 16
- * elements go to cuDNN.
+ * plane (for short planes, a block per chunk of images and run of a pack's
+ * worth of channels, through shared memory, or a warp per run of
+ * consecutive images' planes of one channel) takes their mean and sum of
+ * squared deviations about it (two passes, the second from cache), or the
+ * two gradient sums, with the row kernels' 16-byte streaming (packs.cuh)
+ * for whole planes; these are then merged per channel in image order, by
+ * Chan's formula for the moments, so the results repeat bit for bit.
+ * Planes of fewer than 16 elements go to cuDNN.
  */
 #include <type_traits>
 
@@ -419,23 +420,37 @@ struct Slabs {
     }
 
     /* fn(at) for the offsets in the staged slabs of the calling warp's
-     * channel that its lane takes, in order: plane after plane, 32 apart,
-     * stepping across a plane's end without a division. */
-    template <class Fn>
+     * channel's elements that its lane takes, E at a time (E divides hw, so
+     * a run never crosses a plane's end), in order: plane after plane,
+     * 32 * E apart, stepping across a plane's end without a division. */
+    template <int E, class Fn>
     __device__ __forceinline__ void each(Fn fn) const
     {
         const int lane = (int)threadIdx.x % 32, channel = (int)threadIdx.x / 32;
-        int pix = lane, at = channel * hw + lane;
+        int pix = lane * E, at = channel * hw + lane * E;
         const auto wrap = [&] {
             while (pix >= hw)
                 pix -= hw, at += (VEC - 1) * hw;
         };
         wrap();
-        for (int j = lane; j < packs; j += 32) {  /* packs: the channel's elements in the chunk */
+        for (int j = lane * E; j < packs; j += 32 * E) {  /* packs: the channel's elements in the chunk */
             fn(at);
-            pix += 32, at += 32;
+            pix += 32 * E, at += 32 * E;
             wrap();
         }
+    }
+
+    /* The E staged elements from offset at (a multiple of E) as floats, one shared-memory access. */
+    template <int E>
+    __device__ __forceinline__ static void run(const T *slab, int at, float (&v)[E])
+    {
+        struct alignas(E * sizeof(T)) Run {
+            T e[E];
+        };
+        const Run r = *reinterpret_cast<const Run *>(slab + at);
+#pragma unroll
+        for (int i = 0; i < E; i++)
+            v[i] = to_float(r.e[i]);
     }
 
     __device__ int64_t unit(const Planes &p) const
@@ -445,7 +460,7 @@ struct Slabs {
 };
 
 /* plane_moments over short planes by slabs (Slabs says how): the same units and algorithm. */
-template <class T>
+template <class T, int E>
 __global__ void __launch_bounds__(Slabs<T>::THREADS) slab_moments(const T *x, Planes p, float *part_mean,
                                                                    float *part_m2)
 {
@@ -456,13 +471,23 @@ __global__ void __launch_bounds__(Slabs<T>::THREADS) slab_moments(const T *x, Pl
         __syncthreads();
         const float n = (float)s.packs;
         float sum = 0.0f;
-        s.each([&](int at) { sum += to_float(slab[at]); });
+        s.template each<E>([&](int at) {
+            float v[E];
+            Slabs<T>::run(slab, at, v);
+#pragma unroll
+            for (int i = 0; i < E; i++)
+                sum += v[i];
+        });
         const float mu = RowGroup<32>::sum(sum, (float *)nullptr) / n;
         float q = 0.0f, d = 0.0f;
-        s.each([&](int at) {
-            const float v = to_float(slab[at]);
-            q += (v - mu) * (v - mu);
-            d += v - mu;
+        s.template each<E>([&](int at) {
+            float v[E];
+            Slabs<T>::run(slab, at, v);
+#pragma unroll
+            for (int i = 0; i < E; i++) {
+                q += (v[i] - mu) * (v[i] - mu);
+                d += v[i] - mu;
+            }
         });
         RowGroup<32>::sum2(q, d, (float *)nullptr);
         if (threadIdx.x % 32 == 0)
@@ -472,7 +497,7 @@ __global__ void __launch_bounds__(Slabs<T>::THREADS) slab_moments(const T *x, Pl
 }
 
 /* plane_gradient_sums over short planes by slabs: dy's and x's. */
-template <class T>
+template <class T, int E>
 __global__ void __launch_bounds__(Slabs<T>::THREADS)
     slab_gradient_sums(ampc_batch_norm_backward b, Planes p, float *part_dy, float *part_dy_xc)
 {
@@ -485,10 +510,15 @@ __global__ void __launch_bounds__(Slabs<T>::THREADS)
         const int64_t unit = s.unit(p);
         const float mean = static_cast<const float *>(b.save_mean.data)[unit % p.c];
         float sum = 0.0f, t = 0.0f;
-        s.each([&](int at) {
-            const float d = to_float(dy[at]);
-            sum += d;
-            t += d * (to_float(x[at]) - mean);
+        s.template each<E>([&](int at) {
+            float d[E], v[E];
+            Slabs<T>::run(dy, at, d);
+            Slabs<T>::run(x, at, v);
+#pragma unroll
+            for (int i = 0; i < E; i++) {
+                sum += d[i];
+                t += d[i] * (v[i] - mean);
+            }
         });
         RowGroup<32>::sum2(sum, t, (float *)nullptr);
         if (threadIdx.x % 32 == 0) {
@@ -504,6 +534,20 @@ template <class T>
 bool by_slabs(const Planes &p)
 {
     return !p.streamed() && p.c % Pack<T>::VEC == 0;
+}
+
+/* launch(E) (a std::integral_constant) with the longest run of elements,
+ * 4, 2 or 1, that divides the planes: a 14x14 plane's warp reads 4 at a
+ * time, where one at a time spent more on its loop than its loads. */
+template <class Launch>
+void with_run(const Planes &p, Launch launch)
+{
+    if (p.hw % 4 == 0)
+        launch(std::integral_constant<int, 4>());
+    else if (p.hw % 2 == 0)
+        launch(std::integral_constant<int, 2>());
+    else
+        launch(std::integral_constant<int, 1>());
 }
 
 template <class T>
@@ -746,8 +790,10 @@ extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_
             using T = decltype(type);
             int status;
             if (by_slabs<T>(p)) {
-                slab_moments<T><<<slab_grid<T>(p), Slabs<T>::THREADS, 0, as_stream(stream)>>>(
-                    static_cast<const T *>(b->x.data), p, part_mean, part_m2);
+                with_run(p, [&](auto e) {
+                    slab_moments<T, decltype(e)::value><<<slab_grid<T>(p), Slabs<T>::THREADS, 0, as_stream(stream)>>>(
+                        static_cast<const T *>(b->x.data), p, part_mean, part_m2);
+                });
                 status = ampc_cuda_launched("batch_norm statistics kernel");
             }
             else
@@ -791,8 +837,10 @@ extern "C" int ampc_cuda_batch_norm_planes_backward(int device, void *stream, co
             using T = decltype(type);
             int status;
             if (by_slabs<T>(p)) {
-                slab_gradient_sums<T><<<slab_grid<T>(p), Slabs<T>::THREADS, 0, as_stream(stream)>>>(*b, p, part_dy,
-                                                                                                    part_dy_xc);
+                with_run(p, [&](auto e) {
+                    slab_gradient_sums<T, decltype(e)::value>
+                        <<<slab_grid<T>(p), Slabs<T>::THREADS, 0, as_stream(stream)>>>(*b, p, part_dy, part_dy_xc);
+                });
                 status = ampc_cuda_launched("batch_norm backward sums");
             }
             else

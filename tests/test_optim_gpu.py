@@ -161,6 +161,7 @@ def test_same_as_torch_with_grad_scalers(rng, name):
             same_bits_as_torch(b.data, a.data, name)
 
 
+@pytest.mark.never_waits
 def test_a_scaled_step_never_waits_for_the_gpu():
     s = ampc.GradScaler("cuda", init_scale=2.0, growth_interval=1)
     p = optim.Parameter(torch.zeros(1 << 20, device="cuda"))
@@ -303,6 +304,7 @@ def test_fused_clipping(norm_type, dtypes, layouts):
     assert float(so._found_inf_per_device(opt_o)["cuda:0"]) == 0.0
 
 
+@pytest.mark.never_waits
 def test_fused_clipping_with_an_inf_skips_and_never_waits():
     theirs, ours = clip_case(1)
     ours[2].grad[100] = float("inf")
@@ -320,6 +322,7 @@ def test_fused_clipping_with_an_inf_skips_and_never_waits():
     assert all(not p.data.any() for p in ours)  # skipped
 
 
+@pytest.mark.never_waits
 @pytest.mark.parametrize("which", ["torch", "ampc"])
 def test_deferred_clipping(which):
     """unscale_(max_norm=, defer=True) with a fused AdamW (torch's or ampc's): the gradients

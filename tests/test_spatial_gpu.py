@@ -126,12 +126,13 @@ def test_conv_bad_input():
 
 # Training takes ampc's kernels channels-last with channels in whole 16-byte packs (64, 256; 12 in
 # float32) and NCHW with planes of 16 elements or more; other shapes take cuDNN. NCHW planes under 512
-# elements go by slabs where channels come in whole packs (16, 20, 25, 49, 196, 511 elements; chunks
-# of images the last of which is short: 70 of 16, 32 of 49, 3 of 511; 12 channels in float32 only),
+# elements go by slabs where channels come in whole packs (16, 20, 25, 30, 49, 196, 511 elements: read
+# 4, 2 or 1 at a time; chunks of images the last of which is short: 70 of 16, 32 of 49, 3 of 511; 12
+# channels in float32 only),
 # else a run of images per warp (30, 49 elements: planes off 16-byte boundaries, packs across planes;
 # 100 images of 49 make five runs, the last short); longer ones a warp per plane (667) or a block (4480).
 BN_SHAPES = [(4, 3, 5, 6), (7, 5), (3, 4, 9), (8, 64, 14, 14), (2, 1, 3, 3), (3, 12, 3, 3), (32, 256, 7, 7),
-             (100, 3, 7, 7), (70, 8, 4, 4), (9, 12, 4, 5), (5, 16, 5, 5), (3, 8, 7, 73), (3, 5, 23, 29),
+             (100, 3, 7, 7), (70, 8, 4, 4), (9, 12, 4, 5), (5, 16, 5, 5), (6, 16, 5, 6), (3, 8, 7, 73), (3, 5, 23, 29),
              (2, 3, 64, 70)]
 
 
