@@ -21,10 +21,13 @@ def pytest_addoption(parser):
     )
 
 
-# compute-sanitizer returns from each launch only once the kernel has ended, so a test that proves a
-# call queued its work without waiting for the GPU cannot hold under it (benchmarks/run_on_gpu.sh
-# sets this for its sanitizer runs).
+# Tests that cannot hold under compute-sanitizer (benchmarks/run_on_gpu.sh sets AMPC_UNDER_SANITIZER
+# for its sanitizer runs), by marker: it returns from each launch only once the kernel has ended, so
+# no test can prove that a call queued its work without waiting; and it reports a fault that a test
+# makes on purpose as an error.
 UNDER_SANITIZER = os.environ.get("AMPC_UNDER_SANITIZER") == "1"
+NOT_UNDER_SANITIZER = {"never_waits": "compute-sanitizer waits for every kernel",
+                       "faults_on_purpose": "compute-sanitizer reports the fault as an error"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,8 +40,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords and not config.getoption("--run-slow"):
             item.add_marker(pytest.mark.skip(reason="slow: use --run-slow"))
-        if "never_waits" in item.keywords and UNDER_SANITIZER:
-            item.add_marker(pytest.mark.skip(reason="compute-sanitizer waits for every kernel"))
+        for marker, reason in NOT_UNDER_SANITIZER.items():
+            if marker in item.keywords and UNDER_SANITIZER:
+                item.add_marker(pytest.mark.skip(reason=reason))
         if "gpu" in item.keywords and not has_gpu:
             if config.getoption("--require-gpu"):
                 item.add_marker(pytest.mark.xfail(reason="no usable GPU", strict=True, run=False))

@@ -300,6 +300,7 @@ def test_synchronize_and_zero_size():
     ampc.cuda.synchronize()
 
 
+@pytest.mark.faults_on_purpose
 def test_a_faulted_context_is_an_exception_that_says_so():
     """A kernel that faults (here CuPy's, writing to address 16) leaves the process's CUDA context
     unusable: ampc's next GPU call raises an error saying so, and the process does not crash. In a
