@@ -119,6 +119,12 @@ def as_int(op, name, value, what="an int"):
 def as_ints(op, name, values, what="an int or a sequence of ints"):
     """A tuple of ints from an int or a sequence of them (a shape, a list of dims), each as as_int
     takes it: a float array's tuple() made NumPy's message, naming neither op nor argument."""
+    if type(values) is tuple:  # the common case, checked first: every op with a shape asks this
+        for v in values:
+            if type(v) is not int:
+                break
+        else:
+            return values
     if not isinstance(values, bool) and hasattr(type(values), "__index__") and getattr(values, "ndim", 0) == 0:
         return (as_int(op, name, values, what),)
     if not isinstance(values, (list, tuple)) and getattr(values, "ndim", None) != 1:  # a dict or set is no shape
