@@ -250,6 +250,14 @@ class Arithmetic:
     def numel(self):
         return math.prod(self.shape)
 
+    def argmax(self, dim=None, keepdim=False):
+        """The indices of the largest values along dim (all: of the flattened values), as torch's
+        Tensor.argmax: an integer array of the library the values live in, off the tape."""
+        return _index_reduction(self, "argmax", dim, keepdim)
+
+    def argmin(self, dim=None, keepdim=False):
+        return _index_reduction(self, "argmin", dim, keepdim)
+
     def __getitem__(self, key):
         """self[key] on the tape: ints and slices, and for NumPy arrays index arrays and masks too
         (the gradient: zeros, with the picked elements' added in)."""
@@ -329,6 +337,19 @@ def _host_scalar(x):
 
         return np.asarray(x if x.device == "cpu" else _C._to_device(x, -1)).item()
     return x.item()
+
+
+def _index_reduction(x, name, dim, keepdim):
+    """x's array's own argmax or argmin: torch's (dim, keepdim) or NumPy's, CuPy's and JAX's (axis,
+    keepdims)."""
+    a = _array(x)
+    if dim is not None:
+        from ampc.nn._common import as_int  # ampc.nn imports this module: not at its top
+
+        dim = as_int(name, "dim", dim)
+    if type(a).__module__.split(".")[0] == "torch":
+        return getattr(a, name)(dim=dim, keepdim=keepdim)
+    return getattr(a, name)(axis=dim, keepdims=keepdim)
 
 
 def _needs_grad(value):

@@ -212,6 +212,22 @@ def test_tensor_methods_as_torch_s():
         F.reshape(a, (1, 3, 4)).t()
 
 
+def test_argmax_and_argmin_as_torch_s():
+    """Tensor.argmax/argmin (torch's `(logits.argmax(1) == y).mean()`): the values' indices, off the
+    tape, with torch's dim and keepdim; on a Parameter too."""
+    rng = np.random.default_rng(17)
+    w = param(rng, 5, 7)
+    logits = F.linear(rng.standard_normal((6, 7)), w)
+    assert isinstance(logits, Tensor)
+    values = np.asarray(logits)
+    np.testing.assert_array_equal(logits.argmax(1), values.argmax(1))
+    np.testing.assert_array_equal(logits.argmin(dim=0, keepdim=True), values.argmin(0, keepdims=True))
+    assert logits.argmax() == values.argmax() and logits.argmax(-1).shape == (6,)
+    np.testing.assert_array_equal(w.argmax(0), w.data.argmax(0))
+    with pytest.raises(TypeError, match="argmax: dim must be an int"):
+        logits.argmax(1.5)
+
+
 def test_matches_the_ops_own_backward_functions():
     """backward() of one linear gives exactly what linear_backward gives."""
     rng = np.random.default_rng(1)

@@ -161,7 +161,7 @@ def test_grad_scaler_methods(test_seed):
 TENSOR_METHODS = ["reshape", "transpose", "permute", "flatten", "sum", "mean", "softmax", "log_softmax", "unsqueeze",
                   "squeeze", "split", "chunk", "to", "size", "__getitem__", "__add__", "__radd__", "__sub__",
                   "__rsub__", "__mul__", "__truediv__", "__rtruediv__", "__matmul__", "__rmatmul__", "__pow__",
-                  "__rpow__", "backward"]
+                  "__rpow__", "argmax", "argmin", "backward"]
 
 
 def test_tensor_methods(test_seed):
