@@ -24,11 +24,18 @@ from ampc import _C
 
 __all__ = ["Arithmetic", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
 
-_local = threading.local()  # grad mode is per thread, as torch's
+class _GradState(threading.local):
+    """Grad mode, per thread as torch's; on in a thread that never set it (a class attribute: a
+    plain lookup, where getattr with a default took half a microsecond on every op call)."""
+
+    enabled = True
+
+
+_local = _GradState()
 
 
 def is_grad_enabled():
-    return getattr(_local, "enabled", True)
+    return _local.enabled
 
 
 class _GradMode:
@@ -451,12 +458,6 @@ def _off_tape_in_place(op, binder, target, args, kwargs):
     return target
 
 
-def _each(values):
-    """The values, each element of a list or tuple among them in its place (cat's tensors)."""
-    for value in values:
-        yield from value if isinstance(value, (list, tuple)) else (value,)
-
-
 def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
     """op, recorded on the tape when grad mode is on and an argument needs a gradient.
 
@@ -472,6 +473,7 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
     logits: 1.6 GB for GPT-2's 8 x 1024 x 50257), and the gradient needs no cast back."""
     name = name or getattr(op, "__name__", "op")
     binder = _Binder(op, name)
+    grad_set = frozenset(grad_args)
     capture = _capture(op)
     first = binder.names[0]
 
@@ -499,15 +501,32 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
                 if isinstance(in_place, _C.Parameter) and in_place.requires_grad:
                     raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
             # one source per differentiable array: a list argument (cat's tensors) gives one each
-            values = list(_each(arguments[n] for n in grad_args))
+            # (plain loops here and below: this runs for every op recorded)
+            values = []
+            for n in grad_args:
+                value = arguments[n]
+                if isinstance(value, (list, tuple)):
+                    values.extend(value)
+                else:
+                    values.append(value)
             # an argument the op has no gradient for, that needs one (a loss's class weights): torch's
             # error when the backward reaches it, not a gradient left out without a word
-            missing = next((n for n in arguments if n not in grad_args and _needs_grad(arguments[n])), None)
-            sources = tuple(_source(v) for v in values)
-            dtypes = tuple(getattr(_array(v), "dtype", None) for v in values)
+            missing = None
+            for n, value in arguments.items():
+                if n not in grad_set and _needs_grad(value):
+                    missing = n
+                    break
+            sources, dtypes = [], []
+            for value in values:
+                sources.append(_source(value))
+                dtypes.append(getattr(_array(value), "dtype", None))
+            parameters = []
             for key, value in arguments.items():
-                arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
-            parameters = [v for v in _each(arguments.values()) if isinstance(v, _C.Parameter)]
+                value = arguments[key] = _plain(value)  # Parameters stay, for autocast's weight cache
+                if isinstance(value, (list, tuple)):
+                    parameters.extend(v for v in value if isinstance(v, _C.Parameter))
+                elif isinstance(value, _C.Parameter):
+                    parameters.append(value)
             originals = {n: arguments[n] for n in keep_uncast}
             if capture is not None:
                 # the first argument positionally: fp32_set_opt_dtype looks at it
@@ -523,8 +542,8 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
                 if _widened(original, arguments[n]):
                     arguments[n] = _array(original)
             outputs = len(output) if isinstance(output, tuple) else None
-            node = Node(name, backward if missing is None else _not_implemented(missing), arguments, saved, sources,
-                        dtypes, outputs, tuple((p, p._version) for p in parameters))
+            node = Node(name, backward if missing is None else _not_implemented(missing), arguments, saved,
+                        tuple(sources), tuple(dtypes), outputs, tuple((p, p._version) for p in parameters))
             if isinstance(output, tuple):
                 return tuple(Tensor(o, node, i) for i, o in enumerate(output))
             if isinstance(in_place, Tensor):
