@@ -651,13 +651,14 @@ static int check_param(const char *op, const ampc_view *p, const char *name, int
 
 static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"input", "n", "weight", "bias", "eps", "dtype", NULL};
+    static char *kwlist[] = {"input", "n", "weight", "bias", "eps", "dtype", "stats", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *w_obj = Py_None, *b_obj = Py_None, *dtype_obj = Py_None, *result = NULL;
     long long nnorm;
     double eps = 1e-5;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|OOd$O:_layer_norm", kwlist, &x_obj, &nnorm, &w_obj, &b_obj,
-                                     &eps, &dtype_obj))
+    int stats = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|OOd$Op:_layer_norm", kwlist, &x_obj, &nnorm, &w_obj, &b_obj,
+                                     &eps, &dtype_obj, &stats))
         return NULL;
     const char *name = "layer_norm";
     ampc_op_args a;
@@ -695,7 +696,9 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
     l.bias = b ? buf_of(b) : (ampc_buf){NULL, AMPC_FLOAT32};
     if (AMPC_RUN_KERNEL(&a, ampc_cpu_layer_norm, layer_norm, &l) < 0)
         goto done;
-    result = ampc_op_results(&a, (PyObject *[]){y_obj, mean_obj, rstd_obj}, 3);
+    /* Without stats (no backward to come) mean and rstd go back to the pool with the call's other
+     * temporaries, unexported: handing each to torch took about as long as a small row's kernel. */
+    result = stats ? ampc_op_results(&a, (PyObject *[]){y_obj, mean_obj, rstd_obj}, 3) : ampc_op_result(&a, y_obj);
 done:
     ampc_op_args_release(&a);
     return result;
@@ -1166,7 +1169,8 @@ PyMethodDef ampc_ops_methods[] = {
     {"_softmax_backward", (PyCFunction)(void (*)(void))mod_softmax_backward, METH_VARARGS | METH_KEYWORDS,
      "_softmax_backward(grad_output, output, dim, log, dtype=None)"},
     {"_layer_norm", (PyCFunction)(void (*)(void))mod_layer_norm, METH_VARARGS | METH_KEYWORDS,
-     "_layer_norm(input, n, weight=None, bias=None, eps=1e-5, *, dtype=None) -> (output, mean, rstd)"},
+     "_layer_norm(input, n, weight=None, bias=None, eps=1e-5, *, dtype=None, stats=True) -> (output, mean, "
+     "rstd), or output alone without stats"},
     {"_layer_norm_backward", (PyCFunction)(void (*)(void))mod_layer_norm_backward, METH_VARARGS | METH_KEYWORDS,
      "_layer_norm_backward(grad_output, input, mean, rstd, n, weight=None, weight_grads=True, input_grad=True) "
      "-> (grad_input, grad_weight, grad_bias)"},
