@@ -24,6 +24,7 @@ from ampc import _C
 
 __all__ = ["Arithmetic", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
 
+
 class _GradState(threading.local):
     """Grad mode, per thread as torch's; on in a thread that never set it (a class attribute: a
     plain lookup, where getattr with a default took half a microsecond on every op call)."""
