@@ -176,6 +176,16 @@ def test_indexing_torch_data_by_index_arrays_is_refused_on_the_tape():
     assert w.grad is None
 
 
+def test_argmax_of_torch_data_is_torch_s():
+    """Tensor.argmax/argmin on torch data: torch's own, with its dim and keepdim."""
+    w = ampc.nn.Parameter(torch.randn(5, 7, dtype=torch.float64))
+    logits = ampc.nn.functional.linear(torch.randn(6, 7, dtype=torch.float64), w)
+    values = logits.data
+    assert torch.equal(logits.argmax(1), values.argmax(1))
+    assert torch.equal(logits.argmin(dim=0, keepdim=True), values.argmin(dim=0, keepdim=True))
+    assert int(logits.argmax()) == int(values.argmax())
+
+
 class _NanoGPT(torch.nn.Module):
     """nanoGPT's GPT-2 (Karpathy's model.py, dropout left out) in torch: the reference
     ampc.models.gpt claims to be, written here independently of it."""
