@@ -59,10 +59,10 @@ sanitize_one() {  # tool file shard
         python3 -m pytest -q -x -p no:cacheprovider --require-gpu "$2" >"$log" 2>&1
     echo "$1 $2 $3 rc=$? $(grep -E 'ERROR SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)"
 }
-export -f sanitize_one
-export OUT
 if [ -n "${SANITIZE_TESTS:-}" ]; then
     step "sanitizers over ${SANITIZE_TESTS}"
+    export -f sanitize_one
+    export OUT
     shards=${SANITIZE_SHARDS:-1}
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
         for file in $SANITIZE_TESTS; do

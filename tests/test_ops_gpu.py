@@ -274,6 +274,7 @@ def test_special_values_as_torch(dtype):
 
     same_bits(F.relu_backward(g, x), torch_grad(TF.relu), "relu_backward")
     same_bits(F.abs_backward(g, x), torch_grad(torch.abs), "abs_backward")
+
     def near_bits(got, want, what):  # the same special values, finite ones within 4 eps
         assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf()), what
         assert torch.equal(got[got.isinf()], want[want.isinf()]), what
