@@ -23,7 +23,9 @@
  * Chan's formula for the moments, so the results repeat bit for bit.
  * Planes of fewer than 16 elements go to cuDNN.
  */
+#include <cooperative_groups.h>
 #include <type_traits>
+#include <utility>
 
 #include "packs.cuh"
 
@@ -116,16 +118,41 @@ __global__ void __launch_bounds__(PCOL_X *PCOL_Y)
     }
 }
 
+/* Normalize's scale and bias at a channel, y = (x - mean) * scale + bias,
+ * from its sum of squared deviations over `count` values; where `record`,
+ * its batch statistics stored too: save_mean and save_rstd, and the running
+ * averages (the unbiased variance, as the CPU kernel). */
+__device__ void channel_statistics(const ampc_batch_norm &b, int64_t ch, float mean, float m2, int64_t count,
+                                   bool record, float &scale, float &bias)
+{
+    const float *w = static_cast<const float *>(b.weight.data), *beta = static_cast<const float *>(b.bias.data);
+    const float rstd = 1.0f / sqrtf(m2 / (float)count + (float)b.eps);
+    scale = (w != nullptr ? w[ch] : 1.0f) * rstd;
+    bias = beta != nullptr ? beta[ch] : 0.0f;
+    if (!record)
+        return;
+    static_cast<float *>(b.save_mean.data)[ch] = mean;
+    static_cast<float *>(b.save_rstd.data)[ch] = rstd;
+    const float momentum = (float)b.momentum;
+    if (b.running_mean.data != nullptr) {
+        float *rm = static_cast<float *>(b.running_mean.data) + ch;
+        *rm = (1.0f - momentum) * *rm + momentum * mean;
+    }
+    if (b.running_var.data != nullptr) {
+        float *rv = static_cast<float *>(b.running_var.data) + ch;
+        const float unbiased = count > 1 ? m2 / (float)(count - 1) : NAN;
+        *rv = (1.0f - momentum) * *rv + momentum * unbiased;
+    }
+}
+
 /* Stage 2 per channel: the chunks (`chunk` of the `rows` values each, the last ones short or
  * empty) merged in a fixed order (FINISH_Y threads each take every FINISH_Y-th chunk, then their
- * results merge in y order); then the batch statistics, the running averages (the unbiased
- * variance, as the CPU kernel) and normalize's scale and bias. */
+ * results merge in y order); then channel_statistics. */
 __global__ void __launch_bounds__(FINISH_X *FINISH_Y)
     welford_finish(ampc_batch_norm b, const float *part_mean, const float *part_m2, int64_t rows, int64_t chunks,
                    int64_t chunk, float *scale, float *bias_of)
 {
     __shared__ float s_n[FINISH_Y][FINISH_X], s_mean[FINISH_Y][FINISH_X], s_m2[FINISH_Y][FINISH_X];
-    const float *w = static_cast<const float *>(b.weight.data), *bias = static_cast<const float *>(b.bias.data);
     for (int64_t c0 = (int64_t)blockIdx.x * FINISH_X; c0 < b.c; c0 += (int64_t)gridDim.x * FINISH_X) {
         const int64_t ch = c0 + threadIdx.x;
         float n = 0.0f, mean = 0.0f, m2 = 0.0f;
@@ -142,21 +169,7 @@ __global__ void __launch_bounds__(FINISH_X *FINISH_Y)
         if (threadIdx.y == 0 && ch < b.c) {
             for (int r = 1; r < FINISH_Y; r++)
                 merge(n, mean, m2, s_n[r][threadIdx.x], s_mean[r][threadIdx.x], s_m2[r][threadIdx.x]);
-            const float rstd = 1.0f / sqrtf(m2 / (float)rows + (float)b.eps);
-            static_cast<float *>(b.save_mean.data)[ch] = mean;
-            static_cast<float *>(b.save_rstd.data)[ch] = rstd;
-            scale[ch] = (w != nullptr ? w[ch] : 1.0f) * rstd;
-            bias_of[ch] = bias != nullptr ? bias[ch] : 0.0f;
-            const float momentum = (float)b.momentum;
-            if (b.running_mean.data != nullptr) {
-                float *rm = static_cast<float *>(b.running_mean.data) + ch;
-                *rm = (1.0f - momentum) * *rm + momentum * mean;
-            }
-            if (b.running_var.data != nullptr) {
-                float *rv = static_cast<float *>(b.running_var.data) + ch;
-                const float unbiased = rows > 1 ? m2 / (float)(rows - 1) : NAN;
-                *rv = (1.0f - momentum) * *rv + momentum * unbiased;
-            }
+            channel_statistics(b, ch, mean, m2, rows, true, scale[ch], bias_of[ch]);
         }
         __syncthreads();
     }
@@ -203,20 +216,29 @@ struct GradTerms {
     float *k, *mean_dy, *proj, *mean;
 };
 
-/* dweight = sum(dy * (x - mean)) * rstd, dbias = sum(dy), from the sums,
- * and the input gradient's terms. */
+/* The input gradient's terms k, mean_dy and proj at channel ch, from the
+ * sums; where `record`, dweight = sum(dy * (x - mean)) * rstd and
+ * dbias = sum(dy) stored too. */
+__device__ void channel_gradient(const ampc_batch_norm_backward &b, int64_t ch, float sum_dy, float sum_dy_xc,
+                                 int64_t count, bool record, float &k, float &mean_dy, float &proj)
+{
+    const float *w = static_cast<const float *>(b.weight.data);
+    const float rstd = static_cast<const float *>(b.save_rstd.data)[ch];
+    if (record && b.dweight.data != nullptr)
+        static_cast<float *>(b.dweight.data)[ch] = sum_dy_xc * rstd;
+    if (record && b.dbias.data != nullptr)
+        static_cast<float *>(b.dbias.data)[ch] = sum_dy;
+    k = (w != nullptr ? w[ch] : 1.0f) * rstd;
+    mean_dy = sum_dy / (float)count;
+    proj = sum_dy_xc / (float)count * rstd * rstd;
+}
+
+/* channel_gradient over every channel, from the sums, its terms stored. */
 __global__ void channel_gradients(ampc_batch_norm_backward b, const float *sum_dy, const float *sum_dy_xc,
                                   int64_t count, GradTerms terms)
 {
-    const float *w = static_cast<const float *>(b.weight.data), *rstd = static_cast<const float *>(b.save_rstd.data);
     for (int64_t ch = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; ch < b.c; ch += (int64_t)gridDim.x * blockDim.x) {
-        if (b.dweight.data != nullptr)
-            static_cast<float *>(b.dweight.data)[ch] = sum_dy_xc[ch] * rstd[ch];
-        if (b.dbias.data != nullptr)
-            static_cast<float *>(b.dbias.data)[ch] = sum_dy[ch];
-        terms.k[ch] = (w != nullptr ? w[ch] : 1.0f) * rstd[ch];
-        terms.mean_dy[ch] = sum_dy[ch] / (float)count;
-        terms.proj[ch] = sum_dy_xc[ch] / (float)count * rstd[ch] * rstd[ch];
+        channel_gradient(b, ch, sum_dy[ch], sum_dy_xc[ch], count, true, terms.k[ch], terms.mean_dy[ch], terms.proj[ch]);
         terms.mean[ch] = static_cast<const float *>(b.save_mean.data)[ch];
     }
 }
@@ -674,6 +696,228 @@ int map_nchw(void *stream, const T *a, const T *b, T *out, const Planes &p, At f
     return ampc_cuda_launched(what);
 }
 
+/* ------------------------------------------------------------------------ */
+/* NCHW on sm_90: a channel held on chip by a cluster                        */
+/* ------------------------------------------------------------------------ */
+
+/* A channel short enough (ResNet-50's 14x14 and 7x7 stages at batch 256:
+ * 50176 and 12544 elements) is read once: a cluster of up to 8 blocks holds
+ * it in registers, merges its blocks' statistics through distributed shared
+ * memory, and writes its output from the registers. The plane kernels read
+ * x twice, for the statistics and to normalize (and dy and x twice
+ * backward); cuDNN's single-read kernel took 0.81 of their time on 14x14
+ * fp16. A thread holds as much as its registers allow: the time from a
+ * load to its store is a block's two reductions and a cluster's barrier,
+ * and only the bytes held cover it (a thread holding 16 elements, a quarter
+ * of this, ran at a third of the bandwidth). */
+constexpr int HELD_CLUSTER_MAX = 8;  /* the portable cluster size */
+constexpr int HELD_REGISTERS = 32;   /* a thread's registers for held values, all its arrays' */
+
+/* A thread's share of one array of its cluster's channel, in REGS
+ * registers: runs of E elements (E divides hw; a run takes a register at
+ * least). The cluster reads `per_step` whole planes at a time, a thread a
+ * run of one of them, a plane's runs to consecutive threads (a warp's loads
+ * contiguous), so a thread's runs lie per_step images apart and their
+ * addresses are one multiply-add each (a walk across plane ends with a
+ * carry per run held 64-bit addresses for every run and spilled). */
+template <class T, int E, int REGS>
+struct Held {
+    static constexpr int RUNS = REGS * 4 / (E * (int)sizeof(T)) < REGS ? REGS * 4 / (E * (int)sizeof(T)) : REGS;
+    struct alignas(E * sizeof(T)) Run {
+        T e[E];
+    };
+    Run v[RUNS];
+    int live;  /* the runs j < live exist */
+
+    __host__ __device__ static int64_t per_step(const Planes &p, int64_t blocks) { return blocks * BLOCK * E / p.hw; }
+
+    /* The fewest blocks that hold a channel, HELD_CLUSTER_MAX + 1 where it is too long. */
+    static int64_t blocks(const Planes &p)
+    {
+        int64_t k = 1;
+        while (k <= HELD_CLUSTER_MAX && per_step(p, k) * RUNS < p.n)
+            k++;
+        return k;
+    }
+
+    /* fn(j, run) for the runs j < live, `run` its place in the array whose
+     * channel starts at `channel`. A pointer stepped run by run: offsets
+     * shared by the loads and the stores were kept, 64 bits a run, and spilled. */
+    template <class P, class Fn>
+    __device__ __forceinline__ void walk(P *channel, const Planes &p, int blocks, int rank, Fn fn)
+    {
+        const int runs_per_plane = (int)p.hw / E, thread = rank * BLOCK + (int)threadIdx.x;
+        const int image = thread / runs_per_plane, step = (int)per_step(p, blocks);
+        const int64_t image_step = p.c * p.hw;
+        live = image < step && image < p.n ? (int)((p.n - image + step - 1) / step) : 0;
+        P *run = channel + image * image_step + (thread - image * runs_per_plane) * E;
+#pragma unroll
+        for (int j = 0; j < RUNS; j++) {
+            if (j < live)
+                fn(j, run);
+            run += step * image_step;
+        }
+    }
+
+    __device__ __forceinline__ void load(const T *channel, const Planes &p, int blocks, int rank)
+    {
+        walk(channel, p, blocks, rank, [&](int j, const T *run) { v[j] = *reinterpret_cast<const Run *>(run); });
+    }
+
+    /* out at the held runs' places: element i of run j is fn(j, i). */
+    template <class Fn>
+    __device__ __forceinline__ void store(T *channel, const Planes &p, int blocks, int rank, Fn fn)
+    {
+        walk(channel, p, blocks, rank, [&](int j, T *run) {
+            Run r;
+#pragma unroll
+            for (int i = 0; i < E; i++)
+                r.e[i] = from_float<T>(fn(j, i));
+            *reinterpret_cast<Run *>(run) = r;
+        });
+    }
+
+    /* Element i of run j, converted afresh at each use: the compiler kept
+     * every element's float from the first pass to the store (twice the
+     * registers for 16-bit data) and spilled. */
+    __device__ __forceinline__ float operator()(int j, int i) const { return afresh(v[j].e[i]); }
+    __device__ __forceinline__ static float afresh(float v) { return v; }
+    __device__ __forceinline__ static float afresh(__half v)
+    {
+        float f;
+        asm volatile("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(__half_as_ushort(v)));
+        return f;
+    }
+    __device__ __forceinline__ static float afresh(__nv_bfloat16 v)
+    {
+        float f;
+        asm volatile("mov.b32 %0, {0, %1};" : "=f"(f) : "h"(__bfloat16_as_ushort(v)));
+        return f;
+    }
+
+    /* fn(value) over the held elements */
+    template <class Fn>
+    __device__ __forceinline__ void each(Fn fn) const
+    {
+#pragma unroll
+        for (int j = 0; j < RUNS; j++)
+            if (j < live)
+#pragma unroll
+                for (int i = 0; i < E; i++)
+                    fn(j, i, (*this)(j, i));
+    }
+};
+
+template <class T, int E>
+using ForwardHeld = Held<T, E, HELD_REGISTERS>;
+template <class T, int E>
+using BackwardHeld = Held<T, E, HELD_REGISTERS / 2>;  /* dy's and x's */
+
+#if __CUDA_ARCH__ >= 900
+/* fn(values) for every block's NV values in the cluster, in rank order, in
+ * every block alike. `mine`: NV floats of the block's shared memory, for the
+ * block's `values`. The caller arrives at the cluster's barrier and waits
+ * there before leaving, so that no block leaves while another reads. */
+template <int NV, class Fn>
+__device__ __forceinline__ void across_cluster(const float (&values)[NV], float *mine, Fn fn)
+{
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    if (threadIdx.x == 0)
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            mine[i] = values[i];
+    cluster.sync();
+    for (unsigned r = 0; r < cluster.num_blocks(); r++)
+        fn(cluster.map_shared_rank(mine, r));
+}
+#endif
+
+/* Training forward, a cluster per channel: each block's mean and sum of
+ * squared deviations by the corrected two-pass algorithm (plane_moments'),
+ * from the registers, merged across the cluster by Chan's formula; then y. */
+template <class T, int E>
+__global__ void __launch_bounds__(BLOCK, 2) held_forward(ampc_batch_norm b, Planes p)
+{
+#if __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float scratch[2 * BLOCK / 32], moments[3];
+    const int blocks = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    const int64_t ch = blockIdx.x / blocks, count = p.n * p.hw;
+    ForwardHeld<T, E> x;
+    x.load(static_cast<const T *>(b.x.data) + ch * p.hw, p, blocks, rank);
+    float sum = 0.0f, n = 0.0f;
+    x.each([&](int, int, float v) { sum += v, n += 1.0f; });
+    RowGroup<BLOCK>::sum2(sum, n, scratch);
+    const float mu = sum / n;  /* a block holding nothing (n = 0) merges as nothing */
+    float q = 0.0f, d = 0.0f;
+    x.each([&](int, int, float v) { q += (v - mu) * (v - mu), d += v - mu; });
+    RowGroup<BLOCK>::sum2(q, d, scratch);
+    float block[3] = {n};
+    corrected_moments(mu, d, q, n, block[1], block[2]);
+    float total = 0.0f, mean = 0.0f, m2 = 0.0f;
+    across_cluster(block, moments, [&](const float *m) { merge(total, mean, m2, m[0], m[1], m[2]); });
+    cg::cluster_group::arrival_token read = cluster.barrier_arrive();
+    float scale, bias;
+    channel_statistics(b, ch, mean, m2, count, rank == 0 && threadIdx.x == 0, scale, bias);
+    x.store(static_cast<T *>(b.y.data) + ch * p.hw, p, blocks, rank,
+            [&](int j, int i) { return (x(j, i) - mean) * scale + bias; });
+    cluster.barrier_wait(std::move(read));
+#endif
+}
+
+/* Training backward, a cluster per channel: sum(dy) and sum(dy * (x - mean))
+ * from the registers, added across the cluster; then dx. */
+template <class T, int E>
+__global__ void __launch_bounds__(BLOCK, 2) held_backward(ampc_batch_norm_backward b, Planes p)
+{
+#if __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    __shared__ float scratch[2 * BLOCK / 32], sums[2];
+    const int blocks = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
+    const int64_t ch = blockIdx.x / blocks, count = p.n * p.hw;
+    BackwardHeld<T, E> dy, x;
+    dy.load(static_cast<const T *>(b.dy.data) + ch * p.hw, p, blocks, rank);
+    x.load(static_cast<const T *>(b.x.data) + ch * p.hw, p, blocks, rank);
+    const float mean = static_cast<const float *>(b.save_mean.data)[ch];
+    float s = 0.0f, t = 0.0f;  /* sum(dy), sum(dy * (x - mean)) */
+    dy.each([&](int j, int i, float d) { s += d, t += d * (x(j, i) - mean); });
+    RowGroup<BLOCK>::sum2(s, t, scratch);
+    const float block[2] = {s, t};
+    s = t = 0.0f;
+    across_cluster(block, sums, [&](const float *m) { s += m[0], t += m[1]; });
+    cg::cluster_group::arrival_token read = cluster.barrier_arrive();
+    float k, mean_dy, proj;
+    channel_gradient(b, ch, s, t, count, rank == 0 && threadIdx.x == 0, k, mean_dy, proj);
+    if (b.dx.data != nullptr)
+        x.store(static_cast<T *>(b.dx.data) + ch * p.hw, p, blocks, rank,
+                [&](int j, int i) { return k * (dy(j, i) - mean_dy - (x(j, i) - mean) * proj); });
+    cluster.barrier_wait(std::move(read));
+#endif
+}
+
+/* kernel<<<a cluster of H::blocks(p) blocks per channel>>>(arg, p), or
+ * AMPC_NOT_TAKEN on a GPU older than sm_90 or where 8 blocks hold too little. */
+template <class H, class Arg, class Kernel>
+int launch_held(int device, void *stream, const Planes &p, Kernel kernel, const Arg &arg, const char *what)
+{
+    int major = 0;
+    AMPC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "reading the GPU");
+    const int64_t blocks = H::blocks(p);
+    if (major < 9 || blocks > HELD_CLUSTER_MAX || p.c > INT32_MAX / HELD_CLUSTER_MAX)
+        return AMPC_NOT_TAKEN;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = (unsigned)blocks, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3((unsigned)(p.c * blocks)), config.blockDim = dim3(BLOCK);
+    config.stream = as_stream(stream), config.attrs = &cluster, config.numAttrs = 1;
+    AMPC_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, arg, p), what);
+    return ampc_cuda_launched(what);
+}
+
 /* Dense NCHW data of a storage type the row kernels stream, every pointer
  * on a 16-byte boundary (so every array's planes meet those boundaries at
  * the same element), planes of 16 elements or more. */
@@ -779,9 +1023,20 @@ extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_
         return AMPC_NOT_TAKEN;
     const Planes p = Planes::of(b->n, b->c, b->h * b->w);
     return ampc_on_device(device, [&] {
+        int rc = with_storage(b->x.dtype, [&](auto type) {
+            int held;
+            with_run(p, [&](auto e) {
+                using T = decltype(type);
+                constexpr int E = decltype(e)::value;
+                held = launch_held<ForwardHeld<T, E>>(device, stream, p, held_forward<T, E>, *b, "batch_norm kernel");
+            });
+            return held;
+        });
+        if (rc != AMPC_NOT_TAKEN)
+            return rc;
         /* scale, bias, then each unit's mean and m2 */
         Scratch scratch(device, stream);
-        int rc = scratch.get((2 * (size_t)b->c + 2 * (size_t)p.units()) * sizeof(float));
+        rc = scratch.get((2 * (size_t)b->c + 2 * (size_t)p.units()) * sizeof(float));
         if (rc != AMPC_OK)
             return rc;
         float *scale = static_cast<float *>(scratch.ptr), *bias = scale + b->c;
@@ -825,9 +1080,21 @@ extern "C" int ampc_cuda_batch_norm_planes_backward(int device, void *stream, co
         return AMPC_NOT_TAKEN;
     const Planes p = Planes::of(b->n, b->c, b->h * b->w);
     return ampc_on_device(device, [&] {
+        int rc = with_storage(b->x.dtype, [&](auto type) {
+            int held;
+            with_run(p, [&](auto e) {
+                using T = decltype(type);
+                constexpr int E = decltype(e)::value;
+                held = launch_held<BackwardHeld<T, E>>(device, stream, p, held_backward<T, E>, *b,
+                                                       "batch_norm backward kernel");
+            });
+            return held;
+        });
+        if (rc != AMPC_NOT_TAKEN)
+            return rc;
         /* the two sums, GradTerms, then each unit's two sums */
         Scratch sums(device, stream);
-        int rc = sums.get((6 * (size_t)b->c + 2 * (size_t)p.units()) * sizeof(float));
+        rc = sums.get((6 * (size_t)b->c + 2 * (size_t)p.units()) * sizeof(float));
         if (rc != AMPC_OK)
             return rc;
         float *sum_dy = static_cast<float *>(sums.ptr), *sum_dy_xc = sum_dy + b->c;

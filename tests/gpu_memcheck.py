@@ -167,9 +167,11 @@ for dt in DTYPES:
             F.batch_norm_backward(y, x, stats[0], training=True, save_mean=sm, save_rstd=sr)
     # NCHW planes: runs of short planes (5 x 6, 7 x 7 in one run and in two, 14 x 14), slabs of 8
     # channels' short planes read 1, 2 or 4 at a time (7 x 7 in one chunk and in three, 5 x 6,
-    # 14 x 14), a warp's (23 x 29), a block's (64 x 70)
+    # 14 x 14), a warp's (23 x 29), a block's (64 x 70); on sm_90 these are held on chip, a block a
+    # channel, and the last four rows are a cluster's (2 to 7 blocks) and, longer, slabs' and runs'
     for c, n, h, w in ((3, 4, 5, 6), (8, 3, 7, 7), (3, 90, 7, 7), (5, 2, 14, 14), (8, 45, 7, 7), (16, 2, 5, 6),
-                       (8, 6, 14, 14), (3, 2, 23, 29), (3, 2, 64, 70)):
+                       (8, 6, 14, 14), (3, 2, 23, 29), (3, 2, 64, 70), (2, 256, 14, 14), (2, 1337, 7, 7),
+                       (16, 2701, 7, 7), (3, 8800, 5, 6)):
         if dt != torch.float64:
             x = torch.randn(n, c, h, w, device="cuda", dtype=dt)
             stats = [torch.randn(c, device="cuda") for _ in range(2)]

@@ -125,19 +125,26 @@ def test_conv_bad_input():
 # --------------------------------------------------------------------------------------------
 
 # Training takes ampc's kernels channels-last with channels in whole 16-byte packs (64, 256; 12 in
-# float32) and NCHW with planes of 16 elements or more; other shapes take cuDNN. NCHW planes under 512
-# elements go by slabs where channels come in whole packs (16, 20, 25, 30, 49, 196, 511 elements: read
-# 4, 2 or 1 at a time; chunks of images the last of which is short: 70 of 16, 32 of 49, 3 of 511; 12
-# channels in float32 only),
-# else a run of images per warp (30, 49 elements: planes off 16-byte boundaries, packs across planes;
-# 100 images of 49 make five runs, the last short); longer ones a warp per plane (667) or a block (4480).
+# float32) and NCHW with planes of 16 elements or more; other shapes take cuDNN.
+# NCHW on an sm_90 GPU: a channel short enough is held on chip by a cluster of up to 8 blocks, read
+# 4, 2 or 1 at a time, the cluster taking whole planes at a time (BN_SHAPES: one block, 8 x 64 x 14^2;
+# two, 64 x 4 x 28^2 in 16 bits forward; three, planes longer than a block's reach, 2 x 3 x 64 x 70;
+# four to eight, 256 x 3 x 14^2, 1024 x 3 x 8^2, 1337 x 2 x 7^2 (too long to hold backward),
+# 2000 x 2 x 5 x 6; a cluster's last planes short of a whole step).
+# Longer channels, and every NCHW shape on older GPUs, go by planes (BN_LONG on sm_90; BN_SHAPES, too,
+# elsewhere): planes under 512 elements by slabs where channels come in whole packs (16, 20, 25, 30,
+# 49, 196, 511 elements: read 4, 2 or 1 at a time; chunks of images the last of which is short: 70 of
+# 16, 32 of 49, 3 of 511, 136 of 49, 281 of 196; 12 channels in float32 only), else a run of images
+# per warp (30, 49 elements: planes off 16-byte boundaries, packs across planes; 100 images of 49 make
+# five runs, the last short); longer ones a warp per plane (667) or a block (4480).
 BN_SHAPES = [(4, 3, 5, 6), (7, 5), (3, 4, 9), (8, 64, 14, 14), (2, 1, 3, 3), (3, 12, 3, 3), (32, 256, 7, 7),
              (100, 3, 7, 7), (70, 8, 4, 4), (9, 12, 4, 5), (5, 16, 5, 5), (6, 16, 5, 6), (3, 8, 7, 73), (3, 5, 23, 29),
-             (2, 3, 64, 70)]
+             (2, 3, 64, 70), (256, 3, 14, 14), (1024, 3, 8, 8), (1337, 2, 7, 7), (2000, 2, 5, 6), (64, 4, 28, 28)]
+BN_LONG = [(2701, 16, 7, 7), (1401, 16, 14, 14), (8800, 3, 5, 6), (200, 3, 23, 29), (50, 3, 64, 70)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
-@pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", BN_SHAPES + BN_LONG, ids=str)
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_batch_norm(shape, dtype, channels_last):
     if channels_last and len(shape) != 4:
@@ -169,11 +176,12 @@ def test_batch_norm(shape, dtype, channels_last):
     close(gb, egb, acc, rtol=1e-4, what="batch_norm grad_bias")
 
 
-@pytest.mark.parametrize("shape", [(16, 64, 28, 28), (200, 8, 7, 7)], ids=str)
+@pytest.mark.parametrize("shape", [(16, 64, 28, 28), (200, 8, 7, 7), (256, 3, 14, 14), (2701, 16, 7, 7)], ids=str)
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
 def test_batch_norm_training_repeats_bit_for_bit(layout, shape):
     """ampc's batch-norm kernels sum in a fixed order (per plane, run of planes or column chunk, then
-    in image order): the same inputs give the same bits, statistics and gradients included."""
+    in image order; a held channel's blocks in rank order): the same inputs give the same bits,
+    statistics and gradients included."""
     x = randn(*shape, dtype=torch.float16).contiguous(memory_format=layout)
     g = randn(*shape, dtype=torch.float16).contiguous(memory_format=layout)
     w, b = randn(shape[1]), randn(shape[1])
