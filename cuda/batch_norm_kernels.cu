@@ -835,7 +835,9 @@ __device__ __forceinline__ void across_cluster(const float (&values)[NV], float 
 
 /* Training forward, a cluster per channel: each block's mean and sum of
  * squared deviations by the corrected two-pass algorithm (plane_moments'),
- * from the registers, merged across the cluster by Chan's formula; then y. */
+ * from the registers, merged across the cluster by Chan's formula; then y.
+ * (Chan's formula across the block's warps too, one barrier instead of the
+ * two sums' four, took 1.1 times as long: a chain of divisions.) */
 template <class T, int E>
 __global__ void __launch_bounds__(BLOCK, 2) held_forward(ampc_batch_norm b, Planes p)
 {
@@ -847,8 +849,8 @@ __global__ void __launch_bounds__(BLOCK, 2) held_forward(ampc_batch_norm b, Plan
     const int64_t ch = blockIdx.x / blocks, count = p.n * p.hw;
     ForwardHeld<T, E> x;
     x.load(static_cast<const T *>(b.x.data) + ch * p.hw, p, blocks, rank);
-    float sum = 0.0f, n = 0.0f;
-    x.each([&](int, int, float v) { sum += v, n += 1.0f; });
+    float sum = 0.0f, n = (float)(x.live * E);
+    x.each([&](int, int, float v) { sum += v; });
     RowGroup<BLOCK>::sum2(sum, n, scratch);
     const float mu = sum / n;  /* a block holding nothing (n = 0) merges as nothing */
     float q = 0.0f, d = 0.0f;
@@ -916,6 +918,21 @@ int launch_held(int device, void *stream, const Planes &p, Kernel kernel, const 
     config.stream = as_stream(stream), config.attrs = &cluster, config.numAttrs = 1;
     AMPC_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, arg, p), what);
     return ampc_cuda_launched(what);
+}
+
+/* launch(E) (a std::integral_constant) for the held kernels, E as with_run
+ * picks it, or AMPC_NOT_TAKEN for 16-bit planes of odd length: loads of one
+ * 2-byte element reached a quarter of the bandwidth on 7x7 planes, where the
+ * slabs' 16-byte loads through shared memory took 0.8 of the time. */
+template <class T, class Launch>
+int with_held_run(const Planes &p, Launch launch)
+{
+    int rc = AMPC_NOT_TAKEN;
+    with_run(p, [&](auto e) {
+        if constexpr (decltype(e)::value * sizeof(T) >= 4)
+            rc = launch(e);
+    });
+    return rc;
 }
 
 /* Dense NCHW data of a storage type the row kernels stream, every pointer
@@ -1024,13 +1041,11 @@ extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_
     const Planes p = Planes::of(b->n, b->c, b->h * b->w);
     return ampc_on_device(device, [&] {
         int rc = with_storage(b->x.dtype, [&](auto type) {
-            int held;
-            with_run(p, [&](auto e) {
-                using T = decltype(type);
+            using T = decltype(type);
+            return with_held_run<T>(p, [&](auto e) {
                 constexpr int E = decltype(e)::value;
-                held = launch_held<ForwardHeld<T, E>>(device, stream, p, held_forward<T, E>, *b, "batch_norm kernel");
+                return launch_held<ForwardHeld<T, E>>(device, stream, p, held_forward<T, E>, *b, "batch_norm kernel");
             });
-            return held;
         });
         if (rc != AMPC_NOT_TAKEN)
             return rc;
@@ -1081,14 +1096,12 @@ extern "C" int ampc_cuda_batch_norm_planes_backward(int device, void *stream, co
     const Planes p = Planes::of(b->n, b->c, b->h * b->w);
     return ampc_on_device(device, [&] {
         int rc = with_storage(b->x.dtype, [&](auto type) {
-            int held;
-            with_run(p, [&](auto e) {
-                using T = decltype(type);
+            using T = decltype(type);
+            return with_held_run<T>(p, [&](auto e) {
                 constexpr int E = decltype(e)::value;
-                held = launch_held<BackwardHeld<T, E>>(device, stream, p, held_backward<T, E>, *b,
+                return launch_held<BackwardHeld<T, E>>(device, stream, p, held_backward<T, E>, *b,
                                                        "batch_norm backward kernel");
             });
-            return held;
         });
         if (rc != AMPC_NOT_TAKEN)
             return rc;

@@ -127,16 +127,17 @@ def test_conv_bad_input():
 # Training takes ampc's kernels channels-last with channels in whole 16-byte packs (64, 256; 12 in
 # float32) and NCHW with planes of 16 elements or more; other shapes take cuDNN.
 # NCHW on an sm_90 GPU: a channel short enough is held on chip by a cluster of up to 8 blocks, read
-# 4, 2 or 1 at a time, the cluster taking whole planes at a time (BN_SHAPES: one block, 8 x 64 x 14^2;
-# two, 64 x 4 x 28^2 in 16 bits forward; three, planes longer than a block's reach, 2 x 3 x 64 x 70;
-# four to eight, 256 x 3 x 14^2, 1024 x 3 x 8^2, 1337 x 2 x 7^2 (too long to hold backward),
-# 2000 x 2 x 5 x 6; a cluster's last planes short of a whole step).
-# Longer channels, and every NCHW shape on older GPUs, go by planes (BN_LONG on sm_90; BN_SHAPES, too,
-# elsewhere): planes under 512 elements by slabs where channels come in whole packs (16, 20, 25, 30,
-# 49, 196, 511 elements: read 4, 2 or 1 at a time; chunks of images the last of which is short: 70 of
-# 16, 32 of 49, 3 of 511, 136 of 49, 281 of 196; 12 channels in float32 only), else a run of images
-# per warp (30, 49 elements: planes off 16-byte boundaries, packs across planes; 100 images of 49 make
-# five runs, the last short); longer ones a warp per plane (667) or a block (4480).
+# 4, 2 or (float32 alone) 1 at a time, the cluster taking whole planes at a time (BN_SHAPES: one
+# block, 8 x 64 x 14^2; two, 64 x 4 x 28^2 in 16 bits forward; three, planes longer than a block's
+# reach, 2 x 3 x 64 x 70; four to eight, 256 x 3 x 14^2, 1024 x 3 x 8^2, 1337 x 2 x 7^2 (too long to
+# hold backward), 2000 x 2 x 5 x 6; a cluster's last planes short of a whole step).
+# Longer channels, 16-bit planes of odd length, and every NCHW shape on older GPUs, go by planes
+# (BN_LONG on sm_90; BN_SHAPES, too, elsewhere): planes under 512 elements by slabs where channels
+# come in whole packs (16, 20, 25, 30, 49, 196, 511 elements: read 4, 2 or 1 at a time; chunks of
+# images the last of which is short: 70 of 16, 32 of 49, 3 of 511, 136 of 49, 281 of 196; 12
+# channels in float32 only), else a run of images per warp (30, 49 elements: planes off 16-byte
+# boundaries, packs across planes; 100 images of 49 make five runs, the last short); longer ones a
+# warp per plane (667) or a block (4480).
 BN_SHAPES = [(4, 3, 5, 6), (7, 5), (3, 4, 9), (8, 64, 14, 14), (2, 1, 3, 3), (3, 12, 3, 3), (32, 256, 7, 7),
              (100, 3, 7, 7), (70, 8, 4, 4), (9, 12, 4, 5), (5, 16, 5, 5), (6, 16, 5, 6), (3, 8, 7, 73), (3, 5, 23, 29),
              (2, 3, 64, 70), (256, 3, 14, 14), (1024, 3, 8, 8), (1337, 2, 7, 7), (2000, 2, 5, 6), (64, 4, 28, 28)]
