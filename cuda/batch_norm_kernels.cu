@@ -714,22 +714,23 @@ constexpr int HELD_CLUSTER_MAX = 8;  /* the portable cluster size */
 constexpr int HELD_REGISTERS = 32;   /* a thread's registers for held values, all its arrays' */
 
 /* A thread's share of one array of its cluster's channel, in REGS
- * registers: runs of E elements (E divides hw; a run takes a register at
+ * registers, THREADS to a block: runs of E elements (E divides hw; a run takes a register at
  * least). The cluster reads `per_step` whole planes at a time, a thread a
  * run of one of them, a plane's runs to consecutive threads (a warp's loads
  * contiguous), so a thread's runs lie per_step images apart and their
  * addresses are one multiply-add each (a walk across plane ends with a
  * carry per run held 64-bit addresses for every run and spilled). */
-template <class T, int E, int REGS>
+template <class T, int E, int REGS, int THREADS>
 struct Held {
     static constexpr int RUNS = REGS * 4 / (E * (int)sizeof(T)) < REGS ? REGS * 4 / (E * (int)sizeof(T)) : REGS;
+    static constexpr int BLOCK_THREADS = THREADS;
     struct alignas(E * sizeof(T)) Run {
         T e[E];
     };
     Run v[RUNS];
     int live;  /* the runs j < live exist */
 
-    __host__ __device__ static int64_t per_step(const Planes &p, int64_t blocks) { return blocks * BLOCK * E / p.hw; }
+    __host__ __device__ static int64_t per_step(const Planes &p, int64_t blocks) { return blocks * THREADS * E / p.hw; }
 
     /* The fewest blocks that hold a channel, HELD_CLUSTER_MAX + 1 where it is too long. */
     static int64_t blocks(const Planes &p)
@@ -746,7 +747,7 @@ struct Held {
     template <class P, class Fn>
     __device__ __forceinline__ void walk(P *channel, const Planes &p, int blocks, int rank, Fn fn)
     {
-        const int runs_per_plane = (int)p.hw / E, thread = rank * BLOCK + (int)threadIdx.x;
+        const int runs_per_plane = (int)p.hw / E, thread = rank * THREADS + (int)threadIdx.x;
         const int image = thread / runs_per_plane, step = (int)per_step(p, blocks);
         const int64_t image_step = p.c * p.hw;
         live = image < step && image < p.n ? (int)((p.n - image + step - 1) / step) : 0;
@@ -808,11 +809,6 @@ struct Held {
     }
 };
 
-template <class T, int E>
-using ForwardHeld = Held<T, E, HELD_REGISTERS>;
-template <class T, int E>
-using BackwardHeld = Held<T, E, HELD_REGISTERS / 2>;  /* dy's and x's */
-
 #if __CUDA_ARCH__ >= 900
 /* fn(values) for every block's NV values in the cluster, in rank order, in
  * every block alike. `mine`: NV floats of the block's shared memory, for the
@@ -838,24 +834,24 @@ __device__ __forceinline__ void across_cluster(const float (&values)[NV], float 
  * from the registers, merged across the cluster by Chan's formula; then y.
  * (Chan's formula across the block's warps too, one barrier instead of the
  * two sums' four, took 1.1 times as long: a chain of divisions.) */
-template <class T, int E>
-__global__ void __launch_bounds__(BLOCK, 2) held_forward(ampc_batch_norm b, Planes p)
+template <class T, int E, int THREADS>
+__global__ void __launch_bounds__(THREADS, 1024 / THREADS) held_forward(ampc_batch_norm b, Planes p)
 {
 #if __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
-    __shared__ float scratch[2 * BLOCK / 32], moments[3];
+    __shared__ float scratch[2 * THREADS / 32], moments[3];
     const int blocks = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
     const int64_t ch = blockIdx.x / blocks, count = p.n * p.hw;
-    ForwardHeld<T, E> x;
+    Held<T, E, HELD_REGISTERS, THREADS> x;
     x.load(static_cast<const T *>(b.x.data) + ch * p.hw, p, blocks, rank);
-    float sum = 0.0f, n = (float)(x.live * E);
-    x.each([&](int, int, float v) { sum += v; });
-    RowGroup<BLOCK>::sum2(sum, n, scratch);
+    float sum = 0.0f, n = 0.0f;
+    x.each([&](int, int, float v) { sum += v, n += 1.0f; });
+    RowGroup<THREADS, THREADS>::sum2(sum, n, scratch);
     const float mu = sum / n;  /* a block holding nothing (n = 0) merges as nothing */
     float q = 0.0f, d = 0.0f;
     x.each([&](int, int, float v) { q += (v - mu) * (v - mu), d += v - mu; });
-    RowGroup<BLOCK>::sum2(q, d, scratch);
+    RowGroup<THREADS, THREADS>::sum2(q, d, scratch);
     float block[3] = {n};
     corrected_moments(mu, d, q, n, block[1], block[2]);
     float total = 0.0f, mean = 0.0f, m2 = 0.0f;
@@ -871,22 +867,22 @@ __global__ void __launch_bounds__(BLOCK, 2) held_forward(ampc_batch_norm b, Plan
 
 /* Training backward, a cluster per channel: sum(dy) and sum(dy * (x - mean))
  * from the registers, added across the cluster; then dx. */
-template <class T, int E>
-__global__ void __launch_bounds__(BLOCK, 2) held_backward(ampc_batch_norm_backward b, Planes p)
+template <class T, int E, int THREADS>
+__global__ void __launch_bounds__(THREADS, 1024 / THREADS) held_backward(ampc_batch_norm_backward b, Planes p)
 {
 #if __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
-    __shared__ float scratch[2 * BLOCK / 32], sums[2];
+    __shared__ float scratch[2 * THREADS / 32], sums[2];
     const int blocks = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
     const int64_t ch = blockIdx.x / blocks, count = p.n * p.hw;
-    BackwardHeld<T, E> dy, x;
+    Held<T, E, HELD_REGISTERS / 2, THREADS> dy, x;  /* half the registers each */
     dy.load(static_cast<const T *>(b.dy.data) + ch * p.hw, p, blocks, rank);
     x.load(static_cast<const T *>(b.x.data) + ch * p.hw, p, blocks, rank);
     const float mean = static_cast<const float *>(b.save_mean.data)[ch];
     float s = 0.0f, t = 0.0f;  /* sum(dy), sum(dy * (x - mean)) */
     dy.each([&](int j, int i, float d) { s += d, t += d * (x(j, i) - mean); });
-    RowGroup<BLOCK>::sum2(s, t, scratch);
+    RowGroup<THREADS, THREADS>::sum2(s, t, scratch);
     const float block[2] = {s, t};
     s = t = 0.0f;
     across_cluster(block, sums, [&](const float *m) { s += m[0], t += m[1]; });
@@ -900,39 +896,48 @@ __global__ void __launch_bounds__(BLOCK, 2) held_backward(ampc_batch_norm_backwa
 #endif
 }
 
-/* kernel<<<a cluster of H::blocks(p) blocks per channel>>>(arg, p), or
- * AMPC_NOT_TAKEN on a GPU older than sm_90 or where 8 blocks hold too little. */
-template <class H, class Arg, class Kernel>
-int launch_held(int device, void *stream, const Planes &p, Kernel kernel, const Arg &arg, const char *what)
+/* launch(E, THREADS) (std::integral_constants) for the held kernels that
+ * hold REGS registers of a thread per array, or AMPC_NOT_TAKEN: on a GPU
+ * older than sm_90, where 8 blocks hold too little, and for 16-bit planes
+ * of odd length (loads of one 2-byte element reached a quarter of the
+ * bandwidth on 7x7 planes, where the slabs' 16-byte loads through shared
+ * memory took 0.8 of the time). Blocks of 256 threads where they hold the
+ * channel, else 512: 7x7 fp32 forward and 14x14 16-bit backward 1.06-1.08
+ * times faster, the 512s' longer reach kept for 28x28 16-bit forward and
+ * 14x14 fp32 backward. */
+template <class T, int REGS, class Launch>
+int with_held_shape(int device, const Planes &p, Launch launch)
 {
     int major = 0;
     AMPC_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "reading the GPU");
+    int rc = AMPC_NOT_TAKEN;
+    if (major < 9 || p.c > INT32_MAX / HELD_CLUSTER_MAX)
+        return rc;
+    with_run(p, [&](auto e) {
+        constexpr int E = decltype(e)::value;
+        if constexpr (E * sizeof(T) >= 4) {
+            if (Held<T, E, REGS, 256>::blocks(p) <= HELD_CLUSTER_MAX)
+                rc = launch(e, std::integral_constant<int, 256>());
+            else if (Held<T, E, REGS, 512>::blocks(p) <= HELD_CLUSTER_MAX)
+                rc = launch(e, std::integral_constant<int, 512>());
+        }
+    });
+    return rc;
+}
+
+/* kernel<<<a cluster of H::blocks(p) blocks per channel>>>(arg, p). */
+template <class H, class Arg, class Kernel>
+int launch_held(void *stream, const Planes &p, Kernel kernel, const Arg &arg, const char *what)
+{
     const int64_t blocks = H::blocks(p);
-    if (major < 9 || blocks > HELD_CLUSTER_MAX || p.c > INT32_MAX / HELD_CLUSTER_MAX)
-        return AMPC_NOT_TAKEN;
     cudaLaunchAttribute cluster;
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = (unsigned)blocks, cluster.val.clusterDim.y = 1, cluster.val.clusterDim.z = 1;
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3((unsigned)(p.c * blocks)), config.blockDim = dim3(BLOCK);
+    config.gridDim = dim3((unsigned)(p.c * blocks)), config.blockDim = dim3(H::BLOCK_THREADS);
     config.stream = as_stream(stream), config.attrs = &cluster, config.numAttrs = 1;
     AMPC_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, arg, p), what);
     return ampc_cuda_launched(what);
-}
-
-/* launch(E) (a std::integral_constant) for the held kernels, E as with_run
- * picks it, or AMPC_NOT_TAKEN for 16-bit planes of odd length: loads of one
- * 2-byte element reached a quarter of the bandwidth on 7x7 planes, where the
- * slabs' 16-byte loads through shared memory took 0.8 of the time. */
-template <class T, class Launch>
-int with_held_run(const Planes &p, Launch launch)
-{
-    int rc = AMPC_NOT_TAKEN;
-    with_run(p, [&](auto e) {
-        if constexpr (decltype(e)::value * sizeof(T) >= 4)
-            rc = launch(e);
-    });
-    return rc;
 }
 
 /* Dense NCHW data of a storage type the row kernels stream, every pointer
@@ -1042,9 +1047,10 @@ extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_
     return ampc_on_device(device, [&] {
         int rc = with_storage(b->x.dtype, [&](auto type) {
             using T = decltype(type);
-            return with_held_run<T>(p, [&](auto e) {
-                constexpr int E = decltype(e)::value;
-                return launch_held<ForwardHeld<T, E>>(device, stream, p, held_forward<T, E>, *b, "batch_norm kernel");
+            return with_held_shape<T, HELD_REGISTERS>(device, p, [&](auto e, auto threads) {
+                constexpr int E = decltype(e)::value, THREADS = decltype(threads)::value;
+                return launch_held<Held<T, E, HELD_REGISTERS, THREADS>>(stream, p, held_forward<T, E, THREADS>, *b,
+                                                                        "batch_norm kernel");
             });
         });
         if (rc != AMPC_NOT_TAKEN)
@@ -1097,10 +1103,10 @@ extern "C" int ampc_cuda_batch_norm_planes_backward(int device, void *stream, co
     return ampc_on_device(device, [&] {
         int rc = with_storage(b->x.dtype, [&](auto type) {
             using T = decltype(type);
-            return with_held_run<T>(p, [&](auto e) {
-                constexpr int E = decltype(e)::value;
-                return launch_held<BackwardHeld<T, E>>(device, stream, p, held_backward<T, E>, *b,
-                                                       "batch_norm backward kernel");
+            return with_held_shape<T, HELD_REGISTERS / 2>(device, p, [&](auto e, auto threads) {
+                constexpr int E = decltype(e)::value, THREADS = decltype(threads)::value;
+                return launch_held<Held<T, E, HELD_REGISTERS / 2, THREADS>>(stream, p, held_backward<T, E, THREADS>,
+                                                                            *b, "batch_norm backward kernel");
             });
         });
         if (rc != AMPC_NOT_TAKEN)

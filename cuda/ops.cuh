@@ -134,10 +134,10 @@ __device__ __forceinline__ double m_abs(double x) { return fabs(x); }
  * warps (G = 128) shares the block's barriers with the other groups, so its
  * kernels loop over the block's rows together (block_first, block_step)
  * and let a group without a row join the reductions idle. */
-template <int G>
+template <int G, int THREADS = BLOCK>  /* THREADS: the block's */
 struct RowGroup {
-    static_assert(G == 1 || G == 32 || G == 128 || G == BLOCK, "a row group is a thread, 1, 4 or 16 warps");
-    static constexpr int ROWS_PER_BLOCK = BLOCK / G;
+    static_assert(G == 1 || G == 32 || G == 128 || G == THREADS, "a row group is a thread, 1 or 4 warps, or the block");
+    static constexpr int ROWS_PER_BLOCK = THREADS / G;
 
     __device__ static int lane() { return G == 1 ? 0 : (int)(threadIdx.x % G); }
     __device__ static int64_t first() { return (int64_t)blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / G; }
@@ -175,7 +175,7 @@ struct RowGroup {
             }
         }
         if constexpr (G > 32) {
-            constexpr int WARPS = G / 32, HALF = BLOCK / 32;
+            constexpr int WARPS = G / 32, HALF = THREADS / 32;
             const int warp = threadIdx.x / 32, first = warp - warp % WARPS;
             if (threadIdx.x % 32 == 0) {
                 scratch[warp] = a;
@@ -214,7 +214,7 @@ private:
      * that the block's rows do not wait for each other's reductions. */
     __device__ static void sync()
     {
-        if constexpr (G == BLOCK)
+        if constexpr (G == THREADS)
             __syncthreads();
         else
             asm volatile("bar.sync %0, %1;" ::"r"(1 + (int)(threadIdx.x / G)), "n"(G) : "memory");

@@ -127,10 +127,11 @@ def test_conv_bad_input():
 # Training takes ampc's kernels channels-last with channels in whole 16-byte packs (64, 256; 12 in
 # float32) and NCHW with planes of 16 elements or more; other shapes take cuDNN.
 # NCHW on an sm_90 GPU: a channel short enough is held on chip by a cluster of up to 8 blocks, read
-# 4, 2 or (float32 alone) 1 at a time, the cluster taking whole planes at a time (BN_SHAPES: one
-# block, 8 x 64 x 14^2; two, 64 x 4 x 28^2 in 16 bits forward; three, planes longer than a block's
-# reach, 2 x 3 x 64 x 70; four to eight, 256 x 3 x 14^2, 1024 x 3 x 8^2, 1337 x 2 x 7^2 (too long to
-# hold backward), 2000 x 2 x 5 x 6; a cluster's last planes short of a whole step).
+# 4, 2 or (float32 alone) 1 at a time, the cluster taking whole planes at a time: blocks of 256
+# threads (BN_SHAPES: one block, 8 x 64 x 14^2; 2 and 3, planes of 511 and 667 elements in float32;
+# 5, planes longer than a block's reach, 2 x 3 x 64 x 70; 4, 7 and 8, 256 x 3 x 14^2,
+# 1024 x 3 x 8^2, 2000 x 2 x 5 x 6, 64 x 4 x 28^2), or of 512 where those hold too little (float32
+# backward of the last four; 1337 x 2 x 7^2 float32 forward, too long to hold backward).
 # Longer channels, 16-bit planes of odd length, and every NCHW shape on older GPUs, go by planes
 # (BN_LONG on sm_90; BN_SHAPES, too, elsewhere): planes under 512 elements by slabs where channels
 # come in whole packs (16, 20, 25, 30, 49, 196, 511 elements: read 4, 2 or 1 at a time; chunks of
