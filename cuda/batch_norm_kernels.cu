@@ -413,6 +413,9 @@ struct Slabs {
     int64_t group;  /* the run of channels group * VEC .. */
     int hw, packs;  /* hw packs a slab, `packs` in the chunk */
 
+    /* a block per chunk and run of VEC channels */
+    __host__ __device__ static int64_t blocks(const Planes &p) { return p.chunks() * (p.c / VEC); }
+
     __device__ Slabs(const Planes &p, int64_t block)
     {
         const int64_t groups = p.c / VEC, chunk = block / groups;
@@ -487,7 +490,7 @@ __global__ void __launch_bounds__(Slabs<T>::THREADS) slab_moments(const T *x, Pl
                                                                    float *part_m2)
 {
     __shared__ __align__(16) T slab[Slabs<T>::PACKS * Slabs<T>::VEC];
-    for (int64_t block = blockIdx.x; block < p.chunks() * (p.c / Slabs<T>::VEC); block += gridDim.x) {
+    for (int64_t block = blockIdx.x; block < Slabs<T>::blocks(p); block += gridDim.x) {
         const Slabs<T> s(p, block);
         s.stage(x, slab, p);
         __syncthreads();
@@ -524,7 +527,7 @@ __global__ void __launch_bounds__(Slabs<T>::THREADS)
     slab_gradient_sums(ampc_batch_norm_backward b, Planes p, float *part_dy, float *part_dy_xc)
 {
     __shared__ __align__(16) T dy[Slabs<T>::PACKS * Slabs<T>::VEC], x[Slabs<T>::PACKS * Slabs<T>::VEC];
-    for (int64_t block = blockIdx.x; block < p.chunks() * (p.c / Slabs<T>::VEC); block += gridDim.x) {
+    for (int64_t block = blockIdx.x; block < Slabs<T>::blocks(p); block += gridDim.x) {
         const Slabs<T> s(p, block);
         s.stage(static_cast<const T *>(b.dy.data), dy, p);
         s.stage(static_cast<const T *>(b.x.data), x, p);
@@ -570,13 +573,6 @@ void with_run(const Planes &p, Launch launch)
         launch(std::integral_constant<int, 2>());
     else
         launch(std::integral_constant<int, 1>());
-}
-
-template <class T>
-unsigned slab_grid(const Planes &p)
-{
-    const int64_t blocks = p.chunks() * (p.c / Pack<T>::VEC);
-    return (unsigned)(blocks < (1 << 20) ? blocks : 1 << 20);  /* grid-stride beyond that */
 }
 
 /* Per channel, the chunks' sums added in chunk order. */
@@ -714,12 +710,13 @@ constexpr int HELD_CLUSTER_MAX = 8;  /* the portable cluster size */
 constexpr int HELD_REGISTERS = 32;   /* a thread's registers for held values, all its arrays' */
 
 /* A thread's share of one array of its cluster's channel, in REGS
- * registers, THREADS to a block: runs of E elements (E divides hw; a run takes a register at
- * least). The cluster reads `per_step` whole planes at a time, a thread a
- * run of one of them, a plane's runs to consecutive threads (a warp's loads
- * contiguous), so a thread's runs lie per_step images apart and their
- * addresses are one multiply-add each (a walk across plane ends with a
- * carry per run held 64-bit addresses for every run and spilled). */
+ * registers, THREADS to a block: runs of E elements (E divides hw; a run
+ * takes a register at least). The cluster reads `per_step` whole planes at
+ * a time, a thread a run of one of them, a plane's runs to consecutive
+ * threads (a warp's loads contiguous), so a thread's runs lie per_step
+ * images apart and their addresses are one multiply-add each (a walk
+ * across plane ends with a carry per run held 64-bit addresses for every
+ * run and spilled). */
 template <class T, int E, int REGS, int THREADS>
 struct Held {
     static constexpr int RUNS = REGS * 4 / (E * (int)sizeof(T)) < REGS ? REGS * 4 / (E * (int)sizeof(T)) : REGS;
@@ -796,7 +793,7 @@ struct Held {
         return f;
     }
 
-    /* fn(value) over the held elements */
+    /* fn(j, i, value) over the held elements: element i of run j */
     template <class Fn>
     __device__ __forceinline__ void each(Fn fn) const
     {
@@ -925,7 +922,7 @@ int with_held_shape(int device, const Planes &p, Launch launch)
     return rc;
 }
 
-/* kernel<<<a cluster of H::blocks(p) blocks per channel>>>(arg, p). */
+/* kernel(arg, p) launched on a cluster of H::blocks(p) blocks per channel. */
 template <class H, class Arg, class Kernel>
 int launch_held(void *stream, const Planes &p, Kernel kernel, const Arg &arg, const char *what)
 {
@@ -1066,8 +1063,9 @@ extern "C" int ampc_cuda_batch_norm_planes(int device, void *stream, const ampc_
             using T = decltype(type);
             int status;
             if (by_slabs<T>(p)) {
+                const unsigned grid = rows_grid(Slabs<T>::blocks(p), BLOCK);  /* capped: the kernels grid-stride */
                 with_run(p, [&](auto e) {
-                    slab_moments<T, decltype(e)::value><<<slab_grid<T>(p), Slabs<T>::THREADS, 0, as_stream(stream)>>>(
+                    slab_moments<T, decltype(e)::value><<<grid, Slabs<T>::THREADS, 0, as_stream(stream)>>>(
                         static_cast<const T *>(b->x.data), p, part_mean, part_m2);
                 });
                 status = ampc_cuda_launched("batch_norm statistics kernel");
@@ -1123,9 +1121,10 @@ extern "C" int ampc_cuda_batch_norm_planes_backward(int device, void *stream, co
             using T = decltype(type);
             int status;
             if (by_slabs<T>(p)) {
+                const unsigned grid = rows_grid(Slabs<T>::blocks(p), BLOCK);
                 with_run(p, [&](auto e) {
                     slab_gradient_sums<T, decltype(e)::value>
-                        <<<slab_grid<T>(p), Slabs<T>::THREADS, 0, as_stream(stream)>>>(*b, p, part_dy, part_dy_xc);
+                        <<<grid, Slabs<T>::THREADS, 0, as_stream(stream)>>>(*b, p, part_dy, part_dy_xc);
                 });
                 status = ampc_cuda_launched("batch_norm backward sums");
             }
