@@ -21,7 +21,9 @@
  * two gradient sums, with the row kernels' 16-byte streaming (packs.cuh)
  * for whole planes; these are then merged per channel in image order, by
  * Chan's formula for the moments, so the results repeat bit for bit.
- * Planes of fewer than 16 elements go to cuDNN.
+ * On sm_90 a channel short enough is instead held on chip by a cluster of
+ * blocks and read once (Held, below). Planes of fewer than 16 elements go
+ * to cuDNN.
  */
 #include <cooperative_groups.h>
 #include <type_traits>

@@ -148,7 +148,7 @@ struct RowGroup {
     /* The sum (max: the NaN-propagating maximum) over the group, the same
      * value in every lane. The warp's butterfly combines the same two values
      * in each pair of lanes, and the block combines its warps' results in
-     * warp order. scratch: BLOCK / 32 values of shared memory (unused where
+     * warp order. scratch: THREADS / 32 values of shared memory (unused where
      * G <= 32). */
     template <class Acc>
     __device__ static Acc sum(Acc v, Acc *scratch)
@@ -164,7 +164,7 @@ struct RowGroup {
 
     /* Two sums at once, each with sum()'s order and bits: one exchange
      * through shared memory (two barriers) instead of two. scratch:
-     * 2 * BLOCK / 32 values. */
+     * 2 * THREADS / 32 values. */
     template <class Acc>
     __device__ static void sum2(Acc &a, Acc &b, Acc *scratch)
     {
