@@ -28,6 +28,7 @@
 #define F(name) name##_f
 #define ACC_DTYPE AMPC_FLOAT32
 #define ERFC ampc_erfcf  /* vector_math.h, as EXP */
+#define ERFC_ROWS ampc_erfcf_rows  /* the same in stages over a run */
 #define EXP ampc_expf  /* vector_math.h: loops calling it vectorise, as loops calling expf do not */
 #define LOG logf
 #define LOG1P log1pf
@@ -57,6 +58,7 @@
 #undef F
 #undef ACC_DTYPE
 #undef ERFC
+#undef ERFC_ROWS
 #undef EXP
 #undef LOG
 #undef LOG1P

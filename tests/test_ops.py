@@ -126,7 +126,8 @@ def test_every_instruction_set_gives_the_same_bits(rng):
            lambda v: F.softmax(v, -1), lambda v: F.log_softmax(v, 0), lambda v: F.layer_norm(v, (1000,)),
            lambda v: F.cross_entropy(v, t), lambda v: F.cross_entropy_backward(np.float32(1), v, t),
            lambda v: F.sum(v, 1), lambda v: F.softmax_backward(v, F.softmax(v, -1), -1),
-           lambda v: F.silu_backward(v, v), lambda v: F.layer_norm_backward(v, v, (1000,))[0],
+           lambda v: F.silu_backward(v, v), lambda v: F.gelu_backward(v, v),
+           lambda v: F.layer_norm_backward(v, v, (1000,))[0],
            lambda v: F.group_norm(v.reshape(37, 8, 125), 4), lambda v: F.mean(v, 1)]
     results = {}
     previous = ampc._C._cpu_isa()
