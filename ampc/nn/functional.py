@@ -51,7 +51,6 @@ def _ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None, name=None, n
     return _C._ew(_OPS[op], a, b, c, param=param, scale=scale, dtype=dtype, name=name or op, names=names)
 
 
-
 def _dtype(x):
     """The NumPy dtype of an array of any library (ml_dtypes.bfloat16 for bfloat16)."""
     if isinstance(x, (float, int)):
