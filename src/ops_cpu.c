@@ -53,6 +53,22 @@
 #undef VEC_BYTES
 #define VEC_BYTES 16
 #pragma GCC pop_options
+
+/* And for AVX-512 (16 lanes), the same operations again, so the same bits:
+ * the elementwise loops twice as wide as AVX2's (512 x 2048 float32, one
+ * thread: e^x 0.85 -> 0.57 ms, sigmoid 0.92 -> 0.63, softmax 1.02 -> 0.84);
+ * real_sums.inc's 16 lanes are one vector. */
+#define AMPC_OPS_AVX512 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+#undef F
+#define F(name) name##_f_avx512
+#undef VEC_BYTES
+#define VEC_BYTES 64
+#include "ops_real.inc"
+#undef VEC_BYTES
+#define VEC_BYTES 16
+#pragma GCC pop_options
 #endif
 #undef REAL
 #undef F
@@ -85,7 +101,11 @@
 /* ------------------------------------------------------------------------ */
 
 /* name's float kernel for this CPU. */
-#ifdef AMPC_OPS_AVX2
+#ifdef AMPC_OPS_AVX512
+#define FLOAT_KERNEL(name)                                                                                   \
+    (ampc_isa_active() >= AMPC_ISA_AVX512 ? name##_f_avx512                                                 \
+                                          : ampc_isa_active() >= AMPC_ISA_AVX2 ? name##_f_avx2 : name##_f)
+#elif defined(AMPC_OPS_AVX2)
 #define FLOAT_KERNEL(name) (ampc_isa_active() >= AMPC_ISA_AVX2 ? name##_f_avx2 : name##_f)
 #else
 #define FLOAT_KERNEL(name) name##_f
