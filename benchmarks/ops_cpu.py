@@ -70,26 +70,32 @@ def main():
 
 
 def rows(ops, rng, torch):
+    """Every op of ampc (and NumPy) timed first, torch's after: torch's OpenMP workers spin a while after
+    each of its calls, on the cores ampc's next timing needs (on 2 cores, interleaved, ampc's two threads
+    measured no faster than one), and making them sleep instead (OMP_WAIT_POLICY=passive) slows torch."""
     import ampc
 
-    print(f"{'op':<14}{'dtype':<10}{'ampc ms':>9}{'torch ms':>10}{'ratio':>7}{'numpy ms':>10}{'ratio':>7}"
-          f"{'GB/s':>7}{'of copy':>9}")
+    cases = []
     for dtype in (np.float32, ampc.bfloat16):
         x = rng.standard_normal((ROWS, COLS)).astype(dtype)
         into = np.empty_like(x)
         copy_s = best_of(lambda: np.copyto(into, x))
-        copy_gbs = 2 * x.nbytes / copy_s / 1e9
-        t = None if torch is None else torch.from_numpy(x.astype(np.float32)).to(
-            torch.bfloat16 if dtype == ampc.bfloat16 else torch.float32)
         for name, ours, theirs, numpys, tensors in ops:
             s = best_of(lambda: ours(x))
-            ts = best_of(lambda: theirs(t)) if t is not None else None
             ns = best_of(lambda: numpys(x)) if numpys is not None and dtype == np.float32 else None
-            gbs = tensors * x.nbytes / s / 1e9
-            cells = [f"{ts * 1e3:10.2f}{ts / s:7.2f}" if ts else f"{'-':>10}{'-':>7}",
-                     f"{ns * 1e3:10.2f}{ns / s:7.2f}" if ns else f"{'-':>10}{'-':>7}"]
-            print(f"{name:<14}{np.dtype(dtype).name:<10}{s * 1e3:9.2f}{cells[0]}{cells[1]}{gbs:7.1f}"
-                  f"{gbs / copy_gbs:8.0%}")
+            cases.append((name, dtype, x, theirs, tensors, s, ns, 2 * x.nbytes / copy_s / 1e9))
+    print(f"{'op':<14}{'dtype':<10}{'ampc ms':>9}{'torch ms':>10}{'ratio':>7}{'numpy ms':>10}{'ratio':>7}"
+          f"{'GB/s':>7}{'of copy':>9}")
+    for name, dtype, x, theirs, tensors, s, ns, copy_gbs in cases:
+        ts = None
+        if torch is not None:
+            t = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16 if dtype == ampc.bfloat16 else torch.float32)
+            ts = best_of(lambda: theirs(t))
+        gbs = tensors * x.nbytes / s / 1e9
+        cells = [f"{ts * 1e3:10.2f}{ts / s:7.2f}" if ts else f"{'-':>10}{'-':>7}",
+                 f"{ns * 1e3:10.2f}{ns / s:7.2f}" if ns else f"{'-':>10}{'-':>7}"]
+        print(f"{name:<14}{np.dtype(dtype).name:<10}{s * 1e3:9.2f}{cells[0]}{cells[1]}{gbs:7.1f}"
+              f"{gbs / copy_gbs:8.0%}")
 
 
 # ResNet-50's convolutions at batch 8: (channels in, side, channels out, kernel, stride)
