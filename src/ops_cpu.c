@@ -30,8 +30,8 @@
 #define ERFC ampc_erfcf  /* vector_math.h, as EXP */
 #define ERFC_ROWS ampc_erfcf_rows  /* the same in stages over a run */
 #define EXP ampc_expf  /* vector_math.h: loops calling it vectorise, as loops calling expf do not */
-#define LOG logf
-#define LOG1P log1pf
+#define LOG ampc_logf  /* vector_math.h, as EXP */
+#define LOG1P ampc_log1pf
 #define TANH ampc_tanhf  /* vector_math.h, as EXP */
 #define POW powf
 #define SQRT sqrtf

@@ -89,6 +89,32 @@ def test_float32_exp_within_an_ulp_everywhere():
         np.testing.assert_array_equal(F.exp(edges), np.exp(edges.astype(np.float64)).astype(np.float32))
 
 
+def test_float32_log_within_an_ulp_everywhere():
+    """ampc's vectorisable logf (src/vector_math.h) over a sweep of float32 bit patterns, subnormals
+    included: within 1 ulp of log x (a sweep of a 97th of all floats measured 0.87), and log(0) =
+    -inf, log(inf) = inf, NaN for negative x and NaN."""
+    bits = np.arange(0, 2**31, 4099, dtype=np.uint64).astype(np.uint32)  # the positive floats
+    x = bits.view(np.float32)
+    x = x[np.isfinite(x) & (x > 0)]
+    assert _ulps(F.log(x), np.log(x.astype(np.float64))).max() <= 1.0
+    edges = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -1.0, 1.0, 2.0**-149], np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(F.log(edges), np.log(edges.astype(np.float64)).astype(np.float32))
+
+
+def test_bce_with_logits_through_a_vectorised_log1p():
+    """binary_cross_entropy_with_logits's log1p(e^-|x|) (ampc's log1pf: log(w) u / (w - 1)) within a few
+    ulp of float64's, over logits from -90 to 90 and the targets 0, 1 and between (torch's form,
+    (1 - t) x - log_sigmoid(x), cancels by up to an ulp of x where the loss is far below x)."""
+    x = np.linspace(-90, 90, 20001, dtype=np.float32)
+    for t in (0.0, 1.0, 0.3):
+        y = np.full_like(x, t)
+        got = F.binary_cross_entropy_with_logits(x, y, reduction="none")
+        x64 = x.astype(np.float64)
+        want = (1 - t) * x64 - (np.minimum(x64, 0) - np.log1p(np.exp(-np.abs(x64))))
+        assert np.all(np.abs(got - want) <= 4e-7 * np.abs(want) + 6e-8 * np.abs(x64)), t
+
+
 def test_float32_tanh_within_two_ulp_everywhere():
     """ampc's vectorisable tanhf (a sweep of all float32 measured 1.33 ulp), its signed zeros, NaN and
     infinities exact."""
@@ -123,6 +149,8 @@ def test_every_instruction_set_gives_the_same_bits(rng):
     x = ref.random(rng, (37, 1000), F32) * 4
     t = rng.integers(0, 1000, 37)
     ops = [F.exp, F.sigmoid, F.silu, F.gelu, lambda v: F.gelu(v, approximate="tanh"), F.tanh,
+           lambda v: F.log(np.abs(v)),
+           lambda v: F.binary_cross_entropy_with_logits(v, np.abs(v) / (1 + np.abs(v)), reduction="none"),
            lambda v: F.softmax(v, -1), lambda v: F.log_softmax(v, 0), lambda v: F.layer_norm(v, (1000,)),
            lambda v: F.cross_entropy(v, t), lambda v: F.cross_entropy_backward(np.float32(1), v, t),
            lambda v: F.sum(v, 1), lambda v: F.softmax_backward(v, F.softmax(v, -1), -1),
