@@ -228,7 +228,14 @@ def test_abs_sqrt_rsqrt_and_their_gradients_round_once(rng, dtype):
         root, inverse = F.sqrt(x), F.rsqrt(x)
         assert_close(F.abs_backward(g, x), gd * np.sign(xd), dtype, scale=0, what="abs_backward")
         assert_close(F.sqrt_backward(g, root), 0.5 * gd / f64(root), dtype, scale=0, what="sqrt_backward")
-        assert_close(F.rsqrt_backward(g, inverse), -0.5 * gd * f64(inverse) ** 3, dtype, scale=0,
+        # -x^(-3/2) / 2 at a float16 subnormal x can pass float16's range: such a value rounds to inf
+        want = -0.5 * gd * f64(inverse) ** 3
+        with np.errstate(over="ignore"):
+            rounded = want.astype(dtype)
+        beyond = np.isinf(rounded) & np.isfinite(want)
+        got = np.asarray(F.rsqrt_backward(g, inverse))
+        np.testing.assert_array_equal(got[beyond], rounded[beyond])
+        assert_close(np.where(beyond, 0, got).astype(dtype), np.where(beyond, 0, want), dtype, scale=0,
                      what="rsqrt_backward")
     assert F.abs_backward(np.ones(2), np.array([0.0, -0.0])).tolist() == [0.0, 0.0]  # torch's 0 at 0
 
