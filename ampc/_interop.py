@@ -28,15 +28,21 @@ def _jax(array):
 _BY_MODULE = {"torch": _torch, "cupy": _cupy, "jax": _jax, "jaxlib": _jax}
 
 
+def library_of(tp):
+    """The top-level module a type lives in ("numpy", "torch", "cupy", "jax", "jaxlib", "ampc", ...):
+    how ampc tells its callers' array libraries apart without importing any of them."""
+    return tp.__module__.partition(".")[0]
+
+
 def converter_for(tp):
-    return _BY_MODULE.get(tp.__module__.partition(".")[0])
+    return _BY_MODULE.get(library_of(tp))
 
 
 def float32_for(tp):
     """The float32 dtype that a function on arrays of type tp takes as dtype= (autocast's
     fp32_set_opt_dtype policy passes it): torch.float32 for torch, NumPy's for NumPy, CuPy,
     JAX and the rest."""
-    if tp.__module__.partition(".")[0] == "torch":
+    if library_of(tp) == "torch":
         import torch
 
         return torch.float32

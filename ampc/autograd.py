@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from ampc import _C
+from ampc._interop import library_of
 
 __all__ = ["Arithmetic", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
 
@@ -355,7 +356,7 @@ def _index_reduction(x, name, dim, keepdim):
         from ampc.nn._common import as_int  # ampc.nn imports this module: not at its top
 
         dim = as_int(name, "dim", dim)
-    if type(a).__module__.split(".")[0] == "torch":
+    if library_of(type(a)) == "torch":
         return getattr(a, name)(dim=dim, keepdim=keepdim)
     return getattr(a, name)(axis=dim, keepdims=keepdim)
 

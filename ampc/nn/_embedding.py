@@ -2,6 +2,7 @@
 (torch's autocast lists neither)."""
 
 from ampc import _C, random
+from ampc._interop import library_of
 from ampc.nn._common import OPS, as_int, in_place, is_number, numel as _numel, shape_of as _shape_of
 from ampc.nn._glue import _library
 
@@ -35,7 +36,7 @@ def renorm_(weight, input, max_norm, norm_type=2.0):
     max_norm, scaled in place by max_norm / (norm + 1e-7) (the norm and the factor in float64, as
     torch's CPU kernel). NumPy, CuPy and torch arrays (torch's own kernel for torch's)."""
     data = weight.data if isinstance(weight, _C.Parameter) else weight
-    root = type(data).__module__.split(".")[0]
+    root = library_of(type(data))
     if root == "torch":
         import torch
 

@@ -9,6 +9,7 @@ torch's promote list: under autocast their floating inputs meet in the widest dt
 import importlib
 import math
 
+from ampc._interop import library_of
 from ampc.amp import autocast_op
 from ampc.nn._common import as_int, as_ints, result_type, shape_of
 
@@ -23,7 +24,7 @@ def _library(x):
     for ampc's own arrays."""
     found = _by_type.get(type(x))
     if found is None:
-        name = _LIBRARIES.get(type(x).__module__.split(".")[0])
+        name = _LIBRARIES.get(library_of(type(x)))
         if name is None:
             raise TypeError(f"expected a NumPy, torch, CuPy, JAX or ampc array, got {type(x).__name__}")
         found = _by_type[type(x)] = importlib.import_module(name)
