@@ -59,7 +59,7 @@ sanitize_one() {  # tool file shard
     AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 \
         compute-sanitizer --tool "$1" --error-exitcode 99 ${SANITIZE_FLAGS:-} \
         python3 -m pytest -q -x -p no:cacheprovider --require-gpu "$2" >"$log" 2>&1
-    echo "$1 $2 $3 rc=$? $(grep -E 'ERROR SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)"
+    echo "$1 $2 $3 rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)"
 }
 if [ -n "${SANITIZE_TESTS:-}" ]; then
     step "sanitizers over ${SANITIZE_TESTS}"
