@@ -485,7 +485,9 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
     def call(*args, **kwargs):
         arguments = None
         try:
-            if not (_needs_grad(args) or (kwargs and _needs_grad(tuple(kwargs.values())))) or not is_grad_enabled():
+            if not (_needs_grad(args) or (kwargs and _needs_grad(tuple(kwargs.values())))):
+                return op(*args, **kwargs)  # no Tensor among them (a Tensor needs a gradient): nothing to unwrap
+            if not is_grad_enabled():
                 if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at and args[inplace_at]):
                     target = args[0] if args else kwargs.get(first)
                     if isinstance(target, Tensor):

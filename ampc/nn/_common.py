@@ -81,11 +81,13 @@ def cast_for_dtype(input, dtype):
     kernels then compute in: they computed a float32 input's sum in float32 and wrote float64). A
     16-bit input asked for float32 is the kernels' own reading of it: no pass. A dtype that is no
     floating dtype is left to the op's own check and message."""
+    if dtype is None:  # the common case, answered first: every call of softmax and the sums asks
+        return input
     try:
         want, have = as_dtype(dtype), as_dtype(input.dtype)
     except (TypeError, ValueError, AttributeError):
         return input
-    if dtype is None or want == have or want not in FLOATING or (want == F32 and have in FLOATING and have != F64):
+    if want == have or want not in FLOATING or (want == F32 and have in FLOATING and have != F64):
         return input
     return _C.cast(input, want)
 
