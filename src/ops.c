@@ -644,26 +644,47 @@ static int check_param(const char *op, const ampc_view *p, const char *name, int
 {
     if (p == NULL || p->numel == n)
         return 0;
-    PyErr_Format(PyExc_ValueError, "%s: %s has %lld elements but the normalized shape has %lld", op, name,
+    PyErr_Format(PyExc_ValueError, "%s: %s has %lld elements where %lld were expected", op, name,
                  (long long)p->numel, (long long)n);
     return -1;
 }
 
+/* The rows' affine step: layer_norm's (groups 0), a weight and bias per
+ * element of a row; or group_norm's, a weight and bias per channel, each
+ * row one group of a sample, channels / groups channels of `spatial`
+ * elements. The number of weights (n, or channels) in *width. */
+static int affine_layout(const char *op, int64_t rows, int64_t n, long long groups, long long channels,
+                         int64_t *spatial, int64_t *width)
+{
+    *spatial = 0;
+    *width = n;
+    if (groups == 0 && channels == 0)
+        return 0;
+    if (groups < 1 || channels < 1 || channels % groups != 0 || rows % groups != 0 || n % (channels / groups) != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: %lld channels in %lld groups do not divide rows of %lld elements", op,
+                     channels, groups, (long long)n);
+        return -1;
+    }
+    *spatial = n / (channels / groups);
+    *width = channels;
+    return 0;
+}
+
 static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"input", "n", "weight", "bias", "eps", "dtype", "stats", NULL};
+    static char *kwlist[] = {"input", "n", "weight", "bias", "eps", "dtype", "stats", "groups", "channels", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *w_obj = Py_None, *b_obj = Py_None, *dtype_obj = Py_None, *result = NULL;
-    long long nnorm;
+    long long nnorm, groups = 0, channels = 0;
     double eps = 1e-5;
     int stats = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|OOd$Op:_layer_norm", kwlist, &x_obj, &nnorm, &w_obj, &b_obj,
-                                     &eps, &dtype_obj, &stats))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OL|OOd$OpLL:_layer_norm", kwlist, &x_obj, &nnorm, &w_obj, &b_obj,
+                                     &eps, &dtype_obj, &stats, &groups, &channels))
         return NULL;
-    const char *name = "layer_norm";
+    const char *name = groups > 0 ? "group_norm" : "layer_norm";
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
-    ampc_layer_norm l = {.eps = eps};
+    ampc_layer_norm l = {.eps = eps, .groups = groups};
     ampc_view *x = ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT);
     ampc_view *w = NULL, *b = NULL;
     int have_dtype;
@@ -674,9 +695,10 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
         goto done;
     if (b_obj != Py_None && (b = ampc_op_arg(&a, b_obj, "bias", AMPC_ARG_FLOAT)) == NULL)
         goto done;
-    if (layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 || check_param(name, w, "weight", l.n) < 0 ||
-        check_param(name, b, "bias", l.n) < 0 || ampc_op_dense(&a, x) < 0 || (w && ampc_op_dense(&a, w) < 0) ||
-        (b && ampc_op_dense(&a, b) < 0))
+    int64_t width;
+    if (layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 ||
+        affine_layout(name, l.rows, l.n, groups, channels, &l.spatial, &width) < 0 ||
+        check_param(name, w, "weight", width) < 0 || check_param(name, b, "bias", width) < 0 || ampc_op_dense(&a, x) < 0 || (w && ampc_op_dense(&a, w) < 0) || (b && ampc_op_dense(&a, b) < 0))
         goto done;
     /* torch: the output takes the input's dtype (unless asked: group_norm's float32 xhat); mean and rstd the
      * accumulation type. */
@@ -707,18 +729,18 @@ done:
 static PyObject *mod_layer_norm_backward(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"grad_output", "input", "mean", "rstd", "n", "weight", "weight_grads",
-                             "input_grad", NULL};
+                             "input_grad", "groups", "channels", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *dy_obj, *x_obj, *m_obj, *r_obj, *w_obj = Py_None, *result = NULL;
-    long long nnorm;
+    long long nnorm, groups = 0, channels = 0;
     int weight_grads = 1, input_grad = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOL|Opp:_layer_norm_backward", kwlist, &dy_obj, &x_obj,
-                                     &m_obj, &r_obj, &nnorm, &w_obj, &weight_grads, &input_grad))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOL|Opp$LL:_layer_norm_backward", kwlist, &dy_obj, &x_obj,
+                                     &m_obj, &r_obj, &nnorm, &w_obj, &weight_grads, &input_grad, &groups, &channels))
         return NULL;
-    const char *name = "layer_norm_backward";
+    const char *name = groups > 0 ? "group_norm_backward" : "layer_norm_backward";
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
-    ampc_layer_norm_backward l = {0};
+    ampc_layer_norm_backward l = {.groups = groups};
     PyObject *dx_obj = NULL, *dw_obj = NULL, *db_obj = NULL;
     ampc_view *dy = ampc_op_arg(&a, dy_obj, "grad_output", AMPC_ARG_FLOAT);
     ampc_view *x = dy ? ampc_op_arg(&a, x_obj, "input", AMPC_ARG_FLOAT) : NULL;
@@ -729,9 +751,17 @@ static PyObject *mod_layer_norm_backward(PyObject *module, PyObject *args, PyObj
         goto done;
     if (w_obj != Py_None && (w = ampc_op_arg(&a, w_obj, "weight", AMPC_ARG_FLOAT)) == NULL)
         goto done;
+    int64_t width;
     if (ampc_op_check_same_shape(name, dy, "grad_output", x, "input") < 0 ||
-        layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 || check_param(name, w, "weight", l.n) < 0)
+        layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 ||
+        affine_layout(name, l.rows, l.n, groups, channels, &l.spatial, &width) < 0 ||
+        check_param(name, w, "weight", width) < 0)
         goto done;
+    if (groups > 0 && weight_grads && x->device.type == AMPC_DEVICE_CUDA) {
+        PyErr_Format(PyExc_NotImplementedError, "%s: the weight gradients by channel are the CPU's alone "
+                     "(ampc.nn.functional.group_norm_backward sums them itself on a GPU)", name);
+        goto done;
+    }
     const ampc_dtype acc = ampc_acc_dtype(x->dtype);
     if (mean->dtype != acc || rstd->dtype != acc || mean->numel != l.rows || rstd->numel != l.rows) {
         PyErr_Format(PyExc_ValueError, "%s: mean and rstd must be the %lld %s values that layer_norm saved", name,
@@ -742,12 +772,11 @@ static PyObject *mod_layer_norm_backward(PyObject *module, PyObject *args, PyObj
         ampc_op_dense(&a, rstd) < 0 || (w && ampc_op_dense(&a, w) < 0))
         goto done;
     ampc_view dx = {0}, dw = {0}, db = {0};
-    const int64_t n = l.n;
     if (input_grad && (dx_obj = ampc_op_output(&a, x->dtype, x->ndim, x->shape, &dx)) == NULL)
         goto done;
     const ampc_dtype wdt = w ? w->dtype : x->dtype;
-    if (weight_grads && ((dw_obj = ampc_op_output(&a, wdt, 1, &n, &dw)) == NULL ||
-                         (db_obj = ampc_op_output(&a, wdt, 1, &n, &db)) == NULL))
+    if (weight_grads && ((dw_obj = ampc_op_output(&a, wdt, 1, &width, &dw)) == NULL ||
+                         (db_obj = ampc_op_output(&a, wdt, 1, &width, &db)) == NULL))
         goto done;
     l.dx = buf_of(&dx);
     l.dweight = buf_of(&dw);
@@ -759,7 +788,7 @@ static PyObject *mod_layer_norm_backward(PyObject *module, PyObject *args, PyObj
     l.weight = w ? buf_of(w) : (ampc_buf){NULL, AMPC_FLOAT32};
     if (weight_grads && l.rows == 0) {
         /* no rows: the weight gradients are zeros (a constant 0 copied) */
-        ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1, .ndim = 1, .nin = 1, .numel = n, .shape = {n}};
+        ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1, .ndim = 1, .nin = 1, .numel = width, .shape = {width}};
         for (int k = 0; k < 2; k++) {
             zero.out = k == 0 ? l.dweight : l.dbias;
             if (AMPC_RUN_KERNEL(&a, ampc_cpu_elementwise, elementwise, &zero) < 0)

@@ -185,16 +185,22 @@ typedef struct {
 } ampc_softmax_backward;
 
 /* y = (x - mean) * rstd * w + b over rows of n (inner == 1); mean and rstd
- * (the accumulation dtype, outer values each) are saved for the backward. */
+ * (the accumulation dtype, outer values each) are saved for the backward.
+ * groups 0: w and b per element of a row (layer_norm); groups > 0:
+ * group_norm's, per channel, a row being one group of one sample, n /
+ * spatial channels of `spatial` elements each, row r's first channel
+ * (r % groups) * (n / spatial). */
 typedef struct {
-    int64_t rows, n;
+    int64_t rows, n, groups, spatial;
     double eps;
     ampc_buf y, mean, rstd, x, weight, bias;
 } ampc_layer_norm;
 
-/* dx, and dweight/dbias (summed over rows) where their data is not NULL. */
+/* dx, and dweight/dbias (summed over rows) where their data is not NULL;
+ * groups and spatial as ampc_layer_norm's (group_norm: dweight and dbias a
+ * value per channel). */
 typedef struct {
-    int64_t rows, n;
+    int64_t rows, n, groups, spatial;
     ampc_buf dx, dweight, dbias, dy, x, mean, rstd, weight;
 } ampc_layer_norm_backward;
 

@@ -232,6 +232,44 @@ def test_group_norm(rng, shape, groups, affine, dtype):
         assert gw is None and gb is None
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("affine", ["weight and bias", "weight", "bias"])
+def test_group_norm_affine_rounds_once(rng, affine, dtype):
+    """The affine step per channel runs in the normalising pass, on the normalised values in the
+    accumulation dtype, rounded once: bit for bit layer_norm's float32 (float64) xhat times the
+    channel's weight plus its bias, computed here in NumPy and rounded to the dtype."""
+    shape, groups = (3, 12, 5, 7), 4
+    x = ref.random(rng, shape, dtype, scale=2.0) + dtype.type(0.5)
+    w = ref.random(rng, shape[1:2], dtype) if "weight" in affine else None
+    b = ref.random(rng, shape[1:2], dtype) if "bias" in affine else None
+    acc = F64 if dtype == F64 else F32
+    xhat = np.asarray(ampc._C._layer_norm(x.reshape(shape[0] * groups, -1), x.size // (shape[0] * groups),
+                                          dtype=acc)[0]).reshape(shape)
+    want = xhat
+    if w is not None:
+        want = want * w.astype(acc)[:, None, None]
+    if b is not None:
+        want = want + b.astype(acc)[:, None, None]
+    y = F.group_norm(x, groups, w, b)
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(y).view(np.uint8), want.astype(dtype).view(np.uint8))
+    # the backward's weight gradients per channel, summed in the same pass as dx: against float64's
+    g = ref.random(rng, shape, dtype)
+    gi, gw, gb = F.group_norm_backward(g, x, groups, w, b)
+    xhat64 = group_norm_ref(x, groups)
+    for got, want64, present in ((gw, (f64(g) * xhat64).sum((0, 2, 3)), w), (gb, f64(g).sum((0, 2, 3)), b)):
+        if present is None:
+            assert got is None
+            continue
+        assert got.dtype == dtype and got.shape == (shape[1],)
+        scale = np.abs(f64(g)).sum((0, 2, 3))  # the terms' size: cancellation leaves the sums small
+        np.testing.assert_array_less(np.abs(f64(got) - want64), 4 * ref.RTOL[dtype] * scale + 1e-30)
+    want_gi = numeric_grad(lambda v: group_norm_ref(v, groups, None if w is None else f64(w),
+                                                    None if b is None else f64(b)), f64(x), f64(g))
+    tol = {F32: 2e-4, F16: 2e-2, BF16: 1e-1, F64: 1e-6}[dtype]  # finite differences' own error included
+    np.testing.assert_allclose(f64(gi), want_gi, atol=tol * (1 + np.abs(want_gi).max()))
+
+
 def test_group_norm_of_an_empty_batch(rng):
     """As torch: an empty output, and zero weight and bias gradients (the rows were taken from the
     element count, 0 here, and layer_norm refused to normalise over 0 elements)."""
@@ -248,6 +286,15 @@ def test_group_norm_bad_input(rng):
         F.group_norm(x, 4)
     with pytest.raises(ValueError, match="at least 2 dimensions"):
         F.group_norm(x[0, 0], 1)
+    for name, args in (("weight", (np.ones(4, F32), None)), ("bias", (None, np.ones(12, F32)))):
+        with pytest.raises(ValueError, match=f"Expected {name} to be a vector of size equal to the number of channels"):
+            F.group_norm(x, 2, *args)
+    # the C entry's own checks, below the Python ones
+    with pytest.raises(ValueError, match="weight has 5 elements where 6 were expected"):
+        ampc._C._layer_norm(x.reshape(4, 12), 12, np.ones(5, F32), None, groups=2, channels=6)
+    with pytest.raises(ValueError, match="5 channels in 2 groups do not divide rows of 12 elements"):
+        ampc._C._layer_norm_backward(x.reshape(4, 12), x.reshape(4, 12), np.zeros(4, F32), np.ones(4, F32), 12,
+                                     groups=2, channels=5)
 
 
 # --------------------------------------------------------------------------------------------

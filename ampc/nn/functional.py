@@ -23,6 +23,7 @@ from ampc.amp import autocast_op
 from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
 from ampc.nn._common import cast_for_dtype as _cast_for_dtype
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
+from ampc.nn._common import on_cpu as _on_cpu
 from ampc.nn._common import is_floating_array as _is_floating_array
 from ampc.nn._common import is_number as _is_number, result_type as _result_type, shape_of as _shape_of
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
@@ -266,7 +267,7 @@ def layer_norm_backward(grad_output, input, normalized_shape, weight=None, bias=
 
 
 def _group_rows(op, input, num_groups):
-    """(rows, n): input (N, C, *) as its (N * num_groups, n = C / num_groups * prod(*)) rows."""
+    """(rows, n, num_groups): input (N, C, *) as its (N * num_groups, n = C / num_groups * prod(*)) rows."""
     shape = tuple(input.shape)
     if len(shape) < 2:
         raise ValueError(f"{op}: Expected at least 2 dimensions for input tensor but received {len(shape)}")
@@ -275,7 +276,7 @@ def _group_rows(op, input, num_groups):
         raise ValueError(f"{op}: Expected number of channels in input to be divisible by num_groups, but got input "
                          f"of shape {list(shape)} and num_groups={num_groups}")
     n = math.prod(shape[1:]) // num_groups
-    return _reshape(input, (shape[0] * num_groups, n)), n
+    return _reshape(input, (shape[0] * num_groups, n)), n, num_groups
 
 
 def _channels(input, values):
@@ -285,19 +286,15 @@ def _channels(input, values):
 
 def _group_norm_forward(input, num_groups, weight=None, bias=None, eps=1e-5):
     """(output, mean, rstd): group_norm, and the statistics of each of the N * num_groups groups."""
-    rows, n = _group_rows("group_norm", input, num_groups)
-    dtype = _dtype(input)
-    if weight is None and bias is None:
-        y, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps))
-        return _reshape(y, tuple(input.shape)), mean, rstd
-    # the affine step per channel, on the normalised values in the accumulation dtype: one rounding
-    xhat, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps), dtype=_acc(dtype))
-    y = _reshape(xhat, tuple(input.shape))
-    if weight is not None:
-        y = _ew("mul", y, _channels(input, weight), dtype=_acc(dtype) if bias is not None else dtype)
-    if bias is not None:
-        y = _ew("add", y, _channels(input, bias), dtype=dtype)
-    return y, mean, rstd
+    rows, n, groups = _group_rows("group_norm", input, num_groups)
+    shape = tuple(input.shape)
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and _numel(p) != shape[1]:
+            raise ValueError(f"group_norm: Expected {name} to be a vector of size equal to the number of channels in "
+                             f"input, but got {name} of shape {list(p.shape)} and input of shape {list(shape)}")
+    # the affine step per channel in the same pass, in the accumulation dtype: one rounding
+    y, mean, rstd = _C._layer_norm(rows, n, weight, bias, float(eps), groups=groups, channels=shape[1])
+    return _reshape(y, shape), mean, rstd
 
 
 @autocast_op(name="group_norm")
@@ -311,15 +308,25 @@ def group_norm_backward(grad_output, input, num_groups, weight=None, bias=None, 
                         weight_grads=True):
     """(grad_input, grad_weight, grad_bias) of group_norm; mean and rstd as _group_norm_forward
     returned them (recomputed when not given). grad_weight/grad_bias are None without weight/bias."""
-    rows, n = _group_rows("group_norm_backward", input, num_groups)
+    rows, n, groups = _group_rows("group_norm_backward", input, num_groups)
     shape = tuple(input.shape)
     if mean is None or rstd is None:
         _, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps))
-    acc = _acc(_dtype(input))
-    # dx: layer_norm's over the groups, with the incoming gradient times the channel's weight
-    g = grad_output if weight is None else _ew("mul", grad_output, _channels(input, weight), dtype=acc)
-    gi = _C._layer_norm_backward(_reshape(g, tuple(rows.shape)), rows, mean, rstd, n, None, False)[0]
+    # dx: layer_norm's over the groups with the incoming gradient times the channel's weight, and on the
+    # CPU the weight gradients per channel, in one pass
+    sums = weight_grads and (weight is not None or bias is not None)
+    fused = sums and _on_cpu(input)
+    gi, gw, gb = _C._layer_norm_backward(_reshape(grad_output, tuple(rows.shape)), rows, mean, rstd, n, weight, fused,
+                                         groups=groups, channels=shape[1])
     gi = _reshape(gi, shape)
+    if not sums:
+        return gi, None, None
+    if fused:  # in the weight's dtype (the input's without one)
+        if bias is not None and _dtype(gb) != _dtype(bias):
+            gb = _ew("copy", gb, dtype=_dtype(bias))
+        return gi, gw if weight is not None else None, gb if bias is not None else None
+    # on a GPU, the weight gradients as sums over the batch and positions
+    acc = _acc(_dtype(input))
     gw = gb = None
     dims = (0,) + tuple(range(2, len(shape)))
     if weight_grads and weight is not None:
