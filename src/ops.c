@@ -698,7 +698,8 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
     int64_t width;
     if (layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 ||
         affine_layout(name, l.rows, l.n, groups, channels, &l.spatial, &width) < 0 ||
-        check_param(name, w, "weight", width) < 0 || check_param(name, b, "bias", width) < 0 || ampc_op_dense(&a, x) < 0 || (w && ampc_op_dense(&a, w) < 0) || (b && ampc_op_dense(&a, b) < 0))
+        check_param(name, w, "weight", width) < 0 || check_param(name, b, "bias", width) < 0 ||
+        ampc_op_dense(&a, x) < 0 || (w && ampc_op_dense(&a, w) < 0) || (b && ampc_op_dense(&a, b) < 0))
         goto done;
     /* torch: the output takes the input's dtype (unless asked: group_norm's float32 xhat); mean and rstd the
      * accumulation type. */
