@@ -103,6 +103,29 @@ def test_group_norm(shape, groups, dtype):
     close(gb, egb, dtype, rtol=8 * RTOL[dtype], scale=red.item(), what="grad_bias")
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("alone", ["weight", "bias"])
+def test_group_norm_weight_or_bias_alone(alone, dtype):
+    """The affine step per channel in the row kernel (ampc_layer_norm's groups) with one of its two
+    arrays: forward, and dx with the channel's weight, against float64's."""
+    shape, groups = (3, 12, 5, 9), 4
+    x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
+    p = randn(shape[1], dtype=dtype)
+    w, b = (p, None) if alone == "weight" else (None, p)
+    fn = (lambda v, q: TF.group_norm(v, groups, q, None)) if w is not None else (  # noqa: E731
+        lambda v, q: TF.group_norm(v, groups, None, q))
+    close(F.group_norm(x, groups, w, b), fn(x.double(), p.double()), dtype, rtol=2 * RTOL[dtype],
+          what=f"group_norm with its {alone} alone")
+    g = randn(*shape, dtype=dtype)
+    gi, gw, gb = F.group_norm_backward(g, x, groups, w, b)
+    egi, egp = autograd(fn, [x, p], g)
+    close(gi, egi, dtype, rtol=8 * RTOL[dtype], scale=g.double().abs().max().item(), what="grad_input")
+    got = gw if w is not None else gb
+    assert (gb if w is not None else gw) is None
+    close(got, egp, dtype, rtol=8 * RTOL[dtype], scale=3 * g.double().abs().sum().item() / shape[1],
+          what=f"grad_{alone}")
+
+
 SDPA_RTOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float64: 1e-12}
 
 
