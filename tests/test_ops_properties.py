@@ -238,6 +238,50 @@ def test_batch_norm_training(x):
     assert_close(got, expected, x.dtype, rtol=4 * ref.RTOL[x.dtype], scale=np.abs(expected).max(), what="batch_norm")
 
 
+def group_norm_reference(x, groups, w=None, b=None, eps=1e-5):
+    """group_norm in float64: x (N, C, *) normalised over each group's channels and positions, then
+    per channel w and b."""
+    rows = x.reshape(x.shape[0], groups, -1)
+    y = ((rows - rows.mean(-1, keepdims=True)) / np.sqrt(rows.var(-1, keepdims=True) + eps)).reshape(x.shape)
+    channel = (-1,) + (1,) * (x.ndim - 2)
+    return y * (1 if w is None else w.reshape(channel)) + (0 if b is None else b.reshape(channel))
+
+
+@st.composite
+def group_norm_case(draw, dtype=None, max_side=6):
+    """(x (N, C, *) with C a multiple of the groups, in a C-order, channels-last, stepped or reversed
+    layout; groups; weight or None; bias or None)."""
+    dtype = draw(st.sampled_from(FLOATS)) if dtype is None else dtype
+    groups, per_group = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    positions = draw(st.lists(st.integers(1, max_side), max_size=2))
+    c = groups * per_group
+    x = draw(values((draw(st.integers(1, 3)), c, *positions))).astype(dtype)
+    layout = draw(st.sampled_from(["c", "channels_last", "stepped", "reversed"]))
+    if layout == "channels_last" and x.ndim > 2:
+        order = (0, *range(2, x.ndim), 1)
+        x = np.ascontiguousarray(x.transpose(order)).transpose(np.argsort(order))
+    elif layout == "stepped":
+        wide = np.full(x.shape[:-1] + (2 * x.shape[-1],), np.nan, dtype)
+        wide[..., ::2] = x
+        x = wide[..., ::2]
+    elif layout == "reversed":
+        x = np.ascontiguousarray(x[..., ::-1])[..., ::-1]
+    affine = draw(st.sampled_from(["both", "weight", "bias", "none"]))
+    w = draw(values((c,))).astype(dtype) if affine in ("both", "weight") else None
+    b = draw(values((c,))).astype(dtype) if affine in ("both", "bias") else None
+    return x, groups, w, b
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(group_norm_case())
+def test_group_norm(case):
+    x, groups, w, b = case
+    expected = group_norm_reference(f64(x), groups, None if w is None else f64(w), None if b is None else f64(b))
+    got = unchanged(x, lambda a: F.group_norm(a, groups, w, b))
+    scale = 1.0 if w is None else np.abs(f64(w)).max()
+    assert_close(got, expected, x.dtype, rtol=4 * ref.RTOL[x.dtype], scale=scale, what="group_norm")
+
+
 # -- backward passes: float64 against central differences of the forward ----------------------------
 
 BACKWARD_EXAMPLES = max(EXAMPLES // 3, 10)  # a finite difference per element: slower per example
@@ -272,6 +316,28 @@ def test_layer_norm_backward(x, data):
     finite_difference_check(lambda a: F.layer_norm(a, nshape, w, b), x, g, gi, "layer_norm input")
     finite_difference_check(lambda v: F.layer_norm(x, nshape, v, b), w, g, gw, "layer_norm weight")
     finite_difference_check(lambda v: F.layer_norm(x, nshape, w, v), b, g, gb, "layer_norm bias")
+
+
+def groups_spread(case):
+    """Whether every group's values spread: where a group's variance is small against eps,
+    normalising it is so curved that central differences err more than the tolerance (two equal
+    values: an exact gradient of 0, differences of -5e-8)."""
+    x, groups = case[0], case[1]
+    return bool((f64(x).reshape(x.shape[0], groups, -1).var(-1) > 1e-2).all())
+
+
+@settings(max_examples=BACKWARD_EXAMPLES, deadline=None)
+@given(group_norm_case(dtype=F64, max_side=4).filter(groups_spread), st.data())
+def test_group_norm_backward(case, data):
+    x, groups, w, b = case
+    g = data.draw(values(x.shape))
+    gi, gw, gb = unchanged(x, lambda a: F.group_norm_backward(g, a, groups, w, b))
+    finite_difference_check(lambda a: F.group_norm(a, groups, w, b), x, g, gi, "group_norm input")
+    if w is not None:
+        finite_difference_check(lambda v: F.group_norm(x, groups, v, b), w, g, gw, "group_norm weight")
+    if b is not None:
+        finite_difference_check(lambda v: F.group_norm(x, groups, w, v), b, g, gb, "group_norm bias")
+    assert (gw is None) == (w is None) and (gb is None) == (b is None)
 
 
 @settings(max_examples=BACKWARD_EXAMPLES, deadline=None)
