@@ -279,11 +279,6 @@ def _group_rows(op, input, num_groups):
     return _reshape(input, (shape[0] * num_groups, n)), n, num_groups
 
 
-def _channels(input, values):
-    """A (C,) array shaped to broadcast over input (N, C, *)."""
-    return _reshape(values, (-1,) + (1,) * (len(input.shape) - 2))
-
-
 def _group_norm_forward(input, num_groups, weight=None, bias=None, eps=1e-5):
     """(output, mean, rstd): group_norm, and the statistics of each of the N * num_groups groups."""
     rows, n, groups = _group_rows("group_norm", input, num_groups)
