@@ -4,10 +4,7 @@
  *
  * Forward: a row group takes the mean, then the variance around it (two
  * passes, as the CPU: no cancellation), then writes the normalised row;
- * mean and 1 / sqrt(var + eps) are saved in the compute type. group_norm's
- * rows (ampc_layer_norm's groups: weight and bias per channel) take these
- * kernels too, its backward dx alone (ampc.nn.functional sums its weight
- * gradients per channel).
+ * mean and 1 / sqrt(var + eps) are saved in the compute type.
  * Backward: dx row by row (two sums over the row: of g = dy * w and of
  * g * xhat), and dweight = sum over rows of dy * xhat, dbias = sum of dy,
  * as two-stage column sums in one pass (ops.cuh), in a fixed order.
@@ -33,16 +30,6 @@ __device__ __forceinline__ void mean_and_rstd(Acc mu, Acc q, Acc d, Acc n, Acc e
     rstd = (Acc)1 / m_sqrt(m2 / n + eps);
 }
 
-/* The weight and bias index of element j of a row: j, or under group_norm its channel (ampc_layer_norm's
- * groups), the division in 32 bits where the row allows (a 64-bit one is a long call). */
-template <class L>  /* ampc_layer_norm or ampc_layer_norm_backward */
-__device__ __forceinline__ int64_t affine_index(const L &l, int64_t first_channel, int64_t j)
-{
-    if (l.groups == 0)
-        return j;
-    return first_channel + (l.n <= UINT32_MAX ? (int64_t)((uint32_t)j / (uint32_t)l.spatial) : j / l.spatial);
-}
-
 template <int G, class Acc>
 __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
 {
@@ -62,13 +49,12 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
         Group::sum2(q, d, scratch);
         Acc mean, rstd;
         mean_and_rstd(mu, q, d, (Acc)n, (Acc)l.eps, mean, rstd);
-        const int64_t first_channel = l.groups > 0 ? row % l.groups * (n / l.spatial) : 0;
         row_each<G, Acc>(l.x, base, n, 1, [&](int64_t j, Acc v) {
             v = (v - mean) * rstd;
             if (l.weight.data != nullptr)
-                v *= load<Acc>(l.weight, affine_index(l, first_channel, j));
+                v *= load<Acc>(l.weight, j);
             if (l.bias.data != nullptr)
-                v += load<Acc>(l.bias, affine_index(l, first_channel, j));
+                v += load<Acc>(l.bias, j);
             store(l.y, base + j, v);
         });
         if (Group::lane() == 0) {
@@ -89,17 +75,16 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_dx_kernel(ampc_layer_norm_ba
         const int64_t base = row * n;
         const Acc mean = static_cast<const Acc *>(l.mean.data)[row];
         const Acc rstd = static_cast<const Acc *>(l.rstd.data)[row];
-        const int64_t first_channel = l.groups > 0 ? row % l.groups * (n / l.spatial) : 0;
         Acc sg = 0, sgx = 0;
         row_each2<G, Acc>(l.dy, l.x, base, n, 1, [&](int64_t j, Acc dy, Acc x) {
-            const Acc g = l.weight.data != nullptr ? dy * load<Acc>(l.weight, affine_index(l, first_channel, j)) : dy;
+            const Acc g = l.weight.data != nullptr ? dy * load<Acc>(l.weight, j) : dy;
             sg += g;
             sgx += g * (x - mean) * rstd;
         });
         Group::sum2(sg, sgx, scratch);
         const Acc mg = sg / (Acc)n, mgx = sgx / (Acc)n;
         row_each2<G, Acc>(l.dy, l.x, base, n, 1, [&](int64_t j, Acc dy, Acc x) {
-            const Acc g = l.weight.data != nullptr ? dy * load<Acc>(l.weight, affine_index(l, first_channel, j)) : dy;
+            const Acc g = l.weight.data != nullptr ? dy * load<Acc>(l.weight, j) : dy;
             store(l.dx, base + j, rstd * (g - mg - (x - mean) * rstd * mgx));
         });
     }
@@ -309,7 +294,7 @@ int layer_norm_weight_grads_packed(int device, void *stream, const ampc_layer_no
 int layer_norm_fast(const ampc_layer_norm *l, cudaStream_t stream)
 {
     const int dtype = l->x.dtype;
-    if (l->groups > 0 || l->y.dtype != dtype || (l->weight.data != nullptr && l->weight.dtype != dtype) ||
+    if (l->y.dtype != dtype || (l->weight.data != nullptr && l->weight.dtype != dtype) ||
         (l->bias.data != nullptr && l->bias.dtype != dtype) ||
         !packs_fit(dtype, l->n, l->x.data, l->y.data, l->weight.data, l->bias.data))
         return NOT_FAST;
@@ -327,7 +312,7 @@ int layer_norm_fast(const ampc_layer_norm *l, cudaStream_t stream)
 int layer_norm_backward_fast(int device, void *stream, const ampc_layer_norm_backward *l)
 {
     const int dtype = l->x.dtype;
-    if (l->groups > 0 || l->dy.dtype != dtype || (l->dx.data != nullptr && l->dx.dtype != dtype) ||
+    if (l->dy.dtype != dtype || (l->dx.data != nullptr && l->dx.dtype != dtype) ||
         (l->weight.data != nullptr && l->weight.dtype != dtype) ||
         !packs_fit(dtype, l->n, l->x.data, l->dy.data, l->dx.data, l->weight.data))
         return NOT_FAST;

@@ -189,12 +189,18 @@ typedef struct {
  * groups 0: w and b per element of a row (layer_norm); groups > 0:
  * group_norm's, per channel, a row being one group of one sample, n /
  * spatial channels of `spatial` elements each, row r's first channel
- * (r % groups) * (n / spatial). */
+ * (r % groups) * (n / spatial); the CPU kernels' alone for now. */
 typedef struct {
     int64_t rows, n, groups, spatial;
     double eps;
     ampc_buf y, mean, rstd, x, weight, bias;
 } ampc_layer_norm;
+
+/* How many weights (and biases) the rows take: n, or group_norm's channels. */
+static inline int64_t ampc_layer_norm_weights(int64_t n, int64_t groups, int64_t spatial)
+{
+    return groups > 0 ? groups * (n / spatial) : n;
+}
 
 /* dx, and dweight/dbias (summed over rows) where their data is not NULL;
  * groups and spatial as ampc_layer_norm's (group_norm: dweight and dbias a

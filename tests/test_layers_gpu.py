@@ -106,8 +106,8 @@ def test_group_norm(shape, groups, dtype):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("alone", ["weight", "bias"])
 def test_group_norm_weight_or_bias_alone(alone, dtype):
-    """The affine step per channel in the row kernel (ampc_layer_norm's groups) with one of its two
-    arrays: forward, and dx with the channel's weight, against float64's."""
+    """group_norm's affine step with one of its two arrays (on a GPU, broadcast passes after layer_norm):
+    forward, dx with the channel's weight, and that array's gradient, against float64's."""
     shape, groups = (3, 12, 5, 9), 4
     x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
     p = randn(shape[1], dtype=dtype)
