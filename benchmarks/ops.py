@@ -8,9 +8,9 @@ what ampc achieves against the measured limit: TFLOP/s against torch's own best 
 dtype (an 8192^3 matmul, which is what cuBLAS reaches here), GB/s against a device-to-device
 copy. Shapes: GPT-2 small's linear layers (8 x 1024 tokens, d = 768), ResNet-50's classifier,
 convolutions and batch norms (batch 256; NCHW and channels-last), the GPT-2 LM head's
-cross_entropy (50257 classes), layer_norm and softmax rows, GPT-2's causal attention. Backward
-passes: torch's own backward ops (what autograd calls; autograd itself for batch_norm and
-attention), ampc's *_backward functions.
+cross_entropy (50257 classes), layer_norm and softmax rows, a diffusion U-Net's group_norm, GPT-2's
+causal attention. Backward passes: torch's own backward ops (what autograd calls; autograd itself
+for batch_norm and attention), ampc's *_backward functions.
 """
 
 import argparse
@@ -94,6 +94,26 @@ def bench_layer_norm(limits, repeat):
                 lambda: F.layer_norm_backward(g, x, (n,), w, b, mean=mean, rstd=rstd),
                 lambda: torch.ops.aten.native_layer_norm_backward(g, x, (n,), tmean, trstd, w, b, [True] * 3),
                 repeat, nbytes=3 * rows * n * size, limits=limits)
+
+
+def bench_group_norm(limits, repeat):
+    """A diffusion U-Net's group norms (32 groups of its channels) and one of many small channels."""
+    for batch, c, h, groups in [(8, 320, 64, 32), (8, 640, 32, 32), (8, 1280, 16, 32), (64, 256, 7, 32)]:
+        for dn, dtype in DTYPES.items():
+            x = torch.randn(batch, c, h, h, device="cuda", dtype=dtype)
+            w, b = torch.randn(c, device="cuda", dtype=dtype), torch.randn(c, device="cuda", dtype=dtype)
+            g = torch.randn_like(x)
+            nbytes = x.numel() * x.element_size()
+            shape = f"{batch}x{c}x{h}^2 /{groups}"
+            row("group_norm fwd", shape, dn, lambda: F.group_norm(x, groups, w, b),
+                lambda: TF.group_norm(x, groups, w, b), repeat, nbytes=2 * nbytes, limits=limits)
+            _, mean, rstd = F._group_norm_forward(x, groups, w, b)
+            _, tmean, trstd = torch.ops.aten.native_group_norm(x, w, b, batch, c, h * h, groups, 1e-5)
+            row("group_norm bwd", shape, dn,
+                lambda: F.group_norm_backward(g, x, groups, w, b, mean=mean, rstd=rstd),
+                lambda: torch.ops.aten.native_group_norm_backward(g, x, tmean, trstd, w, batch, c, h * h, groups,
+                                                                  [True] * 3),
+                repeat, nbytes=3 * nbytes, limits=limits)
 
 
 def bench_softmax(limits, repeat):
@@ -216,8 +236,8 @@ def bench_batch_norm(limits, repeat, batch=256):
 
 
 BENCHES = {"linear": bench_linear, "conv2d": bench_conv2d, "layer_norm": bench_layer_norm,
-           "batch_norm": bench_batch_norm, "softmax": bench_softmax, "cross_entropy": bench_cross_entropy,
-           "attention": bench_attention}
+           "group_norm": bench_group_norm, "batch_norm": bench_batch_norm, "softmax": bench_softmax,
+           "cross_entropy": bench_cross_entropy, "attention": bench_attention}
 
 
 def main():

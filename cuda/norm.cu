@@ -4,10 +4,16 @@
  *
  * Forward: a row group takes the mean, then the variance around it (two
  * passes, as the CPU: no cancellation), then writes the normalised row;
- * mean and 1 / sqrt(var + eps) are saved in the compute type.
+ * mean and 1 / sqrt(var + eps) are saved in the compute type. group_norm's
+ * rows (ampc_layer_norm's groups: weight and bias per channel) take the
+ * same kernel.
  * Backward: dx row by row (two sums over the row: of g = dy * w and of
  * g * xhat), and dweight = sum over rows of dy * xhat, dbias = sum of dy,
  * as two-stage column sums in one pass (ops.cuh), in a fixed order.
+ * group_norm's backward first sums dy and dy * xhat over each channel of
+ * each sample (one read of dy and x); its rows' two sums are those channel
+ * sums weighted, so dx is one more read, and the weight gradients are the
+ * channel sums' column sums over the samples (as torch's).
  *
  * Contiguous rows whose arrays share one storage type, n a whole number of
  * 16-byte packs, take packs.cuh's paths: a row held in registers (read
@@ -30,6 +36,16 @@ __device__ __forceinline__ void mean_and_rstd(Acc mu, Acc q, Acc d, Acc n, Acc e
     rstd = (Acc)1 / m_sqrt(m2 / n + eps);
 }
 
+/* The weight and bias index of element j of a row: j, or under group_norm its channel (ampc_layer_norm's
+ * groups), the division in 32 bits where the row allows (a 64-bit one is a long call). */
+template <class L>  /* ampc_layer_norm or ampc_layer_norm_backward */
+__device__ __forceinline__ int64_t affine_index(const L &l, int64_t first_channel, int64_t j)
+{
+    if (l.groups == 0)
+        return j;
+    return first_channel + (l.n <= UINT32_MAX ? (int64_t)((uint32_t)j / (uint32_t)l.spatial) : j / l.spatial);
+}
+
 template <int G, class Acc>
 __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
 {
@@ -49,12 +65,13 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_kernel(ampc_layer_norm l)
         Group::sum2(q, d, scratch);
         Acc mean, rstd;
         mean_and_rstd(mu, q, d, (Acc)n, (Acc)l.eps, mean, rstd);
+        const int64_t first_channel = l.groups > 0 ? row % l.groups * (n / l.spatial) : 0;
         row_each<G, Acc>(l.x, base, n, 1, [&](int64_t j, Acc v) {
             v = (v - mean) * rstd;
             if (l.weight.data != nullptr)
-                v *= load<Acc>(l.weight, j);
+                v *= load<Acc>(l.weight, affine_index(l, first_channel, j));
             if (l.bias.data != nullptr)
-                v += load<Acc>(l.bias, j);
+                v += load<Acc>(l.bias, affine_index(l, first_channel, j));
             store(l.y, base + j, v);
         });
         if (Group::lane() == 0) {
@@ -88,6 +105,118 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_dx_kernel(ampc_layer_norm_ba
             store(l.dx, base + j, rstd * (g - mg - (x - mean) * rstd * mgx));
         });
     }
+}
+
+/* group_norm's sums over each channel of each sample: the n / spatial
+ * channels of row r are segments r * (n / spatial) + k of `spatial`
+ * elements, and segment t's sums go to sums[t] (of dy) and
+ * sums[segments + t] (of dy * xhat). */
+template <int G, class Acc>
+__global__ void __launch_bounds__(BLOCK) group_norm_channel_sums(ampc_layer_norm_backward l, Acc *sums)
+{
+    typedef RowGroup<G> Group;
+    __shared__ Acc scratch[2 * BLOCK / 32];
+    const int64_t spatial = l.spatial, channels = l.n / spatial, segments = l.rows * channels;
+    for (int64_t t = Group::first(); t < segments; t += Group::step()) {
+        const int64_t row = t / channels;
+        const Acc mean = static_cast<const Acc *>(l.mean.data)[row];
+        const Acc rstd = static_cast<const Acc *>(l.rstd.data)[row];
+        Acc sdy = 0, sdyx = 0;
+        row_each2<G, Acc>(l.dy, l.x, t * spatial, spatial, 1, [&](int64_t, Acc dy, Acc x) {
+            sdy += dy;
+            sdyx += dy * (x - mean) * rstd;
+        });
+        Group::sum2(sdy, sdyx, scratch);
+        if (Group::lane() == 0) {
+            sums[t] = sdy;
+            sums[segments + t] = sdyx;
+        }
+    }
+}
+
+/* group_norm's dx as layer_norm_dx_kernel's, the row's sums of g = dy * w
+ * and g * xhat from its channels' sums (group_norm_channel_sums). */
+template <int G, class Acc>
+__global__ void __launch_bounds__(BLOCK) group_norm_dx_kernel(ampc_layer_norm_backward l, const Acc *sums)
+{
+    typedef RowGroup<G> Group;
+    __shared__ Acc scratch[2 * BLOCK / 32];
+    const int64_t n = l.n, channels = n / l.spatial, segments = l.rows * channels;
+    for (int64_t row = Group::first(); row < l.rows; row += Group::step()) {
+        const int64_t base = row * n, first_channel = row % l.groups * channels;
+        const Acc mean = static_cast<const Acc *>(l.mean.data)[row];
+        const Acc rstd = static_cast<const Acc *>(l.rstd.data)[row];
+        Acc sg = 0, sgx = 0;
+        for (int64_t k = Group::lane(); k < channels; k += G) {
+            const Acc w = l.weight.data != nullptr ? load<Acc>(l.weight, first_channel + k) : (Acc)1;
+            sg += w * sums[row * channels + k];
+            sgx += w * sums[segments + row * channels + k];
+        }
+        Group::sum2(sg, sgx, scratch);
+        const Acc mg = sg / (Acc)n, mgx = sgx / (Acc)n;
+        row_each2<G, Acc>(l.dy, l.x, base, n, 1, [&](int64_t j, Acc dy, Acc x) {
+            const Acc g = l.weight.data != nullptr ? dy * load<Acc>(l.weight, affine_index(l, first_channel, j)) : dy;
+            store(l.dx, base + j, rstd * (g - mg - (x - mean) * rstd * mgx));
+        });
+    }
+}
+
+/* Column values of group_norm's weight gradients: sample j, channel i of
+ * the channel sums; v[0] the sum of dy * xhat (dweight), v[NV - 1] of dy
+ * (dbias); NV 2 for both, 1 for either alone. */
+template <class Acc, int NV, bool WEIGHT>
+struct ChannelSums {
+    const Acc *sums;
+    int64_t segments, width;  /* width: the channels of a sample */
+    __device__ void operator()(int64_t, int64_t j, int64_t i, Acc *v) const
+    {
+        if (WEIGHT)
+            v[0] = sums[segments + j * width + i];
+        if (NV == 2 || !WEIGHT)
+            v[NV - 1] = sums[j * width + i];
+    }
+};
+
+/* group_norm's backward: the channel sums, then dx and the weight
+ * gradients from them. */
+template <class Acc>
+int group_norm_backward(int device, void *stream, const ampc_layer_norm_backward *l)
+{
+    const int64_t channels = l->n / l->spatial, segments = l->rows * channels;
+    Scratch sums(device, stream);
+    int status = sums.get((size_t)(2 * segments) * sizeof(Acc));
+    if (status != AMPC_OK)
+        return status;
+    const Acc *s = static_cast<const Acc *>(sums.ptr);
+    /* a thread a channel where channels are short (neighbouring threads read neighbouring channels) */
+    RowLaunch L = row_launch(ampc_rows{segments, l->spatial, 1});
+    if (l->spatial < 32) {
+        L.group = 1;
+        L.grid = grid_for(segments, BLOCK);
+    }
+    AMPC_LAUNCH_ROWS(group_norm_channel_sums, Acc, L, as_stream(stream), *l, static_cast<Acc *>(sums.ptr));
+    status = ampc_cuda_launched("group_norm channel sums kernel");
+    if (status != AMPC_OK)
+        return status;
+    if (l->dx.data != nullptr) {
+        const RowLaunch R = row_launch(ampc_rows{l->rows, l->n, 1});
+        AMPC_LAUNCH_ROWS(group_norm_dx_kernel, Acc, R, as_stream(stream), *l, s);
+        status = ampc_cuda_launched("group_norm backward kernel");
+        if (status != AMPC_OK)
+            return status;
+    }
+    const int64_t samples = l->rows / l->groups, width = l->groups * channels;
+    const char *what = "group_norm weight gradient kernel";
+    if (l->dweight.data != nullptr && l->dbias.data != nullptr)
+        return column_sums<2, Acc>(device, stream, ChannelSums<Acc, 2, true>{s, segments, width}, 1, samples, width,
+                                   l->dweight, l->dbias, (Acc)1, what);
+    if (l->dweight.data != nullptr)
+        return column_sums<1, Acc>(device, stream, ChannelSums<Acc, 1, true>{s, segments, width}, 1, samples, width,
+                                   l->dweight, l->dweight, (Acc)1, what);
+    if (l->dbias.data != nullptr)
+        return column_sums<1, Acc>(device, stream, ChannelSums<Acc, 1, false>{s, segments, width}, 1, samples,
+                                   width, l->dbias, l->dbias, (Acc)1, what);
+    return AMPC_OK;
 }
 
 /* Column values for the weight gradients: row j, feature i. */
@@ -124,6 +253,8 @@ struct DyXhatOnly {  /* dweight alone */
 template <class Acc>
 int layer_norm_backward(int device, void *stream, const ampc_layer_norm_backward *l)
 {
+    if (l->groups > 0)
+        return group_norm_backward<Acc>(device, stream, l);
     if (l->dx.data != nullptr) {
         const RowLaunch L = row_launch(ampc_rows{l->rows, l->n, 1});
         AMPC_LAUNCH_ROWS(layer_norm_dx_kernel, Acc, L, as_stream(stream), *l);
@@ -294,7 +425,7 @@ int layer_norm_weight_grads_packed(int device, void *stream, const ampc_layer_no
 int layer_norm_fast(const ampc_layer_norm *l, cudaStream_t stream)
 {
     const int dtype = l->x.dtype;
-    if (l->y.dtype != dtype || (l->weight.data != nullptr && l->weight.dtype != dtype) ||
+    if (l->groups > 0 || l->y.dtype != dtype || (l->weight.data != nullptr && l->weight.dtype != dtype) ||
         (l->bias.data != nullptr && l->bias.dtype != dtype) ||
         !packs_fit(dtype, l->n, l->x.data, l->y.data, l->weight.data, l->bias.data))
         return NOT_FAST;
@@ -312,7 +443,7 @@ int layer_norm_fast(const ampc_layer_norm *l, cudaStream_t stream)
 int layer_norm_backward_fast(int device, void *stream, const ampc_layer_norm_backward *l)
 {
     const int dtype = l->x.dtype;
-    if (l->dy.dtype != dtype || (l->dx.data != nullptr && l->dx.dtype != dtype) ||
+    if (l->groups > 0 || l->dy.dtype != dtype || (l->dx.data != nullptr && l->dx.dtype != dtype) ||
         (l->weight.data != nullptr && l->weight.dtype != dtype) ||
         !packs_fit(dtype, l->n, l->x.data, l->dy.data, l->dx.data, l->weight.data))
         return NOT_FAST;

@@ -670,17 +670,6 @@ static int affine_layout(const char *op, int64_t rows, int64_t n, long long grou
     return 0;
 }
 
-/* The GPU's row kernels take no weight per channel yet (they have not run on
- * a GPU with one): ampc.nn.functional composes group_norm there. */
-static int group_rows_on_gpu(const char *op, long long groups, const ampc_view *x)
-{
-    if (groups == 0 || x->device.type != AMPC_DEVICE_CUDA)
-        return 0;
-    PyErr_Format(PyExc_NotImplementedError, "%s: rows of channels with their own weights (groups) are the "
-                 "CPU kernels' alone; ampc.nn.functional.group_norm composes them on a GPU", op);
-    return -1;
-}
-
 static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"input", "n", "weight", "bias", "eps", "dtype", "stats", "groups", "channels", NULL};
@@ -707,7 +696,7 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
     if (b_obj != Py_None && (b = ampc_op_arg(&a, b_obj, "bias", AMPC_ARG_FLOAT)) == NULL)
         goto done;
     int64_t width;
-    if (layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 || group_rows_on_gpu(name, groups, x) < 0 ||
+    if (layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 ||
         affine_layout(name, l.rows, l.n, groups, channels, &l.spatial, &width) < 0 ||
         check_param(name, w, "weight", width) < 0 || check_param(name, b, "bias", width) < 0 ||
         ampc_op_dense(&a, x) < 0 || (w && ampc_op_dense(&a, w) < 0) || (b && ampc_op_dense(&a, b) < 0))
@@ -765,7 +754,7 @@ static PyObject *mod_layer_norm_backward(PyObject *module, PyObject *args, PyObj
         goto done;
     int64_t width;
     if (ampc_op_check_same_shape(name, dy, "grad_output", x, "input") < 0 ||
-        layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 || group_rows_on_gpu(name, groups, x) < 0 ||
+        layer_norm_split(name, x, nnorm, &l.rows, &l.n) < 0 ||
         affine_layout(name, l.rows, l.n, groups, channels, &l.spatial, &width) < 0 ||
         check_param(name, w, "weight", width) < 0)
         goto done;

@@ -189,7 +189,7 @@ typedef struct {
  * groups 0: w and b per element of a row (layer_norm); groups > 0:
  * group_norm's, per channel, a row being one group of one sample, n /
  * spatial channels of `spatial` elements each, row r's first channel
- * (r % groups) * (n / spatial); the CPU kernels' alone for now. */
+ * (r % groups) * (n / spatial). */
 typedef struct {
     int64_t rows, n, groups, spatial;
     double eps;

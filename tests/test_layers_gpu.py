@@ -12,7 +12,8 @@ import ampc
 pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
-from test_ops_gpu import FLOATS, ID, RTOL, autograd, close, randn, seed  # noqa: E402,F401 (seed: the autouse fixture)
+from test_ops_gpu import (FLOATS, ID, RTOL, autograd, close, randn, seed,  # noqa: E402,F401 (seed: the autouse fixture)
+                          strided)
 
 TF = torch.nn.functional
 F = ampc.nn.functional
@@ -83,8 +84,11 @@ def test_dropout_mask_is_the_cpus(dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
-@pytest.mark.parametrize("shape,groups", [((4, 32, 7, 7), 8), ((2, 6, 33), 3), ((3, 64, 1, 1), 64)], ids=str)
+@pytest.mark.parametrize("shape,groups", [((4, 32, 7, 7), 8), ((2, 6, 33), 3), ((3, 64, 1, 1), 64),
+                                          ((2, 8, 40, 40), 2), ((3, 40, 5), 8)], ids=str)
 def test_group_norm(shape, groups, dtype):
+    """Channels of 49, 33, 1, 1600 and 5 elements: the channel sums' thread, warp and block per channel,
+    rows of a block (6400 elements)."""
     x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
     w, b = randn(shape[1], dtype=dtype), randn(shape[1], dtype=dtype)
     fn = lambda v, wt, bs: TF.group_norm(v, groups, wt, bs)  # noqa: E731
@@ -106,14 +110,17 @@ def test_group_norm(shape, groups, dtype):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("alone", ["weight", "bias"])
 def test_group_norm_weight_or_bias_alone(alone, dtype):
-    """group_norm's affine step with one of its two arrays (on a GPU, broadcast passes after layer_norm):
-    forward, dx with the channel's weight, and that array's gradient, against float64's."""
+    """group_norm's affine step with one of its two arrays: forward, dx with the channel's weight (or
+    none), and that array's gradient, against float64's."""
     shape, groups = (3, 12, 5, 9), 4
     x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
     p = randn(shape[1], dtype=dtype)
     w, b = (p, None) if alone == "weight" else (None, p)
+    # torch 2.11's CUDA backward of group_norm with a bias and no weight raises "tensor does not have a
+    # device": its reference takes a weight of ones (the same function) that needs no gradient
+    ones = torch.ones(shape[1], device="cuda", dtype=torch.float64)
     fn = (lambda v, q: TF.group_norm(v, groups, q, None)) if w is not None else (  # noqa: E731
-        lambda v, q: TF.group_norm(v, groups, None, q))
+        lambda v, q: TF.group_norm(v, groups, ones, q))
     close(F.group_norm(x, groups, w, b), fn(x.double(), p.double()), dtype, rtol=2 * RTOL[dtype],
           what=f"group_norm with its {alone} alone")
     g = randn(*shape, dtype=dtype)
@@ -124,6 +131,22 @@ def test_group_norm_weight_or_bias_alone(alone, dtype):
     assert (gb if w is not None else gw) is None
     close(got, egp, dtype, rtol=8 * RTOL[dtype], scale=3 * g.double().abs().sum().item() / shape[1],
           what=f"grad_{alone}")
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+def test_group_norm_layouts_and_dx_alone(dtype):
+    """Channels-last and stepped inputs give the contiguous input's bits (the kernels see the same rows),
+    and dx without the weight gradients is the same dx."""
+    x = randn(3, 12, 6, 5, dtype=dtype, scale=2.0) + 0.5
+    w, b, g = randn(12, dtype=dtype), randn(12, dtype=dtype), randn(3, 12, 6, 5, dtype=dtype)
+    y = F.group_norm(x, 4, w, b)
+    grads = F.group_norm_backward(g, x, 4, w, b)
+    for other in (x.contiguous(memory_format=torch.channels_last), strided(x)):
+        assert torch.equal(bits(F.group_norm(other, 4, w, b)), bits(y))
+        for got, want in zip(F.group_norm_backward(g, other, 4, w, b), grads):
+            assert torch.equal(bits(got), bits(want))
+    gi, gw, gb = F.group_norm_backward(g, x, 4, w, b, weight_grads=False)
+    assert gw is None and gb is None and torch.equal(bits(gi), bits(grads[0]))
 
 
 SDPA_RTOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2, torch.float64: 1e-12}

@@ -92,13 +92,6 @@ def cast_for_dtype(input, dtype):
     return _C.cast(input, want)
 
 
-def on_cpu(x):
-    """Whether x's memory is the host's (DLPack's device type 1; anything without __dlpack_device__ is
-    taken as a host array)."""
-    device = getattr(x, "__dlpack_device__", None)
-    return device is None or device()[0] == 1
-
-
 def numel(x):
     return math.prod(int(s) for s in x.shape)
 

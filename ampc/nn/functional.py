@@ -23,7 +23,6 @@ from ampc.amp import autocast_op
 from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
 from ampc.nn._common import cast_for_dtype as _cast_for_dtype
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
-from ampc.nn._common import on_cpu as _on_cpu
 from ampc.nn._common import is_floating_array as _is_floating_array
 from ampc.nn._common import is_number as _is_number, result_type as _result_type, shape_of as _shape_of
 from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
@@ -279,11 +278,6 @@ def _group_rows(op, input, num_groups):
     return _reshape(input, (shape[0] * num_groups, n)), n, num_groups
 
 
-def _channels(input, values):
-    """A (C,) array shaped to broadcast over input (N, C, *)."""
-    return _reshape(values, (-1,) + (1,) * (len(input.shape) - 2))
-
-
 def _group_norm_forward(input, num_groups, weight=None, bias=None, eps=1e-5):
     """(output, mean, rstd): group_norm, and the statistics of each of the N * num_groups groups."""
     rows, n, groups = _group_rows("group_norm", input, num_groups)
@@ -292,22 +286,9 @@ def _group_norm_forward(input, num_groups, weight=None, bias=None, eps=1e-5):
         if p is not None and _numel(p) != shape[1]:
             raise ValueError(f"group_norm: Expected {name} to be a vector of size equal to the number of channels in "
                              f"input, but got {name} of shape {list(p.shape)} and input of shape {list(shape)}")
-    if _on_cpu(input):  # the affine step per channel in the normalising pass, in the accumulation dtype
-        y, mean, rstd = _C._layer_norm(rows, n, weight, bias, float(eps), groups=groups, channels=shape[1])
-        return _reshape(y, shape), mean, rstd
-    # a GPU's row kernels take no weight per channel yet: the affine step on layer_norm's normalised
-    # values in the accumulation dtype, by broadcast passes (one rounding all the same)
-    dtype = _dtype(input)
-    if weight is None and bias is None:
-        y, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps))
-        return _reshape(y, shape), mean, rstd
-    xhat, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps), dtype=_acc(dtype))
-    y = _reshape(xhat, shape)
-    if weight is not None:
-        y = _ew("mul", y, _channels(input, weight), dtype=_acc(dtype) if bias is not None else dtype)
-    if bias is not None:
-        y = _ew("add", y, _channels(input, bias), dtype=dtype)
-    return y, mean, rstd
+    # the affine step per channel in the normalising pass, in the accumulation dtype: one rounding
+    y, mean, rstd = _C._layer_norm(rows, n, weight, bias, float(eps), groups=groups, channels=shape[1])
+    return _reshape(y, shape), mean, rstd
 
 
 @autocast_op(name="group_norm")
@@ -325,32 +306,15 @@ def group_norm_backward(grad_output, input, num_groups, weight=None, bias=None, 
     shape = tuple(input.shape)
     if mean is None or rstd is None:
         _, mean, rstd = _C._layer_norm(rows, n, None, None, float(eps))
+    # dx (layer_norm's over the groups, the incoming gradient times the channel's weight) and the weight
+    # gradients per channel from the same sums; both in the weight's dtype (the input's without one)
     sums = weight_grads and (weight is not None or bias is not None)
-    if _on_cpu(input):
-        # dx (layer_norm's over the groups, the incoming gradient times the channel's weight) and the weight
-        # gradients per channel in the same passes; both in the weight's dtype (the input's without one)
-        gi, gw, gb = _C._layer_norm_backward(_reshape(grad_output, tuple(rows.shape)), rows, mean, rstd, n, weight,
-                                             sums, groups=groups, channels=shape[1])
-        if sums and bias is not None and _dtype(gb) != _dtype(bias):
-            gb = _ew("copy", gb, dtype=_dtype(bias))
-        return (_reshape(gi, shape), gw if sums and weight is not None else None,
-                gb if sums and bias is not None else None)
-    # on a GPU (as the forward): dx from the incoming gradient times the channel's weight, and the weight
-    # gradients as sums over the batch and positions
-    acc = _acc(_dtype(input))
-    g = grad_output if weight is None else _ew("mul", grad_output, _channels(input, weight), dtype=acc)
-    gi = _C._layer_norm_backward(_reshape(g, tuple(rows.shape)), rows, mean, rstd, n, None, False)[0]
-    gi = _reshape(gi, shape)
-    gw = gb = None
-    dims = (0,) + tuple(range(2, len(shape)))
-    if weight_grads and weight is not None:
-        xhat = _ew("mul", _ew("add", rows, _reshape(mean, (-1, 1)), param=-1.0, dtype=acc), _reshape(rstd, (-1, 1)))
-        gw = _C._sum(_ew("mul", grad_output, _reshape(xhat, shape), dtype=acc), dims)
-        gw = gw if _dtype(gw) == _dtype(weight) else _ew("copy", gw, dtype=_dtype(weight))
-    if weight_grads and bias is not None:
-        gb = _C._sum(grad_output, dims, dtype=acc)
-        gb = gb if _dtype(gb) == _dtype(bias) else _ew("copy", gb, dtype=_dtype(bias))
-    return gi, gw, gb
+    gi, gw, gb = _C._layer_norm_backward(_reshape(grad_output, tuple(rows.shape)), rows, mean, rstd, n, weight, sums,
+                                         groups=groups, channels=shape[1])
+    if sums and bias is not None and _dtype(gb) != _dtype(bias):
+        gb = _ew("copy", gb, dtype=_dtype(bias))
+    return (_reshape(gi, shape), gw if sums and weight is not None else None,
+            gb if sums and bias is not None else None)
 
 
 # --------------------------------------------------------------------------------------------
