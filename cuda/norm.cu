@@ -161,6 +161,176 @@ __global__ void __launch_bounds__(BLOCK) group_norm_dx_kernel(ampc_layer_norm_ba
     }
 }
 
+/* group_norm's rows in 16-byte packs (group_packs_fit): each channel is
+ * whole packs, so a pack has one channel (one division a pack, not an
+ * element) and one weight. fn(c, a, b, out) makes a pack from the VEC
+ * values of a and b (zeros where b_row is null) of channel c. */
+template <class T, int G, class Fn>
+__device__ __forceinline__ void channel_map(const T *a_row, const T *b_row, T *out_row, int64_t n, uint32_t spatial,
+                                            int64_t first_channel, int lane, Fn fn)
+{
+    constexpr int VEC = Pack<T>::VEC;
+    const int64_t packs = n / VEC;
+    for (int64_t p = lane; p < packs; p += STREAM_UNROLL * G) {
+        Pack<T> pa[STREAM_UNROLL], pb[STREAM_UNROLL];
+#pragma unroll
+        for (int u = 0; u < STREAM_UNROLL; u++)
+            if (p + u * G < packs) {
+                pa[u].load(a_row + (p + u * G) * VEC);
+                if (b_row != nullptr)
+                    pb[u].load(b_row + (p + u * G) * VEC);
+            }
+#pragma unroll
+        for (int u = 0; u < STREAM_UNROLL; u++)
+            if (p + u * G < packs) {
+                const int64_t j0 = (p + u * G) * VEC;
+                float a[VEC], b[VEC], out[VEC];
+#pragma unroll
+                for (int i = 0; i < VEC; i++) {
+                    a[i] = pa[u][i];
+                    b[i] = b_row != nullptr ? pb[u][i] : 0.0f;
+                }
+                fn(first_channel + (int64_t)((uint32_t)j0 / spatial), a, b, out);
+                Pack<T> o;
+#pragma unroll
+                for (int i = 0; i < VEC; i++)
+                    o.set(i, out[i]);
+                o.store(out_row + j0);
+            }
+    }
+}
+
+/* Whether group_norm's rows take the streamed kernels below: a storage type
+ * packs serve, channels of whole packs, the arrays on 16-byte boundaries,
+ * and rows short enough for channel_map's 32-bit division. */
+static inline bool group_packs_fit(int dtype, int64_t n, int64_t spatial, const void *a, const void *b,
+                                   const void *c)
+{
+    return n <= INT32_MAX && packs_fit(dtype, spatial, a, b, c);
+}
+
+/* layer_norm_kernel for group_norm's rows, streamed in packs. */
+template <class T, int G>
+__global__ void __launch_bounds__(BLOCK) group_norm_streamed(ampc_layer_norm l)
+{
+    typedef RowGroup<G> Group;
+    constexpr int VEC = Pack<T>::VEC;
+    __shared__ float scratch[2 * BLOCK / 32];
+    const int64_t n = l.n, channels = n / l.spatial;
+    const int lane = Group::lane();
+    for (int64_t row = Group::first(); row < l.rows; row += Group::step()) {
+        const T *x = static_cast<const T *>(l.x.data) + row * n;
+        float s = 0.0f;
+        stream_reduce<T, G>(x, nullptr, n, lane, [&](int64_t, const float *v, const float *, auto count) {
+            for (int i = 0; i < decltype(count)::value; i++)
+                s += v[i];
+        });
+        const float mu = Group::sum(s, scratch) / (float)n;
+        float q = 0.0f, d = 0.0f;
+        stream_reduce<T, G>(x, nullptr, n, lane, [&](int64_t, const float *v, const float *, auto count) {
+            for (int i = 0; i < decltype(count)::value; i++) {
+                q += (v[i] - mu) * (v[i] - mu);
+                d += v[i] - mu;
+            }
+        });
+        Group::sum2(q, d, scratch);
+        float mean, rstd;
+        mean_and_rstd(mu, q, d, (float)n, (float)l.eps, mean, rstd);
+        channel_map<T, G>(x, nullptr, static_cast<T *>(l.y.data) + row * n, n, (uint32_t)l.spatial,
+                          row % l.groups * channels, lane, [&](int64_t c, const float *v, const float *, float *out) {
+                              const float w = l.weight.data != nullptr ? load<float>(l.weight, c) : 1.0f;
+                              const float b = l.bias.data != nullptr ? load<float>(l.bias, c) : 0.0f;
+#pragma unroll
+                              for (int i = 0; i < VEC; i++) {
+                                  float y = (v[i] - mean) * rstd;
+                                  if (l.weight.data != nullptr)
+                                      y *= w;
+                                  if (l.bias.data != nullptr)
+                                      y += b;
+                                  out[i] = y;
+                              }
+                          });
+        if (lane == 0) {
+            static_cast<float *>(l.mean.data)[row] = mean;
+            static_cast<float *>(l.rstd.data)[row] = rstd;
+        }
+    }
+}
+
+/* group_norm_channel_sums, streamed in packs. */
+template <class T, int G>
+__global__ void __launch_bounds__(BLOCK) group_norm_channel_sums_streamed(ampc_layer_norm_backward l, float *sums)
+{
+    typedef RowGroup<G> Group;
+    __shared__ float scratch[2 * BLOCK / 32];
+    const int64_t spatial = l.spatial, channels = l.n / spatial, segments = l.rows * channels;
+    const int lane = Group::lane();
+    for (int64_t t = Group::first(); t < segments; t += Group::step()) {
+        const int64_t row = t / channels;
+        const float mean = static_cast<const float *>(l.mean.data)[row];
+        const float rstd = static_cast<const float *>(l.rstd.data)[row];
+        const T *dy = static_cast<const T *>(l.dy.data) + t * spatial;
+        const T *x = static_cast<const T *>(l.x.data) + t * spatial;
+        float sdy = 0.0f, sdyx = 0.0f;
+        stream_reduce<T, G>(dy, x, spatial, lane, [&](int64_t, const float *d, const float *v, auto count) {
+            for (int i = 0; i < decltype(count)::value; i++) {
+                sdy += d[i];
+                sdyx += d[i] * (v[i] - mean) * rstd;
+            }
+        });
+        Group::sum2(sdy, sdyx, scratch);
+        if (lane == 0) {
+            sums[t] = sdy;
+            sums[segments + t] = sdyx;
+        }
+    }
+}
+
+/* group_norm_dx_kernel, streamed in packs. */
+template <class T, int G>
+__global__ void __launch_bounds__(BLOCK) group_norm_dx_streamed(ampc_layer_norm_backward l, const float *sums)
+{
+    typedef RowGroup<G> Group;
+    constexpr int VEC = Pack<T>::VEC;
+    __shared__ float scratch[2 * BLOCK / 32];
+    const int64_t n = l.n, channels = n / l.spatial, segments = l.rows * channels;
+    const int lane = Group::lane();
+    for (int64_t row = Group::first(); row < l.rows; row += Group::step()) {
+        const int64_t first_channel = row % l.groups * channels;
+        const float mean = static_cast<const float *>(l.mean.data)[row];
+        const float rstd = static_cast<const float *>(l.rstd.data)[row];
+        float sg = 0.0f, sgx = 0.0f;
+        for (int64_t k = lane; k < channels; k += G) {
+            const float w = l.weight.data != nullptr ? load<float>(l.weight, first_channel + k) : 1.0f;
+            sg += w * sums[row * channels + k];
+            sgx += w * sums[segments + row * channels + k];
+        }
+        Group::sum2(sg, sgx, scratch);
+        const float mg = sg / (float)n, mgx = sgx / (float)n;
+        channel_map<T, G>(static_cast<const T *>(l.dy.data) + row * n, static_cast<const T *>(l.x.data) + row * n,
+                          static_cast<T *>(l.dx.data) + row * n, n, (uint32_t)l.spatial, first_channel, lane,
+                          [&](int64_t c, const float *dy, const float *x, float *out) {
+                              const float w = l.weight.data != nullptr ? load<float>(l.weight, c) : 1.0f;
+#pragma unroll
+                              for (int i = 0; i < VEC; i++)
+                                  out[i] = rstd * (dy[i] * w - mg - (x[i] - mean) * rstd * mgx);
+                          });
+    }
+}
+
+/* A streamed kernel launched a warp a row (narrow) for rows shorter than
+ * block_from elements, else a block a row (wide). */
+template <class... Params, class... Args>
+int launch_streamed(void (*narrow)(Params...), void (*wide)(Params...), int64_t rows, int64_t n, int64_t block_from,
+                    cudaStream_t stream, const char *what, Args... args)
+{
+    if (n < block_from)
+        narrow<<<rows_grid(rows, 32), BLOCK, 0, stream>>>(args...);
+    else
+        wide<<<rows_grid(rows, BLOCK), BLOCK, 0, stream>>>(args...);
+    return ampc_cuda_launched(what);
+}
+
 /* Column values of group_norm's weight gradients: sample j, channel i of
  * the channel sums; v[0] the sum of dy * xhat (dweight), v[NV - 1] of dy
  * (dbias); NV 2 for both, 1 for either alone. */
@@ -177,6 +347,26 @@ struct ChannelSums {
     }
 };
 
+/* group_norm's weight gradients: the column sums over the samples of its
+ * channel sums s (group_norm_channel_sums'). */
+template <class Acc>
+int group_norm_weight_grads(int device, void *stream, const ampc_layer_norm_backward *l, const Acc *s)
+{
+    const int64_t channels = l->n / l->spatial, segments = l->rows * channels;
+    const int64_t samples = l->rows / l->groups, width = l->groups * channels;
+    const char *what = "group_norm weight gradient kernel";
+    if (l->dweight.data != nullptr && l->dbias.data != nullptr)
+        return column_sums<2, Acc>(device, stream, ChannelSums<Acc, 2, true>{s, segments, width}, 1, samples, width,
+                                   l->dweight, l->dbias, (Acc)1, what);
+    if (l->dweight.data != nullptr)
+        return column_sums<1, Acc>(device, stream, ChannelSums<Acc, 1, true>{s, segments, width}, 1, samples, width,
+                                   l->dweight, l->dweight, (Acc)1, what);
+    if (l->dbias.data != nullptr)
+        return column_sums<1, Acc>(device, stream, ChannelSums<Acc, 1, false>{s, segments, width}, 1, samples,
+                                   width, l->dbias, l->dbias, (Acc)1, what);
+    return AMPC_OK;
+}
+
 /* group_norm's backward: the channel sums, then dx and the weight
  * gradients from them. */
 template <class Acc>
@@ -188,6 +378,22 @@ int group_norm_backward(int device, void *stream, const ampc_layer_norm_backward
     if (status != AMPC_OK)
         return status;
     const Acc *s = static_cast<const Acc *>(sums.ptr);
+    const int dtype = l->x.dtype;
+    if constexpr (std::is_same<Acc, float>::value) {
+        if (l->dy.dtype == dtype && (l->dx.data == nullptr || l->dx.dtype == dtype) &&
+            group_packs_fit(dtype, l->n, l->spatial, l->dy.data, l->x.data, l->dx.data))
+            return with_storage(dtype, [&](auto type) {
+                using T = decltype(type);
+                const cudaStream_t st = as_stream(stream);
+                int rc = launch_streamed(group_norm_channel_sums_streamed<T, 32>,
+                                         group_norm_channel_sums_streamed<T, BLOCK>, segments, l->spatial, 1024, st,
+                                         "group_norm channel sums kernel", *l, static_cast<float *>(sums.ptr));
+                if (rc == AMPC_OK && l->dx.data != nullptr)
+                    rc = launch_streamed(group_norm_dx_streamed<T, 32>, group_norm_dx_streamed<T, BLOCK>, l->rows,
+                                         l->n, STREAM_BLOCK_FROM, st, "group_norm backward kernel", *l, s);
+                return rc == AMPC_OK ? group_norm_weight_grads<Acc>(device, stream, l, s) : rc;
+            });
+    }
     /* a thread a channel where channels are short (neighbouring threads read neighbouring channels) */
     RowLaunch L = row_launch(ampc_rows{segments, l->spatial, 1});
     if (l->spatial < 32) {
@@ -205,18 +411,7 @@ int group_norm_backward(int device, void *stream, const ampc_layer_norm_backward
         if (status != AMPC_OK)
             return status;
     }
-    const int64_t samples = l->rows / l->groups, width = l->groups * channels;
-    const char *what = "group_norm weight gradient kernel";
-    if (l->dweight.data != nullptr && l->dbias.data != nullptr)
-        return column_sums<2, Acc>(device, stream, ChannelSums<Acc, 2, true>{s, segments, width}, 1, samples, width,
-                                   l->dweight, l->dbias, (Acc)1, what);
-    if (l->dweight.data != nullptr)
-        return column_sums<1, Acc>(device, stream, ChannelSums<Acc, 1, true>{s, segments, width}, 1, samples, width,
-                                   l->dweight, l->dweight, (Acc)1, what);
-    if (l->dbias.data != nullptr)
-        return column_sums<1, Acc>(device, stream, ChannelSums<Acc, 1, false>{s, segments, width}, 1, samples,
-                                   width, l->dbias, l->dbias, (Acc)1, what);
-    return AMPC_OK;
+    return group_norm_weight_grads<Acc>(device, stream, l, s);
 }
 
 /* Column values for the weight gradients: row j, feature i. */
@@ -425,7 +620,16 @@ int layer_norm_weight_grads_packed(int device, void *stream, const ampc_layer_no
 int layer_norm_fast(const ampc_layer_norm *l, cudaStream_t stream)
 {
     const int dtype = l->x.dtype;
-    if (l->groups > 0 || l->y.dtype != dtype || (l->weight.data != nullptr && l->weight.dtype != dtype) ||
+    if (l->groups > 0) {  /* group_norm's rows: streamed where channels are whole packs */
+        if (l->y.dtype != dtype || !group_packs_fit(dtype, l->n, l->spatial, l->x.data, l->y.data, nullptr))
+            return NOT_FAST;
+        return with_storage(dtype, [&](auto type) {
+            using T = decltype(type);
+            return launch_streamed(group_norm_streamed<T, 32>, group_norm_streamed<T, BLOCK>, l->rows, l->n,
+                                   STREAM_BLOCK_FROM, stream, "group_norm kernel", *l);
+        });
+    }
+    if (l->y.dtype != dtype || (l->weight.data != nullptr && l->weight.dtype != dtype) ||
         (l->bias.data != nullptr && l->bias.dtype != dtype) ||
         !packs_fit(dtype, l->n, l->x.data, l->y.data, l->weight.data, l->bias.data))
         return NOT_FAST;

@@ -85,10 +85,11 @@ def test_dropout_mask_is_the_cpus(dtype):
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("shape,groups", [((4, 32, 7, 7), 8), ((2, 6, 33), 3), ((3, 64, 1, 1), 64),
-                                          ((2, 8, 40, 40), 2), ((3, 40, 5), 8)], ids=str)
+                                          ((3, 40, 5), 8), ((2, 8, 40, 40), 2), ((4, 16, 8, 8), 4)], ids=str)
 def test_group_norm(shape, groups, dtype):
-    """Channels of 49, 33, 1, 1600 and 5 elements: the channel sums' thread, warp and block per channel,
-    rows of a block (6400 elements)."""
+    """Channels of 49, 33, 1 and 5 elements: the generic kernels' thread, warp and block per channel;
+    channels of 1600 and 64 (whole 16-byte packs): the streamed kernels' block and warp per row and
+    per channel."""
     x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
     w, b = randn(shape[1], dtype=dtype), randn(shape[1], dtype=dtype)
     fn = lambda v, wt, bs: TF.group_norm(v, groups, wt, bs)  # noqa: E731
@@ -109,10 +110,11 @@ def test_group_norm(shape, groups, dtype):
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("alone", ["weight", "bias"])
-def test_group_norm_weight_or_bias_alone(alone, dtype):
+@pytest.mark.parametrize("shape", [(3, 12, 5, 9), (2, 12, 4, 8)], ids=str)
+def test_group_norm_weight_or_bias_alone(shape, alone, dtype):
     """group_norm's affine step with one of its two arrays: forward, dx with the channel's weight (or
-    none), and that array's gradient, against float64's."""
-    shape, groups = (3, 12, 5, 9), 4
+    none), and that array's gradient, against float64's; generic and streamed kernels."""
+    groups = 4
     x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
     p = randn(shape[1], dtype=dtype)
     w, b = (p, None) if alone == "weight" else (None, p)
@@ -136,9 +138,9 @@ def test_group_norm_weight_or_bias_alone(alone, dtype):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 def test_group_norm_layouts_and_dx_alone(dtype):
     """Channels-last and stepped inputs give the contiguous input's bits (the kernels see the same rows),
-    and dx without the weight gradients is the same dx."""
-    x = randn(3, 12, 6, 5, dtype=dtype, scale=2.0) + 0.5
-    w, b, g = randn(12, dtype=dtype), randn(12, dtype=dtype), randn(3, 12, 6, 5, dtype=dtype)
+    and dx without the weight gradients is the same dx; a channel of 32 elements (streamed)."""
+    x = randn(3, 12, 8, 4, dtype=dtype, scale=2.0) + 0.5
+    w, b, g = randn(12, dtype=dtype), randn(12, dtype=dtype), randn(3, 12, 8, 4, dtype=dtype)
     y = F.group_norm(x, 4, w, b)
     grads = F.group_norm_backward(g, x, 4, w, b)
     for other in (x.contiguous(memory_format=torch.channels_last), strided(x)):
