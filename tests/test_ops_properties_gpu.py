@@ -1,8 +1,8 @@
 """Property-based tests of the GPU kernels (hypothesis), as test_ops_properties.py does for the CPU:
 arbitrary shapes, dtypes, values and layouts (C order, transposed, channels-last) on CUDA tensors,
 each op against its float64 reference. They reach the paths chosen by shape: the cached and
-streamed row kernels, the channels-last and NCHW batch-norm kernels (and cuDNN's for the rest),
-the packed and per-element pool kernels."""
+streamed row kernels, group_norm's generic and streamed kernels, the channels-last and NCHW
+batch-norm kernels (and cuDNN's for the rest), the packed and per-element pool kernels."""
 
 import os
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, assume, given, settings, strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
 F = ampc.nn.functional
@@ -114,6 +114,36 @@ def test_batch_norm_training(case):
     gi, _, _ = F.batch_norm_backward(gt, t, w, training=True, save_mean=mean, save_rstd=rstd)
     assert_close(to_numpy(gi, x.dtype), egi.cpu().numpy(), x.dtype, rtol=8 * ref.RTOL[x.dtype],
                  scale=float(egi.abs().max()) + float(rstd.max()) * 2, what="batch_norm grad_input")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=SLOW_DATA)
+@given(cases(four_d=True, max_side=12), st.data())
+def test_group_norm(case, data):
+    """Forward and backward (input, weight and bias) against torch's float64 autograd, over groups of
+    any size: channels that are whole 16-byte packs take the streamed kernels, the rest the generic
+    ones. Groups whose values barely spread are left to the fixed tests (their gradients cancel)."""
+    x, t = case
+    c = x.shape[1]
+    groups = data.draw(st.sampled_from([d for d in range(1, c + 1) if c % d == 0]))
+    assume((f64(x).reshape(x.shape[0], groups, -1).var(-1) > 1e-2).all())
+    w = torch.linspace(0.5, 1.5, c, device="cuda", dtype=torch.float64).to(t.dtype)
+    b = torch.linspace(-1, 1, c, device="cuda", dtype=torch.float64).to(t.dtype)
+    y, mean, rstd = F._group_norm_forward(t, groups, w, b)
+    xd, wd, bd = (torch.from_numpy(f64(x)).cuda().requires_grad_(True), w.double().requires_grad_(True),
+                  b.double().requires_grad_(True))
+    want = TF.group_norm(xd, groups, wd, bd)
+    assert_close(to_numpy(y, x.dtype), want.detach().cpu().numpy(), x.dtype, rtol=4 * ref.RTOL[x.dtype],
+                 scale=1.5, what="group_norm")
+    gt = torch.linspace(-2, 2, x.size, device="cuda", dtype=torch.float64).reshape(x.shape).to(t.dtype)
+    egi, egw, egb = torch.autograd.grad(want, (xd, wd, bd), gt.double())
+    gi, gw, gb = F.group_norm_backward(gt, t, groups, w, b, mean=mean, rstd=rstd)
+    assert_close(to_numpy(gi, x.dtype), egi.cpu().numpy(), x.dtype, rtol=8 * ref.RTOL[x.dtype],
+                 scale=float(egi.abs().max()) + float(rstd.max()) * 2, what="group_norm grad_input")
+    terms = float(gt.double().abs().sum()) / c * 3  # |dy * xhat| summed over a channel's elements
+    assert_close(to_numpy(gw, x.dtype), egw.cpu().numpy(), x.dtype, rtol=8 * ref.RTOL[x.dtype], scale=terms,
+                 what="group_norm grad_weight")
+    assert_close(to_numpy(gb, x.dtype), egb.cpu().numpy(), x.dtype, rtol=8 * ref.RTOL[x.dtype], scale=terms,
+                 what="group_norm grad_bias")
 
 
 @settings(max_examples=EXAMPLES, deadline=None)
