@@ -13,7 +13,9 @@
  * group_norm's backward first sums dy and dy * xhat over each channel of
  * each sample (one read of dy and x); its rows' two sums are those channel
  * sums weighted, so dx is one more read, and the weight gradients are the
- * channel sums' column sums over the samples (as torch's).
+ * channel sums' column sums over the samples (as torch's). Where each
+ * channel is whole 16-byte packs, group_norm's kernels stream packs (a pack
+ * is one channel's: one division and one weight a pack).
  *
  * Contiguous rows whose arrays share one storage type, n a whole number of
  * 16-byte packs, take packs.cuh's paths: a row held in registers (read
