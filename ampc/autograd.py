@@ -362,18 +362,9 @@ def _index_reduction(x, name, dim, keepdim):
 
 
 def _needs_grad(value):
-    """Whether value (an argument of an op) is, or holds, something that needs a gradient. (Loops,
-    not any() over a generator: every op call asks this of its arguments, and the generator took
-    a third of the call's time on the tape's fast path.)"""
-    if isinstance(value, Tensor):
-        return True
-    if isinstance(value, _C.Parameter):
-        return value.requires_grad
-    if isinstance(value, (list, tuple)):
-        for v in value:
-            if _needs_grad(v):
-                return True
-    return False
+    """Whether value (an argument of an op) is, or holds in lists and tuples, a Tensor or a Parameter
+    that requires grad."""
+    return _C._needs_grad((value,), None, Tensor)
 
 
 def _plain(value):
@@ -485,8 +476,9 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
     def call(*args, **kwargs):
         arguments = None
         try:
-            if not (_needs_grad(args) or (kwargs and _needs_grad(tuple(kwargs.values())))):
-                return op(*args, **kwargs)  # no Tensor among them (a Tensor needs a gradient): nothing to unwrap
+            if not _C._needs_grad(args, kwargs, Tensor):  # in C: every op call asks it
+                # no Tensor among them (a Tensor needs a gradient): nothing to unwrap
+                return op(*args, **kwargs) if kwargs else op(*args)
             if not is_grad_enabled():
                 if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at and args[inplace_at]):
                     target = args[0] if args else kwargs.get(first)

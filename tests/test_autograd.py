@@ -263,6 +263,30 @@ def test_gradients_add_up_and_no_grad():
     assert ampc.is_grad_enabled()
 
 
+def test_what_puts_a_call_on_the_tape():
+    """A Tensor or a Parameter that requires grad anywhere among the arguments: positional, keyword,
+    inside lists and tuples (cat's); a frozen Parameter or plain arrays leave the call off it."""
+    rng = np.random.default_rng(3)
+    w, x = param(rng, 3), rng.standard_normal(3).astype(np.float32)
+    frozen = ampc.Parameter(x.copy(), requires_grad=False)
+    tensor = F.mul(w, 1.0)
+    assert isinstance(tensor, Tensor)
+    assert isinstance(F.cat((w,), dim=0), Tensor)
+    assert isinstance(F.cat((x, tensor)), Tensor)
+    assert isinstance(F.add(input=x, other=w), Tensor)
+    assert not isinstance(F.cat([x, frozen, x]), Tensor)
+    assert not isinstance(F.add(input=frozen, other=x), Tensor)
+    nested = [x]
+    nested.append(nested)  # holds itself: an error, not a crash
+    with pytest.raises(RecursionError):
+        F.cat(nested)
+    frozen.requires_grad = True
+    out = F.cat([x, frozen])
+    assert isinstance(out, Tensor)
+    F.sum(out).backward()
+    np.testing.assert_array_equal(frozen.grad, np.ones(3))
+
+
 def test_retain_graph_and_errors():
     w = ampc.nn.Parameter(np.ones(3))
     y = F.sum(F.exp(w))
