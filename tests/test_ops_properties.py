@@ -5,6 +5,7 @@ test_ops.py checks chosen cases; these search for the shape or layout that break
 
     AMPC_PROPERTY_EXAMPLES=5000 python -m pytest tests/test_ops_properties.py   # a longer search"""
 
+import math
 import os
 
 import numpy as np
@@ -16,7 +17,7 @@ import spatial_reference as sref
 from ops_reference import F64, FLOATS, assert_close, f64
 
 pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import assume, given, settings, strategies as st  # noqa: E402
 from hypothesis.extra import numpy as hnp  # noqa: E402
 
 F = ampc.nn.functional
@@ -311,6 +312,9 @@ def test_softmax_backward(x, data, log):
 def test_layer_norm_backward(x, data):
     k = data.draw(st.integers(1, x.ndim))
     nshape = x.shape[x.ndim - k:]
+    # rows that spread, as group_norm's (groups_spread): [1., 1.]'s differences err by 5e-8
+    rows = x.reshape(-1, math.prod(nshape))
+    assume(rows.shape[1] == 1 or (rows.var(-1) > 1e-2).all())
     w, b, g = data.draw(values(nshape)), data.draw(values(nshape)), data.draw(values(x.shape))
     gi, gw, gb = unchanged(x, lambda a: F.layer_norm_backward(g, a, nshape, w, b))
     finite_difference_check(lambda a: F.layer_norm(a, nshape, w, b), x, g, gi, "layer_norm input")
