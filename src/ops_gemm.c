@@ -515,15 +515,17 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
 
 static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"input", "other", "c", "bias", "alpha", "beta", "transpose_a", "transpose_b", "op",
+    /* keyword-only, in the order calls use them: a call looks up each keyword before the last
+     * one it gives (a new str each), so op, which every call gives, comes first, then linear's */
+    static char *kwlist[] = {"input", "other", "op", "bias", "transpose_a", "transpose_b", "c", "alpha", "beta",
                              "dtype", "bias_grad", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *y_obj, *c_obj = Py_None, *b_obj = Py_None, *dtype_obj = Py_None, *result = NULL;
     double alpha = 1.0, beta = 1.0;
     int ta = 0, tb = 0, want_sums = 0;
     const char *name = "matmul";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOddppsOp:_matmul", kwlist, &x_obj, &y_obj, &c_obj, &b_obj,
-                                     &alpha, &beta, &ta, &tb, &name, &dtype_obj, &want_sums))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$sOppOddOp:_matmul", kwlist, &x_obj, &y_obj, &name, &b_obj,
+                                     &ta, &tb, &c_obj, &alpha, &beta, &dtype_obj, &want_sums))
         return NULL;
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
