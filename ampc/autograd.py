@@ -472,13 +472,9 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
 
     inplace_at = binder.positional.index("inplace") if "inplace" in binder.positional else None
 
-    @functools.wraps(op)
-    def call(*args, **kwargs):
+    def record(*args, **kwargs):  # TapeOp's call when an argument needs a gradient
         arguments = None
         try:
-            if not _C._needs_grad(args, kwargs, Tensor):  # in C: every op call asks it
-                # no Tensor among them (a Tensor needs a gradient): nothing to unwrap
-                return op(*args, **kwargs) if kwargs else op(*args)
             if not is_grad_enabled():
                 if kwargs.get("inplace") or (inplace_at is not None and len(args) > inplace_at and args[inplace_at]):
                     target = args[0] if args else kwargs.get(first)
@@ -554,8 +550,13 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
                 raise
             raise named from None
 
-    call.raw = op
-    return call
+    def explain(error, args, kwargs):  # the op's AttributeError off the tape, named as above
+        from ampc.nn._common import non_array_error
+
+        return non_array_error(op, error, args, kwargs)
+
+    # every call asks whether it goes on the tape: in C, the op called at once where it does not
+    return functools.update_wrapper(_C.TapeOp(op, record, Tensor, explain), op)
 
 
 def _not_implemented(name):

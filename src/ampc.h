@@ -274,6 +274,10 @@ static inline int ampc_is_parameter(ampc_state *st, PyObject *obj)
 int ampc_parameter_type_init(PyObject *module, ampc_state *st);
 extern PyMethodDef ampc_parameter_methods[];
 
+/* ampc.TapeOp and _needs_grad (tape_op.c) */
+int ampc_tape_op_type_init(PyObject *module);
+extern PyMethodDef ampc_tape_op_methods[];
+
 /* ------------------------------------------------------------------------ */
 /* GradScaler (scaler.c)                                                     */
 /* ------------------------------------------------------------------------ */

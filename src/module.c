@@ -263,10 +263,12 @@ static int module_exec(PyObject *module)
     if (st->state_dict_error == NULL || PyModule_AddObjectRef(module, "StateDictError", st->state_dict_error) < 0)
         return -1;
     if (ampc_scaler_type_init(module, st) < 0 || ampc_parameter_type_init(module, st) < 0 ||
-        ampc_autocast_state_init(module, st) < 0 || ampc_autocast_dispatch_init(module, st) < 0)
+        ampc_autocast_state_init(module, st) < 0 || ampc_autocast_dispatch_init(module, st) < 0 ||
+        ampc_tape_op_type_init(module) < 0)
         return -1;
     if (PyModule_AddFunctions(module, module_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_parameter_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_tape_op_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_autocast_state_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_autocast_dispatch_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_autocast_cache_methods) < 0 ||

@@ -311,53 +311,8 @@ static PyObject *mod_bump_versions(PyObject *module, PyObject *params)
     Py_RETURN_NONE;
 }
 
-/* Whether v is, or holds in lists and tuples, a `tensor` (the tape's
- * Tensor) or a Parameter that requires grad; -1 with an exception when the
- * nesting is too deep (a list that holds itself). */
-static int needs_grad(ampc_state *st, PyObject *v, PyTypeObject *tensor)
-{
-    if (PyObject_TypeCheck(v, tensor))
-        return 1;
-    if (ampc_is_parameter(st, v))
-        return PARAM(v)->requires_grad != 0;
-    if (!PyList_Check(v) && !PyTuple_Check(v))
-        return 0;
-    if (Py_EnterRecursiveCall(" in _needs_grad"))
-        return -1;
-    int found = 0;
-    /* nothing here runs Python code, so a list cannot change under the loop */
-    for (Py_ssize_t i = 0; found == 0 && i < PySequence_Fast_GET_SIZE(v); i++)
-        found = needs_grad(st, PySequence_Fast_GET_ITEM(v, i), tensor);
-    Py_LeaveRecursiveCall();
-    return found;
-}
-
-/* _needs_grad(args, kwargs, Tensor): whether an op's arguments (a tuple, and
- * a dict or None) hold something that needs a gradient, the tape's question
- * on every op call (Python's loops over the arguments cost 0.35 us a call). */
-static PyObject *mod_needs_grad(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 3 || !PyTuple_Check(args[0]) || (args[1] != Py_None && !PyDict_Check(args[1])) ||
-        !PyType_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "_needs_grad(args, kwargs, tensor_type): a tuple, a dict or None, a type");
-        return NULL;
-    }
-    ampc_state *st = ampc_state_of(module);
-    PyTypeObject *tensor = (PyTypeObject *)args[2];
-    int found = needs_grad(st, args[0], tensor);
-    Py_ssize_t pos = 0;
-    PyObject *key, *value;
-    while (found == 0 && args[1] != Py_None && PyDict_Next(args[1], &pos, &key, &value))
-        found = needs_grad(st, value, tensor);
-    if (found < 0)
-        return NULL;
-    return PyBool_FromLong(found);
-}
-
 PyMethodDef ampc_parameter_methods[] = {
     {"_bump_versions", mod_bump_versions, METH_O, "Count a write to each Parameter of a sequence."},
-    {"_needs_grad", (PyCFunction)(void (*)(void))mod_needs_grad, METH_FASTCALL,
-     "_needs_grad(args, kwargs, Tensor): whether the arguments hold a Tensor or a Parameter that requires grad."},
     {NULL, NULL, 0, NULL},
 };
 

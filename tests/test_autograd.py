@@ -287,6 +287,35 @@ def test_what_puts_a_call_on_the_tape():
     np.testing.assert_array_equal(frozen.grad, np.ones(3))
 
 
+def test_a_tape_op_passes_for_its_function():
+    """F's ops are ampc.TapeOp objects (the tape's check in C): they keep the op's name, text,
+    signature and module, bind as methods as functions do, and off the tape name the argument that
+    is no array, as the op itself would (raised from None, the AttributeError as its context)."""
+    import inspect
+
+    op = F.layer_norm
+    assert isinstance(op, ampc._C.TapeOp)
+    assert (op.__name__, op.__module__, op.__doc__) == (op.raw.__name__, op.raw.__module__, op.raw.__doc__)
+    assert str(inspect.signature(op)) == str(inspect.signature(op.raw)) and op.__wrapped__ is op.raw
+
+    class Holder:
+        relu = F.relu
+
+    x = np.array([-1.0, 2.0], np.float32)
+    holder = Holder()
+    holder.x = x
+    assert Holder.relu is F.relu and holder.relu.__self__ is holder
+    np.testing.assert_array_equal(Holder.relu(x), [0.0, 2.0])
+    with pytest.raises(TypeError, match="layer_norm: input must be an array") as raised:
+        F.layer_norm(object(), (3,))
+    error = raised.value
+    assert error.__suppress_context__ and isinstance(error.__context__, AttributeError)
+    with pytest.raises(TypeError, match="TapeOp: op, record and explain must be callable"):
+        ampc._C.TapeOp(F.relu.raw, 1, Tensor)
+    with pytest.raises(TypeError):
+        ampc._C.TapeOp(F.relu.raw, F.relu.raw, "not a type")
+
+
 def test_retain_graph_and_errors():
     w = ampc.nn.Parameter(np.ones(3))
     y = F.sum(F.exp(w))
