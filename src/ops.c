@@ -21,9 +21,15 @@
 
 void ampc_op_args_init(ampc_op_args *a, ampc_state *st, const char *op)
 {
-    memset(a, 0, sizeof *a);
+    /* not the views (8 of 1 KB: a memset of them was 2.5 % of a small call): each is zeroed
+     * when an argument takes it */
     a->st = st;
     a->op = op;
+    a->nviews = a->nkeep = 0;
+    a->device = (ampc_device){AMPC_DEVICE_CPU, 0};
+    a->device_arg = NULL;
+    a->have_device = 0;
+    a->source = NULL;
 }
 
 void ampc_op_args_release(ampc_op_args *a)
@@ -55,6 +61,17 @@ static int check_device(ampc_op_args *a, const ampc_view *v, const char *name)
     return -1;
 }
 
+/* "op: name" into label, cut to its size: what snprintf would write, without its
+ * format parser (3 % of a small op's call, for a label only an error reads). */
+static void join_label(char *label, size_t size, const char *op, const char *name)
+{
+    size_t n = 0;
+    for (const char *part[3] = {op, ": ", name}, **p = part; p < part + 3; p++)
+        for (const char *c = *p; *c != '\0' && n + 1 < size; c++)
+            label[n++] = *c;
+    label[n] = '\0';
+}
+
 ampc_view *ampc_op_arg(ampc_op_args *a, PyObject *obj, const char *name, int kind)
 {
     if (a->nviews == AMPC_OP_MAX_ARGS) {
@@ -62,8 +79,9 @@ ampc_view *ampc_op_arg(ampc_op_args *a, PyObject *obj, const char *name, int kin
         return NULL;
     }
     char label[96];
-    snprintf(label, sizeof label, "%s: %s", a->op, name);
+    join_label(label, sizeof label, a->op, name);
     ampc_view *v = &a->views[a->nviews];
+    memset(v, 0, sizeof *v);
     const int inout = kind & AMPC_ARG_INOUT;
     kind &= ~AMPC_ARG_INOUT;
     if (ampc_view_from_object(a->st, obj, label, inout ? AMPC_FOR_WRITING : AMPC_FOR_READING, v) < 0)
