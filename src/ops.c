@@ -1067,15 +1067,15 @@ static int parse_reduction(const char *op, const char *s, int *out)
 static PyObject *mod_cross_entropy(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"input", "target", "weight", "ignore_index", "label_smoothing", "reduction",
-                             "log_probs", NULL};
+                             "log_probs", "stats", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *t_obj, *w_obj = Py_None, *result = NULL;
     long long ignore_index = -100;
     double smoothing = 0.0;
     const char *reduction_s = "mean";
-    int log_probs = 0, reduction;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OLdsp:_cross_entropy", kwlist, &x_obj, &t_obj, &w_obj,
-                                     &ignore_index, &smoothing, &reduction_s, &log_probs))
+    int log_probs = 0, stats = 1, reduction;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OLdspp:_cross_entropy", kwlist, &x_obj, &t_obj, &w_obj,
+                                     &ignore_index, &smoothing, &reduction_s, &log_probs, &stats))
         return NULL;
     const char *name = log_probs ? "nll_loss" : "cross_entropy";
     ampc_op_args a;
@@ -1116,7 +1116,10 @@ static PyObject *mod_cross_entropy(PyObject *module, PyObject *args, PyObject *k
     };
     if (AMPC_RUN_KERNEL(&a, ampc_cpu_cross_entropy, cross_entropy, &c) < 0)
         goto done;
-    result = ampc_op_results(&a, (PyObject *[]){loss_obj, lse_obj, denom_obj}, 3);
+    /* without stats (no backward to come) lse and denom go back to the pool unexported, as
+     * layer_norm's mean and rstd */
+    result = stats ? ampc_op_results(&a, (PyObject *[]){loss_obj, lse_obj, denom_obj}, 3)
+                   : ampc_op_result(&a, loss_obj);
 done:
     ampc_op_args_release(&a);
     return result;
@@ -1223,7 +1226,7 @@ PyMethodDef ampc_ops_methods[] = {
      "_sum(input, dims=None, keepdim=False, scale=1.0, *, dtype=None, name='sum')"},
     {"_cross_entropy", (PyCFunction)(void (*)(void))mod_cross_entropy, METH_VARARGS | METH_KEYWORDS,
      "_cross_entropy(input, target, weight=None, ignore_index=-100, label_smoothing=0.0, reduction='mean', "
-     "log_probs=False) -> (loss, lse, denom)"},
+     "log_probs=False, stats=True) -> (loss, lse, denom), or the loss alone without stats"},
     {"_cross_entropy_backward", (PyCFunction)(void (*)(void))mod_cross_entropy_backward,
      METH_VARARGS | METH_KEYWORDS,
      "_cross_entropy_backward(grad_output, input, target, lse, denom, weight=None, ignore_index=-100, "

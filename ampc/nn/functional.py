@@ -323,21 +323,25 @@ def group_norm_backward(grad_output, input, num_groups, weight=None, bias=None, 
 
 
 def _cross_entropy_forward(input, target, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
-                           log_probs=False):
-    """(loss, lse, denom): the loss, and what its backward needs. Probability targets of a wider
-    dtype than input's (float16 logits, float32 targets) give a loss of the promoted dtype, as
-    torch's: computed from input's values in it (the gradient stays in input's dtype)."""
+                           log_probs=False, stats=True):
+    """(loss, lse, denom): the loss, and what its backward needs (the loss alone without stats).
+    Probability targets of a wider dtype than input's (float16 logits, float32 targets) give a loss
+    of the promoted dtype, as torch's: computed from input's values in it (the gradient stays in
+    input's dtype)."""
     op = "nll_loss" if log_probs else "cross_entropy"
     _check_reduction(op, reduction)
     if not log_probs and _is_floating_array(target) and _is_floating_array(input):
         promoted = _result_type(op, (as_dtype(input.dtype), as_dtype(target.dtype)))
         if promoted != as_dtype(input.dtype):
-            loss, lse, denom = _cross_entropy_forward(_C.cast(input, promoted), target, weight, ignore_index,
-                                                      reduction, label_smoothing)
+            out = _cross_entropy_forward(_C.cast(input, promoted), target, weight, ignore_index, reduction,
+                                         label_smoothing, stats=stats)
+            if not stats:
+                return out
+            loss, lse, denom = out
             acc = _acc(as_dtype(input.dtype))  # the backward's, for input's dtype
             return loss, _C.cast(lse, acc), denom if as_dtype(denom.dtype) == acc else _C.cast(denom, acc)
     return _C._cross_entropy(input, target, weight, _as_int(op, "ignore_index", ignore_index), float(label_smoothing),
-                             reduction, log_probs)
+                             reduction, log_probs, stats)
 
 
 @autocast_op(name="cross_entropy")
@@ -345,7 +349,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
                   label_smoothing=0.0):
     """input (N, C, d1, ...) or (C,) logits; target class indices (N, d1, ...) or probabilities."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
-    return _cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing)[0]
+    return _cross_entropy_forward(input, target, weight, ignore_index, reduction, label_smoothing, stats=False)
 
 
 def cross_entropy_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean",
@@ -382,7 +386,7 @@ def _cross_entropy_target_grad(grad_output, input, target, weight=None, reductio
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     """input (N, C, d1, ...) log-probabilities; target class indices."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
-    return _cross_entropy_forward(input, target, weight, ignore_index, reduction, log_probs=True)[0]
+    return _cross_entropy_forward(input, target, weight, ignore_index, reduction, log_probs=True, stats=False)
 
 
 def nll_loss_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean"):
