@@ -175,6 +175,18 @@ static PyObject *TapeOp_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UN
     return PyMethod_New(self, obj);
 }
 
+/* Pickled by name, as a function is: __qualname__ (functools.update_wrapper's, then the name it is
+ * public under) in __module__. */
+static PyObject *TapeOp_reduce(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyObject_GetAttrString(self, "__qualname__");
+}
+
+static PyMethodDef TapeOp_methods[] = {
+    {"__reduce__", TapeOp_reduce, METH_NOARGS, "Pickled by its qualified name, as a function."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyObject *TapeOp_repr(PyObject *o)
 {
     return PyUnicode_FromFormat("<tape op of %R>", TAPE_OP(o)->op);
@@ -209,6 +221,7 @@ static PyType_Slot TapeOp_slots[] = {
     {Py_tp_descr_get, TapeOp_descr_get},
     {Py_tp_repr, TapeOp_repr},
     {Py_tp_getset, TapeOp_getset},
+    {Py_tp_methods, TapeOp_methods},
     {Py_tp_members, TapeOp_members},
     {Py_tp_doc, (void *)TapeOp_doc},
     {0, NULL},

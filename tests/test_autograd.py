@@ -291,12 +291,16 @@ def test_a_tape_op_passes_for_its_function():
     """F's ops are ampc.TapeOp objects (the tape's check in C): they keep the op's name, text,
     signature and module, bind as methods as functions do, and off the tape name the argument that
     is no array, as the op itself would (raised from None, the AttributeError as its context)."""
+    import copy
     import inspect
+    import pickle
 
     op = F.layer_norm
     assert isinstance(op, ampc._C.TapeOp)
     assert (op.__name__, op.__module__, op.__doc__) == (op.raw.__name__, op.raw.__module__, op.raw.__doc__)
     assert str(inspect.signature(op)) == str(inspect.signature(op.raw)) and op.__wrapped__ is op.raw
+    for public in (F.layer_norm, F.cat, F.relu):  # by name, as functions (cat's body lives in _glue)
+        assert pickle.loads(pickle.dumps(public)) is public and copy.deepcopy(public) is public
 
     class Holder:
         relu = F.relu

@@ -783,6 +783,9 @@ def div(input, other):
 from ampc.nn._differentiable import OPS as _DIFFERENTIABLE  # noqa: E402
 
 globals().update(_DIFFERENTIABLE)
+for _name, _value in _DIFFERENTIABLE.items():  # pickled by the name they are public under, here
+    if not _name.startswith("_"):
+        _value.__module__, _value.__qualname__ = __name__, _name
 
 # Arguments that are no arrays: the TypeError naming them, from every public function.
 from ampc.nn._common import names_non_arrays as _names_non_arrays  # noqa: E402
