@@ -165,41 +165,28 @@ __global__ void __launch_bounds__(BLOCK) group_norm_dx_kernel(ampc_layer_norm_ba
 
 /* group_norm's rows in 16-byte packs (group_packs_fit): each channel is
  * whole packs, so a pack has one channel (one division a pack, not an
- * element) and one weight. fn(c, a, b, out) makes a pack from the VEC
- * values of a and b (zeros where b_row is null) of channel c. */
+ * element) and one weight. fn(c, a, b, out, C) makes C values from the C
+ * values of a and b (zeros where b_row is null) of channel c; C is VEC on
+ * such rows (stream_reduce's single elements are for rows that do not fit). */
 template <class T, int G, class Fn>
 __device__ __forceinline__ void channel_map(const T *a_row, const T *b_row, T *out_row, int64_t n, uint32_t spatial,
                                             int64_t first_channel, int lane, Fn fn)
 {
-    constexpr int VEC = Pack<T>::VEC;
-    const int64_t packs = n / VEC;
-    for (int64_t p = lane; p < packs; p += STREAM_UNROLL * G) {
-        Pack<T> pa[STREAM_UNROLL], pb[STREAM_UNROLL];
+    stream_reduce<T, G>(a_row, b_row, n, lane, [&](int64_t j0, const float *a, const float *b, auto count) {
+        constexpr int C = decltype(count)::value;
+        float out[C];
+        fn(first_channel + (int64_t)((uint32_t)j0 / spatial), a, b, out, count);
+        if constexpr (C == Pack<T>::VEC) {
+            Pack<T> o;
 #pragma unroll
-        for (int u = 0; u < STREAM_UNROLL; u++)
-            if (p + u * G < packs) {
-                pa[u].load(a_row + (p + u * G) * VEC);
-                if (b_row != nullptr)
-                    pb[u].load(b_row + (p + u * G) * VEC);
-            }
-#pragma unroll
-        for (int u = 0; u < STREAM_UNROLL; u++)
-            if (p + u * G < packs) {
-                const int64_t j0 = (p + u * G) * VEC;
-                float a[VEC], b[VEC], out[VEC];
-#pragma unroll
-                for (int i = 0; i < VEC; i++) {
-                    a[i] = pa[u][i];
-                    b[i] = b_row != nullptr ? pb[u][i] : 0.0f;
-                }
-                fn(first_channel + (int64_t)((uint32_t)j0 / spatial), a, b, out);
-                Pack<T> o;
-#pragma unroll
-                for (int i = 0; i < VEC; i++)
-                    o.set(i, out[i]);
-                o.store(out_row + j0);
-            }
-    }
+            for (int i = 0; i < C; i++)
+                o.set(i, out[i]);
+            o.store(out_row + j0);
+        } else {
+            for (int i = 0; i < C; i++)
+                out_row[j0 + i] = from_float<T>(out[i]);
+        }
+    });
 }
 
 /* Whether group_norm's rows take the streamed kernels below: a storage type
@@ -216,7 +203,6 @@ template <class T, int G>
 __global__ void __launch_bounds__(BLOCK) group_norm_streamed(ampc_layer_norm l)
 {
     typedef RowGroup<G> Group;
-    constexpr int VEC = Pack<T>::VEC;
     __shared__ float scratch[2 * BLOCK / 32];
     const int64_t n = l.n, channels = n / l.spatial;
     const int lane = Group::lane();
@@ -239,11 +225,11 @@ __global__ void __launch_bounds__(BLOCK) group_norm_streamed(ampc_layer_norm l)
         float mean, rstd;
         mean_and_rstd(mu, q, d, (float)n, (float)l.eps, mean, rstd);
         channel_map<T, G>(x, nullptr, static_cast<T *>(l.y.data) + row * n, n, (uint32_t)l.spatial,
-                          row % l.groups * channels, lane, [&](int64_t c, const float *v, const float *, float *out) {
+                          row % l.groups * channels, lane, [&](int64_t c, const float *v, const float *, float *out, auto count) {
                               const float w = l.weight.data != nullptr ? load<float>(l.weight, c) : 1.0f;
                               const float b = l.bias.data != nullptr ? load<float>(l.bias, c) : 0.0f;
 #pragma unroll
-                              for (int i = 0; i < VEC; i++) {
+                              for (int i = 0; i < decltype(count)::value; i++) {
                                   float y = (v[i] - mean) * rstd;
                                   if (l.weight.data != nullptr)
                                       y *= w;
@@ -293,7 +279,6 @@ template <class T, int G>
 __global__ void __launch_bounds__(BLOCK) group_norm_dx_streamed(ampc_layer_norm_backward l, const float *sums)
 {
     typedef RowGroup<G> Group;
-    constexpr int VEC = Pack<T>::VEC;
     __shared__ float scratch[2 * BLOCK / 32];
     const int64_t n = l.n, channels = n / l.spatial, segments = l.rows * channels;
     const int lane = Group::lane();
@@ -311,10 +296,10 @@ __global__ void __launch_bounds__(BLOCK) group_norm_dx_streamed(ampc_layer_norm_
         const float mg = sg / (float)n, mgx = sgx / (float)n;
         channel_map<T, G>(static_cast<const T *>(l.dy.data) + row * n, static_cast<const T *>(l.x.data) + row * n,
                           static_cast<T *>(l.dx.data) + row * n, n, (uint32_t)l.spatial, first_channel, lane,
-                          [&](int64_t c, const float *dy, const float *x, float *out) {
+                          [&](int64_t c, const float *dy, const float *x, float *out, auto count) {
                               const float w = l.weight.data != nullptr ? load<float>(l.weight, c) : 1.0f;
 #pragma unroll
-                              for (int i = 0; i < VEC; i++)
+                              for (int i = 0; i < decltype(count)::value; i++)
                                   out[i] = rstd * (dy[i] * w - mg - (x[i] - mean) * rstd * mgx);
                           });
     }
@@ -355,7 +340,7 @@ template <class Acc>
 int group_norm_weight_grads(int device, void *stream, const ampc_layer_norm_backward *l, const Acc *s)
 {
     const int64_t channels = l->n / l->spatial, segments = l->rows * channels;
-    const int64_t samples = l->rows / l->groups, width = l->groups * channels;
+    const int64_t samples = l->rows / l->groups, width = ampc_layer_norm_weights(l->n, l->groups, l->spatial);
     const char *what = "group_norm weight gradient kernel";
     if (l->dweight.data != nullptr && l->dbias.data != nullptr)
         return column_sums<2, Acc>(device, stream, ChannelSums<Acc, 2, true>{s, segments, width}, 1, samples, width,
