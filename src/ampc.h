@@ -274,6 +274,15 @@ static inline int ampc_is_parameter(ampc_state *st, PyObject *obj)
 int ampc_parameter_type_init(PyObject *module, ampc_state *st);
 extern PyMethodDef ampc_parameter_methods[];
 
+/* tp_descr_get for ampc's function-like callables (AutocastOp, TapeOp):
+ * bound to an instance as a method, as a Python function is. */
+static inline PyObject *ampc_bind_as_method(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
 /* ampc.TapeOp and _needs_grad (tape_op.c) */
 int ampc_tape_op_type_init(PyObject *module);
 extern PyMethodDef ampc_tape_op_methods[];

@@ -640,14 +640,6 @@ static void Op_dealloc(PyObject *o)
     Py_DECREF(type);
 }
 
-/* A method: bound to the instance like a function. */
-static PyObject *Op_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
-{
-    if (obj == NULL || obj == Py_None)
-        return Py_NewRef(self);
-    return PyMethod_New(self, obj);
-}
-
 static PyObject *Op_get_name(PyObject *o, void *Py_UNUSED(closure))
 {
     return Py_NewRef(OP(o)->entry->name);
@@ -701,7 +693,7 @@ static PyType_Slot Op_slots[] = {
     {Py_tp_traverse, Op_traverse},
     {Py_tp_clear, Op_clear},
     {Py_tp_call, PyVectorcall_Call},
-    {Py_tp_descr_get, Op_descr_get},
+    {Py_tp_descr_get, ampc_bind_as_method},
     {Py_tp_repr, Op_repr},
     {Py_tp_getset, Op_getset},
     {Py_tp_members, Op_members},

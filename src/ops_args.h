@@ -13,6 +13,9 @@
 #define AMPC_OP_MAX_ARGS 8
 #define AMPC_OP_MAX_KEEP 12
 
+/* ampc_op_args_init sets each field but views and keep (read only below
+ * nviews and nkeep; zeroing the views took 2.5 % of a small call): a new
+ * field needs its line there. */
 typedef struct {
     ampc_state *st;
     const char *op;                        /* the op's name, first in every message */

@@ -167,14 +167,6 @@ static void TapeOp_dealloc(PyObject *o)
     Py_DECREF(type);
 }
 
-/* A method: bound to the instance like a function. */
-static PyObject *TapeOp_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
-{
-    if (obj == NULL || obj == Py_None)
-        return Py_NewRef(self);
-    return PyMethod_New(self, obj);
-}
-
 /* Pickled by name, as a function is: __qualname__ (functools.update_wrapper's, then the name it is
  * public under) in __module__. */
 static PyObject *TapeOp_reduce(PyObject *self, PyObject *Py_UNUSED(ignored))
@@ -218,7 +210,7 @@ static PyType_Slot TapeOp_slots[] = {
     {Py_tp_traverse, TapeOp_traverse},
     {Py_tp_clear, TapeOp_clear},
     {Py_tp_call, PyVectorcall_Call},
-    {Py_tp_descr_get, TapeOp_descr_get},
+    {Py_tp_descr_get, ampc_bind_as_method},
     {Py_tp_repr, TapeOp_repr},
     {Py_tp_getset, TapeOp_getset},
     {Py_tp_methods, TapeOp_methods},
