@@ -435,8 +435,8 @@ static int gemm_planned(int device, void *stream, const ampc_gemm *g)
  * bits gets kernels that move an element at a time, 3-4x slower (torch's
  * too). A large single product copies such operands into scratch padded
  * with zeros to whole vectors (zeros along k add nothing), runs there, and
- * copies the output's m x n out: passes over the matrices against k
- * multiply-adds an output element. */
+ * copies the output's m x n (and the bias gradient's m) out: passes over
+ * the matrices against k multiply-adds an output element. */
 #define REALIGN_MIN_MACS ((int64_t)1 << 30)
 #define VECTOR_ELEMENTS 8  /* 16 bytes of 16-bit values */
 
@@ -471,8 +471,7 @@ static int off_vectors(const stored *m)
 
 static int realign_worth_it(const ampc_gemm *g, const stored *mats)
 {
-    if (mats[0].size != 2 || g->batch != 1 || g->c.data != NULL || g->bias_grad.data != NULL ||
-        g->m * g->n * g->k < REALIGN_MIN_MACS)
+    if (mats[0].size != 2 || g->batch != 1 || g->c.data != NULL || g->m * g->n * g->k < REALIGN_MIN_MACS)
         return 0;
     const sizes p = padded_sizes(g);
     return p.m != g->m || p.n != g->n || p.k != g->k || off_vectors(&mats[0]) || off_vectors(&mats[1]) ||
@@ -504,9 +503,11 @@ static int pad_copy(int device, void *stream, const stored *m, int64_t rows, int
     return AMPC_OK;
 }
 
+enum { PAD_A, PAD_B, PAD_D, PAD_BIAS, PAD_BIAS_GRAD, PADS };
+
 typedef struct {
-    void *ptr[4];  /* a, b, d, bias */
-    size_t nbytes[4];
+    void *ptr[PADS];
+    size_t nbytes[PADS];
 } pads;
 
 /* An operand as the padded product reads it: itself where it already
@@ -529,29 +530,40 @@ static int realigned_into(int device, void *stream, const ampc_gemm *g, const st
     padded.m = p.m, padded.n = p.n, padded.k = p.k;
     const int64_t a_rows = g->trans_a ? p.k : p.m, a_cols = g->trans_a ? p.m : p.k;
     const int64_t b_rows = g->trans_b ? p.n : p.k, b_cols = g->trans_b ? p.k : p.n;
-    int rc = operand(device, stream, &mats[0], a_rows, a_cols, &padded.a.data, &padded.lda, scratch, 0);
+    int rc = operand(device, stream, &mats[0], a_rows, a_cols, &padded.a.data, &padded.lda, scratch, PAD_A);
     if (rc == AMPC_OK)
-        rc = operand(device, stream, &mats[1], b_rows, b_cols, &padded.b.data, &padded.ldb, scratch, 1);
+        rc = operand(device, stream, &mats[1], b_rows, b_cols, &padded.b.data, &padded.ldb, scratch, PAD_B);
     const int d_direct = p.m == g->m && p.n == g->n && !off_vectors(&mats[2]);
     if (rc == AMPC_OK && !d_direct) {
-        scratch->nbytes[2] = (size_t)(p.m * p.n) * mats[2].size;
-        rc = ampc_cuda_alloc(device, scratch->nbytes[2], stream, &scratch->ptr[2]);
-        padded.d.data = scratch->ptr[2], padded.ldd = p.n;
+        scratch->nbytes[PAD_D] = (size_t)(p.m * p.n) * mats[2].size;
+        rc = ampc_cuda_alloc(device, scratch->nbytes[PAD_D], stream, &scratch->ptr[PAD_D]);
+        padded.d.data = scratch->ptr[PAD_D], padded.ldd = p.n;
     }
     if (rc == AMPC_OK && g->bias.data != NULL && p.n != g->n) {
         const stored bias = {g->bias.data, 1, g->n, g->n, mats[2].size};
-        rc = pad_copy(device, stream, &bias, 1, p.n, &scratch->ptr[3], &scratch->nbytes[3]);
-        padded.bias.data = scratch->ptr[3];
+        rc = pad_copy(device, stream, &bias, 1, p.n, &scratch->ptr[PAD_BIAS], &scratch->nbytes[PAD_BIAS]);
+        padded.bias.data = scratch->ptr[PAD_BIAS];
+    }
+    /* the bias gradient has the padded m's sums (zeros past m) */
+    const size_t bias_grad_bytes = (size_t)g->m * mats[2].size;
+    if (rc == AMPC_OK && g->bias_grad.data != NULL && p.m != g->m) {
+        scratch->nbytes[PAD_BIAS_GRAD] = (size_t)p.m * mats[2].size;
+        rc = ampc_cuda_alloc(device, scratch->nbytes[PAD_BIAS_GRAD], stream, &scratch->ptr[PAD_BIAS_GRAD]);
+        padded.bias_grad.data = scratch->ptr[PAD_BIAS_GRAD];
     }
     if (rc != AMPC_OK)
         return rc;
     padded.stride_a = padded.stride_b = padded.stride_d = 0;  /* one product */
     rc = gemm_planned(device, stream, &padded);
     if (rc == AMPC_OK && !d_direct)
-        AMPC_CUDA_TRY(cudaMemcpy2DAsync(g->d.data, (size_t)g->ldd * mats[2].size, scratch->ptr[2],
+        AMPC_CUDA_TRY(cudaMemcpy2DAsync(g->d.data, (size_t)g->ldd * mats[2].size, scratch->ptr[PAD_D],
                                         (size_t)p.n * mats[2].size, (size_t)g->n * mats[2].size, (size_t)g->m,
                                         cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
                       "cudaMemcpy2DAsync (the padded product's output)");
+    if (rc == AMPC_OK && scratch->ptr[PAD_BIAS_GRAD] != NULL)
+        AMPC_CUDA_TRY(cudaMemcpyAsync(g->bias_grad.data, scratch->ptr[PAD_BIAS_GRAD], bias_grad_bytes,
+                                      cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
+                      "cudaMemcpyAsync (the padded product's bias gradient)");
     return rc;
 }
 
@@ -563,7 +575,7 @@ static int gemm_realigned(int device, void *stream, const ampc_gemm *g, const st
         return rc;
     pads scratch = {{NULL}, {0}};
     rc = realigned_into(device, stream, g, mats, &scratch);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < PADS; i++)
         if (scratch.ptr[i] != NULL) {
             const int freed = ampc_cuda_free(device, scratch.ptr[i], scratch.nbytes[i], stream);
             if (rc == AMPC_OK)
