@@ -86,18 +86,29 @@ __global__ void __launch_bounds__(PCOL_X *PCOL_Y)
 #pragma unroll
     for (int i = 0; i < VEC; i++)
         mean[i] = m2[i] = 0.0f;
+    /* UNROLL rows' packs loaded before any is used: one load in flight a thread left the
+     * statistics pass latency-bound; the rows still enter Welford's sums in order */
+    constexpr int UNROLL = 4;
+    const int64_t step = PCOL_Y * groups;
     if (pack * VEC < cols)
-        for (int64_t j = j0 + threadIdx.y * groups + group; j < j1; j += PCOL_Y * groups) {
-            Pack<T> p;
-            p.load(x + j * cols + pack * VEC);
-            n += 1.0f;
-            const float inv = 1.0f / n;
+        for (int64_t j = j0 + threadIdx.y * groups + group; j < j1; j += UNROLL * step) {
+            Pack<T> p[UNROLL];
 #pragma unroll
-            for (int i = 0; i < VEC; i++) {
-                const float d = p[i] - mean[i];
-                mean[i] += d * inv;
-                m2[i] += d * (p[i] - mean[i]);
-            }
+            for (int u = 0; u < UNROLL; u++)
+                if (j + u * step < j1)
+                    p[u].load(x + (j + u * step) * cols + pack * VEC);
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++)
+                if (j + u * step < j1) {
+                    n += 1.0f;
+                    const float inv = 1.0f / n;
+#pragma unroll
+                    for (int i = 0; i < VEC; i++) {
+                        const float d = p[u][i] - mean[i];
+                        mean[i] += d * inv;
+                        m2[i] += d * (p[u][i] - mean[i]);
+                    }
+                }
         }
 #pragma unroll
     for (int i = 0; i < VEC; i++) {
