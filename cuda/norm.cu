@@ -112,9 +112,11 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_dx_kernel(ampc_layer_norm_ba
 /* group_norm's sums over each channel of each sample: the n / spatial
  * channels of row r are segments r * (n / spatial) + k of `spatial`
  * elements, and segment t's sums go to sums[t] (of dy) and
- * sums[segments + t] (of dy * xhat). */
-template <int G, class Acc>
-__global__ void __launch_bounds__(BLOCK) group_norm_channel_sums(ampc_layer_norm_backward l, Acc *sums)
+ * sums[segments + t] (of dy * xhat). each(base, count, fn) runs fn(dy, x)
+ * over the group's share of elements base.. of dy and x: the generic
+ * kernel's row_each2 or the streamed kernel's packs. */
+template <int G, class Acc, class Each>
+__device__ __forceinline__ void channel_sums(const ampc_layer_norm_backward &l, Acc *sums, Each each)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[2 * BLOCK / 32];
@@ -124,7 +126,7 @@ __global__ void __launch_bounds__(BLOCK) group_norm_channel_sums(ampc_layer_norm
         const Acc mean = static_cast<const Acc *>(l.mean.data)[row];
         const Acc rstd = static_cast<const Acc *>(l.rstd.data)[row];
         Acc sdy = 0, sdyx = 0;
-        row_each2<G, Acc>(l.dy, l.x, t * spatial, spatial, 1, [&](int64_t, Acc dy, Acc x) {
+        each(t * spatial, spatial, [&](Acc dy, Acc x) {
             sdy += dy;
             sdyx += dy * (x - mean) * rstd;
         });
@@ -137,15 +139,17 @@ __global__ void __launch_bounds__(BLOCK) group_norm_channel_sums(ampc_layer_norm
 }
 
 /* group_norm's dx as layer_norm_dx_kernel's, the row's sums of g = dy * w
- * and g * xhat from its channels' sums (group_norm_channel_sums). */
-template <int G, class Acc>
-__global__ void __launch_bounds__(BLOCK) group_norm_dx_kernel(ampc_layer_norm_backward l, const Acc *sums)
+ * and g * xhat from its channels' sums (channel_sums). map(row,
+ * first_channel, fn) stores fn(w, dy, x) for each of the group's elements
+ * of the row, w its channel's weight (1 without one). */
+template <int G, class Acc, class Map>
+__device__ __forceinline__ void group_norm_dx(const ampc_layer_norm_backward &l, const Acc *sums, Map map)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[2 * BLOCK / 32];
     const int64_t n = l.n, channels = n / l.spatial, segments = l.rows * channels;
     for (int64_t row = Group::first(); row < l.rows; row += Group::step()) {
-        const int64_t base = row * n, first_channel = row % l.groups * channels;
+        const int64_t first_channel = row % l.groups * channels;
         const Acc mean = static_cast<const Acc *>(l.mean.data)[row];
         const Acc rstd = static_cast<const Acc *>(l.rstd.data)[row];
         Acc sg = 0, sgx = 0;
@@ -156,11 +160,29 @@ __global__ void __launch_bounds__(BLOCK) group_norm_dx_kernel(ampc_layer_norm_ba
         }
         Group::sum2(sg, sgx, scratch);
         const Acc mg = sg / (Acc)n, mgx = sgx / (Acc)n;
-        row_each2<G, Acc>(l.dy, l.x, base, n, 1, [&](int64_t j, Acc dy, Acc x) {
-            const Acc g = l.weight.data != nullptr ? dy * load<Acc>(l.weight, affine_index(l, first_channel, j)) : dy;
-            store(l.dx, base + j, rstd * (g - mg - (x - mean) * rstd * mgx));
-        });
+        map(row, first_channel, [&](Acc w, Acc dy, Acc x) { return rstd * (dy * w - mg - (x - mean) * rstd * mgx); });
     }
+}
+
+/* The two above for any storage and compute type, an element at a time. */
+template <int G, class Acc>
+__global__ void __launch_bounds__(BLOCK) group_norm_channel_sums(ampc_layer_norm_backward l, Acc *sums)
+{
+    channel_sums<G>(l, sums, [&](int64_t base, int64_t count, auto fn) {
+        row_each2<G, Acc>(l.dy, l.x, base, count, 1, [&](int64_t, Acc dy, Acc x) { fn(dy, x); });
+    });
+}
+
+template <int G, class Acc>
+__global__ void __launch_bounds__(BLOCK) group_norm_dx_kernel(ampc_layer_norm_backward l, const Acc *sums)
+{
+    group_norm_dx<G>(l, sums, [&](int64_t row, int64_t first_channel, auto fn) {
+        const int64_t base = row * l.n;
+        row_each2<G, Acc>(l.dy, l.x, base, l.n, 1, [&](int64_t j, Acc dy, Acc x) {
+            const Acc w = l.weight.data != nullptr ? load<Acc>(l.weight, affine_index(l, first_channel, j)) : (Acc)1;
+            store(l.dx, base + j, fn(w, dy, x));
+        });
+    });
 }
 
 /* group_norm's rows in 16-byte packs (group_packs_fit): each channel is
@@ -249,60 +271,30 @@ __global__ void __launch_bounds__(BLOCK) group_norm_streamed(ampc_layer_norm l)
 template <class T, int G>
 __global__ void __launch_bounds__(BLOCK) group_norm_channel_sums_streamed(ampc_layer_norm_backward l, float *sums)
 {
-    typedef RowGroup<G> Group;
-    __shared__ float scratch[2 * BLOCK / 32];
-    const int64_t spatial = l.spatial, channels = l.n / spatial, segments = l.rows * channels;
-    const int lane = Group::lane();
-    for (int64_t t = Group::first(); t < segments; t += Group::step()) {
-        const int64_t row = t / channels;
-        const float mean = static_cast<const float *>(l.mean.data)[row];
-        const float rstd = static_cast<const float *>(l.rstd.data)[row];
-        const T *dy = static_cast<const T *>(l.dy.data) + t * spatial;
-        const T *x = static_cast<const T *>(l.x.data) + t * spatial;
-        float sdy = 0.0f, sdyx = 0.0f;
-        stream_reduce<T, G>(dy, x, spatial, lane, [&](int64_t, const float *d, const float *v, auto count) {
-            for (int i = 0; i < decltype(count)::value; i++) {
-                sdy += d[i];
-                sdyx += d[i] * (v[i] - mean) * rstd;
-            }
-        });
-        Group::sum2(sdy, sdyx, scratch);
-        if (lane == 0) {
-            sums[t] = sdy;
-            sums[segments + t] = sdyx;
-        }
-    }
+    channel_sums<G>(l, sums, [&](int64_t base, int64_t count, auto fn) {
+        stream_reduce<T, G>(static_cast<const T *>(l.dy.data) + base, static_cast<const T *>(l.x.data) + base, count,
+                            RowGroup<G>::lane(), [&](int64_t, const float *dy, const float *x, auto c) {
+                                for (int i = 0; i < decltype(c)::value; i++)
+                                    fn(dy[i], x[i]);
+                            });
+    });
 }
 
-/* group_norm_dx_kernel, streamed in packs. */
+/* group_norm_dx_kernel, streamed in packs (a weight a pack). */
 template <class T, int G>
 __global__ void __launch_bounds__(BLOCK) group_norm_dx_streamed(ampc_layer_norm_backward l, const float *sums)
 {
-    typedef RowGroup<G> Group;
-    __shared__ float scratch[2 * BLOCK / 32];
-    const int64_t n = l.n, channels = n / l.spatial, segments = l.rows * channels;
-    const int lane = Group::lane();
-    for (int64_t row = Group::first(); row < l.rows; row += Group::step()) {
-        const int64_t first_channel = row % l.groups * channels;
-        const float mean = static_cast<const float *>(l.mean.data)[row];
-        const float rstd = static_cast<const float *>(l.rstd.data)[row];
-        float sg = 0.0f, sgx = 0.0f;
-        for (int64_t k = lane; k < channels; k += G) {
-            const float w = l.weight.data != nullptr ? load<float>(l.weight, first_channel + k) : 1.0f;
-            sg += w * sums[row * channels + k];
-            sgx += w * sums[segments + row * channels + k];
-        }
-        Group::sum2(sg, sgx, scratch);
-        const float mg = sg / (float)n, mgx = sgx / (float)n;
-        channel_map<T, G>(static_cast<const T *>(l.dy.data) + row * n, static_cast<const T *>(l.x.data) + row * n,
-                          static_cast<T *>(l.dx.data) + row * n, n, (uint32_t)l.spatial, first_channel, lane,
-                          [&](int64_t c, const float *dy, const float *x, float *out, auto count) {
+    group_norm_dx<G>(l, sums, [&](int64_t row, int64_t first_channel, auto fn) {
+        const int64_t base = row * l.n;
+        channel_map<T, G>(static_cast<const T *>(l.dy.data) + base, static_cast<const T *>(l.x.data) + base,
+                          static_cast<T *>(l.dx.data) + base, l.n, (uint32_t)l.spatial, first_channel,
+                          RowGroup<G>::lane(), [&](int64_t c, const float *dy, const float *x, float *out, auto count) {
                               const float w = l.weight.data != nullptr ? load<float>(l.weight, c) : 1.0f;
 #pragma unroll
                               for (int i = 0; i < decltype(count)::value; i++)
-                                  out[i] = rstd * (dy[i] * w - mg - (x[i] - mean) * rstd * mgx);
+                                  out[i] = fn(w, dy[i], x[i]);
                           });
-    }
+    });
 }
 
 /* A streamed kernel launched a warp a row (narrow) for rows shorter than
@@ -354,6 +346,9 @@ int group_norm_weight_grads(int device, void *stream, const ampc_layer_norm_back
     return AMPC_OK;
 }
 
+/* The channel length from which a block, not a warp, sums each channel. */
+constexpr int64_t CHANNEL_BLOCK_FROM = 1024;
+
 /* group_norm's backward: the channel sums, then dx and the weight
  * gradients from them. */
 template <class Acc>
@@ -373,8 +368,9 @@ int group_norm_backward(int device, void *stream, const ampc_layer_norm_backward
                 using T = decltype(type);
                 const cudaStream_t st = as_stream(stream);
                 int rc = launch_streamed(group_norm_channel_sums_streamed<T, 32>,
-                                         group_norm_channel_sums_streamed<T, BLOCK>, segments, l->spatial, 1024, st,
-                                         "group_norm channel sums kernel", *l, static_cast<float *>(sums.ptr));
+                                         group_norm_channel_sums_streamed<T, BLOCK>, segments, l->spatial,
+                                         CHANNEL_BLOCK_FROM, st, "group_norm channel sums kernel", *l,
+                                         static_cast<float *>(sums.ptr));
                 if (rc == AMPC_OK && l->dx.data != nullptr)
                     rc = launch_streamed(group_norm_dx_streamed<T, 32>, group_norm_dx_streamed<T, BLOCK>, l->rows,
                                          l->n, STREAM_BLOCK_FROM, st, "group_norm backward kernel", *l, s);
