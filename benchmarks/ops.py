@@ -3,8 +3,9 @@
     python benchmarks/ops.py [--repeat N] [--only linear softmax ...]
 
 Each row times one op (forward or backward) on torch CUDA tensors with CUDA events, median of
---repeat after warm-up: ampc's and torch's, the ratio torch / ampc (above 1: ampc faster), and
-what ampc achieves against the measured limit: TFLOP/s against torch's own best product of that
+--repeat after warm-up, the calls queued behind a sleep kernel so that the events time the kernels
+(the host's time per call is host_time.py's): ampc's and torch's, the ratio torch / ampc (above 1:
+ampc faster), and what ampc achieves against the measured limit: TFLOP/s against torch's own best product of that
 dtype (an 8192^3 matmul, which is what cuBLAS reaches here), GB/s against a device-to-device
 copy. Shapes: GPT-2 small's linear layers (8 x 1024 tokens, d = 768), ResNet-50's classifier,
 convolutions and batch norms (batch 256; NCHW and channels-last), the GPT-2 LM head's
@@ -15,6 +16,7 @@ for batch_norm and attention), ampc's *_backward functions.
 
 import argparse
 import os
+import statistics
 import sys
 
 import torch
@@ -29,9 +31,40 @@ TF = torch.nn.functional
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def sleep_cycles_per_ms():
+    """How many of torch.cuda._sleep's cycles make a millisecond on this GPU."""
+    torch.cuda._sleep(1_000_000)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return 10_000_000 / start.elapsed_time(end)
+
+
+CYCLES_PER_MS = None
+
+
 def timed(fn, repeat):
-    """Median GPU milliseconds of fn (scaler.py's timer, without its wall time)."""
-    return timed_with_wall(fn, repeat)[0]
+    """Median GPU milliseconds of fn, the kernels' time and not the host's.
+
+    Timed back to back, a call whose kernels finish before the host has launched the next call's
+    measures the host (launch-bound rows took 0.04-0.06 ms whatever their kernels did). So the GPU
+    is first held in a sleep kernel long enough for the host to queue every call: each pair of
+    events then brackets only its call's kernels. The host's own time is host_time.py's.
+    """
+    global CYCLES_PER_MS
+    if CYCLES_PER_MS is None:
+        CYCLES_PER_MS = sleep_cycles_per_ms()
+    _, wall = timed_with_wall(fn, 3)  # warm-up; the wall time bounds the host's time per call
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
+    torch.cuda._sleep(int(CYCLES_PER_MS * (2 * wall * repeat + 1)))
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events)
 
 
 def matmul_peak(dtype, repeat):
