@@ -139,17 +139,19 @@ __device__ __forceinline__ void channel_sums(const ampc_layer_norm_backward &l, 
 }
 
 /* group_norm's dx as layer_norm_dx_kernel's, the row's sums of g = dy * w
- * and g * xhat from its channels' sums (channel_sums). map(row,
- * first_channel, fn) stores fn(w, dy, x) for each of the group's elements
- * of the row, w its channel's weight (1 without one). */
+ * and g * xhat from its channels' sums (channel_sums). Each row is `parts`
+ * runs of whole channels, a run a group's (a row a group where rows are
+ * many). map(row, part, first_channel, fn) stores fn(w, dy, x) for each of
+ * the group's elements of that run, w its channel's weight (1 without one). */
 template <int G, class Acc, class Map>
-__device__ __forceinline__ void group_norm_dx(const ampc_layer_norm_backward &l, const Acc *sums, Map map)
+__device__ __forceinline__ void group_norm_dx(const ampc_layer_norm_backward &l, const Acc *sums, int64_t parts,
+                                              Map map)
 {
     typedef RowGroup<G> Group;
     __shared__ Acc scratch[2 * BLOCK / 32];
     const int64_t n = l.n, channels = n / l.spatial, segments = l.rows * channels;
-    for (int64_t row = Group::first(); row < l.rows; row += Group::step()) {
-        const int64_t first_channel = row % l.groups * channels;
+    for (int64_t t = Group::first(); t < l.rows * parts; t += Group::step()) {
+        const int64_t row = t / parts, first_channel = row % l.groups * channels;
         const Acc mean = static_cast<const Acc *>(l.mean.data)[row];
         const Acc rstd = static_cast<const Acc *>(l.rstd.data)[row];
         Acc sg = 0, sgx = 0;
@@ -160,7 +162,8 @@ __device__ __forceinline__ void group_norm_dx(const ampc_layer_norm_backward &l,
         }
         Group::sum2(sg, sgx, scratch);
         const Acc mg = sg / (Acc)n, mgx = sgx / (Acc)n;
-        map(row, first_channel, [&](Acc w, Acc dy, Acc x) { return rstd * (dy * w - mg - (x - mean) * rstd * mgx); });
+        map(row, t % parts, first_channel,
+            [&](Acc w, Acc dy, Acc x) { return rstd * (dy * w - mg - (x - mean) * rstd * mgx); });
     }
 }
 
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(BLOCK) group_norm_channel_sums(ampc_layer_norm
 template <int G, class Acc>
 __global__ void __launch_bounds__(BLOCK) group_norm_dx_kernel(ampc_layer_norm_backward l, const Acc *sums)
 {
-    group_norm_dx<G>(l, sums, [&](int64_t row, int64_t first_channel, auto fn) {
+    group_norm_dx<G>(l, sums, 1, [&](int64_t row, int64_t, int64_t first_channel, auto fn) {
         const int64_t base = row * l.n;
         row_each2<G, Acc>(l.dy, l.x, base, l.n, 1, [&](int64_t j, Acc dy, Acc x) {
             const Acc w = l.weight.data != nullptr ? load<Acc>(l.weight, affine_index(l, first_channel, j)) : (Acc)1;
@@ -280,14 +283,17 @@ __global__ void __launch_bounds__(BLOCK) group_norm_channel_sums_streamed(ampc_l
     });
 }
 
-/* group_norm_dx_kernel, streamed in packs (a weight a pack). */
+/* group_norm_dx_kernel, streamed in packs (a weight a pack), each row in
+ * `parts` runs of `run` channels (the last run may be short). */
 template <class T, int G>
-__global__ void __launch_bounds__(BLOCK) group_norm_dx_streamed(ampc_layer_norm_backward l, const float *sums)
+__global__ void __launch_bounds__(BLOCK)
+    group_norm_dx_streamed(ampc_layer_norm_backward l, const float *sums, int64_t parts, int64_t run)
 {
-    group_norm_dx<G>(l, sums, [&](int64_t row, int64_t first_channel, auto fn) {
-        const int64_t base = row * l.n;
+    group_norm_dx<G>(l, sums, parts, [&](int64_t row, int64_t part, int64_t first_channel, auto fn) {
+        const int64_t channels = l.n / l.spatial, c0 = part * run, c1 = c0 + run < channels ? c0 + run : channels;
+        const int64_t base = row * l.n + c0 * l.spatial, count = (c1 - c0) * l.spatial;
         channel_map<T, G>(static_cast<const T *>(l.dy.data) + base, static_cast<const T *>(l.x.data) + base,
-                          static_cast<T *>(l.dx.data) + base, l.n, (uint32_t)l.spatial, first_channel,
+                          static_cast<T *>(l.dx.data) + base, count, (uint32_t)l.spatial, first_channel + c0,
                           RowGroup<G>::lane(), [&](int64_t c, const float *dy, const float *x, float *out, auto count) {
                               const float w = l.weight.data != nullptr ? load<float>(l.weight, c) : 1.0f;
 #pragma unroll
@@ -349,6 +355,23 @@ int group_norm_weight_grads(int device, void *stream, const ampc_layer_norm_back
 /* The channel length from which a block, not a warp, sums each channel. */
 constexpr int64_t CHANNEL_BLOCK_FROM = 1024;
 
+/* dx's runs of whole channels a row is cut into: as many as make about
+ * DX_UNITS runs in all (a few rows of many channels left most SMs idle,
+ * one 512-thread block a row resident on each), none under DX_RUN_MIN
+ * elements. */
+constexpr int64_t DX_UNITS = 1024, DX_RUN_MIN = 4096;
+
+static inline int64_t dx_run(int64_t rows, int64_t n, int64_t spatial)
+{
+    const int64_t channels = n / spatial;
+    int64_t parts = (DX_UNITS + rows - 1) / rows;
+    if (parts > n / DX_RUN_MIN)
+        parts = n / DX_RUN_MIN;
+    if (parts > channels)
+        parts = channels;
+    return parts > 1 ? (channels + parts - 1) / parts : channels;
+}
+
 /* group_norm's backward: the channel sums, then dx and the weight
  * gradients from them. */
 template <class Acc>
@@ -371,9 +394,12 @@ int group_norm_backward(int device, void *stream, const ampc_layer_norm_backward
                                          group_norm_channel_sums_streamed<T, BLOCK>, segments, l->spatial,
                                          CHANNEL_BLOCK_FROM, st, "group_norm channel sums kernel", *l,
                                          static_cast<float *>(sums.ptr));
-                if (rc == AMPC_OK && l->dx.data != nullptr)
-                    rc = launch_streamed(group_norm_dx_streamed<T, 32>, group_norm_dx_streamed<T, BLOCK>, l->rows,
-                                         l->n, STREAM_BLOCK_FROM, st, "group_norm backward kernel", *l, s);
+                if (rc == AMPC_OK && l->dx.data != nullptr) {
+                    const int64_t run = dx_run(l->rows, l->n, l->spatial), parts = (channels + run - 1) / run;
+                    rc = launch_streamed(group_norm_dx_streamed<T, 32>, group_norm_dx_streamed<T, BLOCK>,
+                                         l->rows * parts, run * l->spatial, STREAM_BLOCK_FROM, st,
+                                         "group_norm backward kernel", *l, s, parts, run);
+                }
                 return rc == AMPC_OK ? group_norm_weight_grads<Acc>(device, stream, l, s) : rc;
             });
     }
