@@ -144,6 +144,9 @@ class BuildExt(build_ext):
             with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
                 objects = list(pool.map(lambda src: self.nvcc(src, ext), cu))
             ext.extra_objects = list(ext.extra_objects) + objects
+            # setuptools relinks only when a source or dependency is newer than the library: with the
+            # .cu files out of the sources, a change to one alone compiled it and left the old code linked
+            ext.depends = list(ext.depends) + cu
         super().build_extension(ext)
 
     def nvcc(self, src, ext):
