@@ -3,8 +3,8 @@ then asleep. Jobs that come back to back, after a pause, from several Python thr
 forked child must each give the single-threaded bits."""
 
 import os
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -25,11 +25,12 @@ def three_threads():
 
 def references(rng, count):
     xs = [rng.standard_normal(SIZE, dtype=np.float32) for _ in range(count)]
+    threads = ampc.get_num_threads()
     ampc.set_num_threads(1)
     try:
         wanted = [(F.relu(x), F.softmax(x.reshape(64, -1), -1)) for x in xs]
     finally:
-        ampc.set_num_threads(3)
+        ampc.set_num_threads(threads)
     return xs, wanted
 
 
@@ -49,21 +50,14 @@ def test_jobs_back_to_back_and_after_pauses(rng, three_threads):
 
 def test_jobs_from_several_python_threads(rng, three_threads):
     xs, wanted = references(rng, 4)
-    failures = []
 
     def run(k):
-        try:
-            for i in range(25):
-                check(xs[(k + i) % 4], wanted[(k + i) % 4])
-        except AssertionError as e:  # pragma: no cover - reported below
-            failures.append(e)
+        for i in range(25):
+            check(xs[(k + i) % 4], wanted[(k + i) % 4])
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures
+    with ThreadPoolExecutor(4) as threads:
+        for done in [threads.submit(run, k) for k in range(4)]:
+            done.result()  # a thread's failed check raises here
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
