@@ -291,9 +291,9 @@ __global__ void __launch_bounds__(BLOCK)
 {
     group_norm_dx<G>(l, sums, parts, [&](int64_t row, int64_t part, int64_t first_channel, auto fn) {
         const int64_t channels = l.n / l.spatial, c0 = part * run, c1 = c0 + run < channels ? c0 + run : channels;
-        const int64_t base = row * l.n + c0 * l.spatial, count = (c1 - c0) * l.spatial;
+        const int64_t base = row * l.n + c0 * l.spatial, length = (c1 - c0) * l.spatial;
         channel_map<T, G>(static_cast<const T *>(l.dy.data) + base, static_cast<const T *>(l.x.data) + base,
-                          static_cast<T *>(l.dx.data) + base, count, (uint32_t)l.spatial, first_channel + c0,
+                          static_cast<T *>(l.dx.data) + base, length, (uint32_t)l.spatial, first_channel + c0,
                           RowGroup<G>::lane(), [&](int64_t c, const float *dy, const float *x, float *out, auto count) {
                               const float w = l.weight.data != nullptr ? load<float>(l.weight, c) : 1.0f;
 #pragma unroll
