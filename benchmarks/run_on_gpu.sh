@@ -7,7 +7,8 @@
 # steps out, to split the work over calls of 10 minutes; AMPC_CUDA_ARCH=90
 # builds for the H200 alone, three times faster. SANITIZE_TESTS="tests/test_layers_gpu.py ..."
 # also runs those GPU test files under each of compute-sanitizer's tools (SANITIZE_TOOLS, default
-# "memcheck racecheck initcheck"; SANITIZE_SHARDS, SANITIZE_JOBS; SANITIZE_FLAGS, more options for
+# "memcheck racecheck initcheck"; SANITIZE_SHARDS, SANITIZE_JOBS, SANITIZE_TIMEOUT (seconds a process,
+# default 540); SANITIZE_FLAGS, more options for
 # compute-sanitizer, e.g. "--kernel-name-exclude kns=cudnn_generated" to leave out the cuDNN
 # attention kernels torch's reference runs, whose asynchronous copies racecheck reports), torch's
 # caching allocator off so that its pool hides nothing.
@@ -56,7 +57,7 @@ done
 # prove a call never waited for the GPU skip there (AMPC_UNDER_SANITIZER).
 sanitize_one() {  # tool file shard
     local log="$OUT/sanitize_$1_$(basename "$2" .py)_${3%/*}.log"
-    AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 540 \
+    AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-540}" \
         compute-sanitizer --tool "$1" --error-exitcode 99 ${SANITIZE_FLAGS:-} \
         python3 -m pytest -q -x -p no:cacheprovider --require-gpu "$2" >"$log" 2>&1
     echo "$1 $2 $3 rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)"
@@ -64,7 +65,7 @@ sanitize_one() {  # tool file shard
 if [ -n "${SANITIZE_TESTS:-}" ]; then
     step "sanitizers over ${SANITIZE_TESTS}"
     export -f sanitize_one
-    export OUT
+    export OUT SANITIZE_TIMEOUT SANITIZE_FLAGS
     shards=${SANITIZE_SHARDS:-1}
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
         for file in $SANITIZE_TESTS; do
