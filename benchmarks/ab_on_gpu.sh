@@ -53,6 +53,7 @@ ops() {
 swap() {  # swap the tree's files and the baseline's
     (cd "$BASE" && find cuda src -type f 2>/dev/null) | while read -r f; do
         mv "$f" "$f.ab_tmp" && mv "$BASE/$f" "$f" && mv "$f.ab_tmp" "$BASE/$f"
+        touch "$f"  # mv keeps the older time, and setup.py rebuilds only what is newer than its objects
     done
 }
 
