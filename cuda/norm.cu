@@ -270,9 +270,11 @@ __global__ void __launch_bounds__(BLOCK) group_norm_streamed(ampc_layer_norm l)
     }
 }
 
-/* group_norm_channel_sums, streamed in packs. */
+/* group_norm_channel_sums, streamed in packs. Two blocks an SM at least:
+ * the float32 and bfloat16 instances took 75 registers, one 512-thread
+ * block an SM, and an SM summed one channel at a time. */
 template <class T, int G>
-__global__ void __launch_bounds__(BLOCK) group_norm_channel_sums_streamed(ampc_layer_norm_backward l, float *sums)
+__global__ void __launch_bounds__(BLOCK, 2) group_norm_channel_sums_streamed(ampc_layer_norm_backward l, float *sums)
 {
     channel_sums<G>(l, sums, [&](int64_t base, int64_t count, auto fn) {
         stream_reduce<T, G>(static_cast<const T *>(l.dy.data) + base, static_cast<const T *>(l.x.data) + base, count,
@@ -352,8 +354,9 @@ int group_norm_weight_grads(int device, void *stream, const ampc_layer_norm_back
     return AMPC_OK;
 }
 
-/* The channel length from which a block, not a warp, sums each channel. */
-constexpr int64_t CHANNEL_BLOCK_FROM = 1024;
+/* The channel length from which a block, not a warp, sums each channel:
+ * a block of 512 threads for 1024 float32 elements left half of them idle. */
+constexpr int64_t CHANNEL_BLOCK_FROM = STREAM_BLOCK_FROM;
 
 /* dx's runs of whole channels a row is cut into: as many as make about
  * DX_UNITS runs in all (a few rows of many channels left most SMs idle,

@@ -86,11 +86,11 @@ def test_dropout_mask_is_the_cpus(dtype):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("shape,groups", [((4, 32, 7, 7), 8), ((2, 6, 33), 3), ((3, 64, 1, 1), 64),
                                           ((3, 40, 5), 8), ((2, 8, 40, 40), 2), ((4, 16, 8, 8), 4),
-                                          ((1, 14, 32, 32), 1)], ids=str)
+                                          ((1, 14, 32, 32), 1), ((2, 4, 64, 64), 2)], ids=str)
 def test_group_norm(shape, groups, dtype):
     """Channels of 49, 33, 1 and 5 elements: the generic kernels' thread, warp and block per channel;
-    channels of 1600, 64 and 1024 (whole 16-byte packs): the streamed kernels' block and warp per row
-    and per channel, and dx of a row in runs of channels (14 channels in runs of 5, 5 and 4)."""
+    channels of 1600, 64, 1024 and 4096 (whole 16-byte packs): the streamed kernels' block and warp per
+    row and per channel, and dx of a row in runs of channels (14 channels in runs of 5, 5 and 4)."""
     x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
     w, b = randn(shape[1], dtype=dtype), randn(shape[1], dtype=dtype)
     fn = lambda v, wt, bs: TF.group_norm(v, groups, wt, bs)  # noqa: E731
