@@ -56,13 +56,17 @@ def test_conv2d(case, dtype):
     x, wt, b, kw = conv_case(case, dtype)
     rtol = conv_rtol(dtype, case)
     ref = TF.conv2d(x.double(), wt.double(), b.double(), **kw)
+    # cuDNN's sum is rounded to the output's dtype before the bias is added (as in torch): where the
+    # bias cancels the sum (the 1x1x1x1 case, one seed in fifty in 16 bits), the first rounding is
+    # measured against the sum's size, not the output's
+    scale = max(ref.abs().max().item(), TF.conv2d(x.double(), wt.double(), None, **kw).abs().max().item())
     y = F.conv2d(x, wt, b, **kw)
-    close(y, ref, dtype, rtol=rtol, what="conv2d vs float64")
-    close(y, TF.conv2d(x, wt, b, **kw), dtype, rtol=2 * rtol, what="conv2d vs torch")
-    close(F.conv2d(strided(x), wt, b, **kw), ref, dtype, rtol=rtol, what="conv2d strided")
+    close(y, ref, dtype, rtol=rtol, scale=scale, what="conv2d vs float64")
+    close(y, TF.conv2d(x, wt, b, **kw), dtype, rtol=2 * rtol, scale=scale, what="conv2d vs torch")
+    close(F.conv2d(strided(x), wt, b, **kw), ref, dtype, rtol=rtol, scale=scale, what="conv2d strided")
     xl, wl = x.to(memory_format=torch.channels_last), wt.to(memory_format=torch.channels_last)
     yl = F.conv2d(xl, wl, b, **kw)
-    close(yl, ref, dtype, rtol=rtol, what="conv2d channels-last")
+    close(yl, ref, dtype, rtol=rtol, scale=scale, what="conv2d channels-last")
     if case[1] > 1:
         assert yl.is_contiguous(memory_format=torch.channels_last)
 
