@@ -79,15 +79,16 @@ out, rev = sys.argv[1], sys.argv[2]
 def rows(name):
     found = {}
     for line in open(f"{out}/ops_{name}.txt"):
-        m = re.match(r"(.{28}) (.{18}) (\S+)\s+([\d.]+)\s+([\d.]+)", line)
+        # the shape column is 18 wide, but conv2d's shapes run past it
+        m = re.match(r"(.{28}) (.+?)\s+(fp32|fp16|bf16)\s+([\d.]+)\s+([\d.]+)", line)
         if m:
             found[(m[1].strip(), m[2].strip(), m[3])] = (float(m[4]), float(m[5]))
     return found
 
 
 tree, base = rows("tree"), rows("base")
-print(f"{'op':<28}{'shape':<19}{'dtype':<6}{rev[:9]:>9}{'torch':>9}{'tree':>9}{'torch':>9}  base/tree")
+print(f"{'op':<28}{'shape':<23}{'dtype':<6}{rev[:9]:>9}{'torch':>9}{'tree':>9}{'torch':>9}  base/tree")
 for key, (t, tt) in tree.items():
     b, bt = base.get(key, (float("nan"), float("nan")))
-    print(f"{key[0]:<28}{key[1]:<19}{key[2]:<6}{b:9.3f}{bt:9.3f}{t:9.3f}{tt:9.3f}  {b / t:6.2f}x")
+    print(f"{key[0]:<28}{key[1]:<23}{key[2]:<6}{b:9.3f}{bt:9.3f}{t:9.3f}{tt:9.3f}  {b / t:6.2f}x")
 PY
