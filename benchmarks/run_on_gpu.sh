@@ -68,7 +68,11 @@ sanitize_one() {  # tool file shard
     AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-540}" \
         compute-sanitizer --tool "$1" --error-exitcode 99 $libraries ${SANITIZE_FLAGS:-} \
         python3 -m pytest -q -x -p no:cacheprovider --require-gpu "$2" >"$log" 2>&1
-    echo "$1 $2 $3 rc=$? $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)"
+    local rc=$?
+    # the kernel most reports name, so that the table says where even when the logs are lost
+    local where=$(grep -oE "(access | {4,})at [A-Za-z_][A-Za-z0-9_]*" "$log" |
+        sed 's/.* at //' | sort | uniq -c | sort -rn | head -1 | awk '{print $2 " (" $1 " reports)"}')
+    echo "$1 $2 $3 rc=$rc $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1) ${where}"
 }
 if [ -n "${SANITIZE_TESTS:-}" ]; then
     step "sanitizers over ${SANITIZE_TESTS}"
