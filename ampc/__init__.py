@@ -22,7 +22,7 @@ from ampc._C import (
     get_num_threads,
     set_num_threads,
 )
-from ampc import amp, autograd, cpu, cuda, distributed, models, nn, optim, random
+from ampc import amp, autograd, backends, cpu, cuda, distributed, models, nn, optim, random
 from ampc.autograd import Tensor, enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from ampc.random import manual_seed
 from ampc.amp import (
@@ -72,6 +72,7 @@ __all__ = [
     "autocast_op",
     "autocast_policy",
     "autograd",
+    "backends",
     "bfloat16",
     "cast",
     "clear_autocast_cache",

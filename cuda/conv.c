@@ -13,7 +13,8 @@
  * torch.backends.cudnn.benchmark = True does), times the fastest few again
  * (FindEx's single cold run is noisy), times the graph API's engines
  * (conv_graph.c), and keeps the choice with its descriptors: the fastest,
- * a deterministic one where times tie. torch (benchmark mode, deterministic
+ * a deterministic one where times tie, or the fastest deterministic one
+ * where the caller asks (ampc.backends.cudnn.deterministic). torch (benchmark mode, deterministic
  * off by default) picks the fastest too; a 10 % preference for deterministic
  * algorithms cost ResNet-50's layer1 3x3 channels-last float32 backward 6 %
  * on an H100 (4.36 -> 4.10 ms, torch 3.76). That first call waits for the
@@ -22,6 +23,7 @@
  */
 #include "conv.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -221,9 +223,18 @@ static int usable(const conv_plan *p, const timing *t)
            (math_type(p->key.dtype) != CUDNN_FMA_MATH || t->math == CUDNN_FMA_MATH || t->math == CUDNN_DEFAULT_MATH);
 }
 
+/* How much slower than the fastest a deterministic algorithm may be and
+ * still be chosen: any, where the caller asked for deterministic ones
+ * (which pick and choose then insist on). */
+static float slack(const conv_plan *p)
+{
+    return p->key.deterministic ? FLT_MAX : DETERMINISTIC_SLACK;  /* not INFINITY: untimed algorithms' 0 * inf is NaN */
+}
+
 /* The algorithm to run among t[0..count): the fastest usable one, or the
- * fastest deterministic one within DETERMINISTIC_SLACK of it; among equal
- * times the first (cuDNN's order). */
+ * fastest deterministic one within the slack of it; among equal times the
+ * first (cuDNN's order). NULL where none is usable, or where deterministic
+ * ones were asked for and none is. */
 static const timing *pick(const conv_plan *p, const timing *t, int count)
 {
     const timing *fastest = NULL, *chosen = NULL;
@@ -231,10 +242,10 @@ static const timing *pick(const conv_plan *p, const timing *t, int count)
         if (usable(p, &t[i]) && (fastest == NULL || t[i].time < fastest->time))
             fastest = &t[i];
     for (int i = 0; fastest != NULL && i < count; i++)
-        if (usable(p, &t[i]) && t[i].deterministic && t[i].time <= fastest->time * DETERMINISTIC_SLACK &&
+        if (usable(p, &t[i]) && t[i].deterministic && t[i].time <= fastest->time * slack(p) &&
             (chosen == NULL || t[i].time < chosen->time))
             chosen = &t[i];
-    return chosen != NULL ? chosen : fastest;
+    return chosen != NULL || p->key.deterministic ? chosen : fastest;
 }
 
 #define RETIMED 4   /* candidates timed again */
@@ -291,10 +302,11 @@ static const char *pass_name(int pass)
 
 /* Whether the graph API's engine runs rather than the legacy algorithm t:
  * the faster, or the deterministic one where it is within the slack. */
-static int graph_wins(const conv_engine *e, const timing *t)
+static int graph_wins(const conv_plan *p, const timing *t)
 {
+    const conv_engine *e = &p->engine;
     if (e->deterministic != t->deterministic)
-        return e->deterministic ? e->time <= t->time * DETERMINISTIC_SLACK : t->time > e->time * DETERMINISTIC_SLACK;
+        return e->deterministic ? e->time <= t->time * slack(p) : t->time > e->time * slack(p);
     return e->time < t->time;
 }
 
@@ -302,7 +314,8 @@ static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int c
 {
     const cudnnMathType_t wanted = math_type(p->key.dtype);
     const timing *chosen = pick(p, timed, count);
-    if (p->engine.plan != NULL && (chosen == NULL || graph_wins(&p->engine, chosen))) {
+    if (p->engine.plan != NULL && (p->engine.deterministic || !p->key.deterministic) &&
+        (chosen == NULL || graph_wins(p, chosen))) {
         p->workspace = p->engine.workspace;
         return AMPC_OK;
     }
@@ -316,9 +329,10 @@ static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int c
         chosen = pick(p, ranked, ranked_count);
     }
     if (chosen == NULL)
-        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuDNN has no algorithm for this convolution (%s, %lld x %lld x "
+        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuDNN has no %salgorithm for this convolution (%s, %lld x %lld x "
                                   "%lld x %lld, %lld filters of %lld x %lld, groups %lld; %d timed, %d ranked, the "
-                                  "first: %s)", pass_name(p->key.pass), (long long)p->key.n, (long long)p->key.c,
+                                  "first: %s)", p->key.deterministic ? "deterministic " : "",
+                                  pass_name(p->key.pass), (long long)p->key.n, (long long)p->key.c,
                                   (long long)p->key.h, (long long)p->key.w, (long long)p->key.k, (long long)p->key.r,
                                   (long long)p->key.s, (long long)p->key.groups, count, ranked_count,
                                   count > 0 ? cudnnGetErrorString(timed[0].status)
@@ -350,7 +364,7 @@ static int plan_build(cudnnHandle_t handle, int device, void *stream, conv_plan 
     if (rc == AMPC_OK)
         rc = retime(handle, stream, p, c, ws, ws_size, t, count);
     if (rc == AMPC_OK)
-        rc = ampc_conv_graph_find(handle, stream, &p->key, c, ws, ws_size, DETERMINISTIC_SLACK, &p->engine);
+        rc = ampc_conv_graph_find(handle, stream, &p->key, c, ws, ws_size, slack(p), &p->engine);
     if (ws != NULL) {
         const int freed = ampc_cuda_free(device, ws, ws_size, stream);
         if (rc == AMPC_OK)
@@ -429,6 +443,7 @@ int ampc_cuda_conv(int device, void *stream, const ampc_conv *c)
     key.pass = (int)c->pass;
     key.dtype = c->x.dtype;
     key.w_nhwc = c->channels_last;  /* the filter in the data's layout: KRSC, else KCRS */
+    key.deterministic = c->deterministic;
     key.align[0] = alignment(c->x.data);
     key.align[1] = alignment(c->weight.data);
     key.align[2] = alignment(c->y.data);

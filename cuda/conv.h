@@ -15,6 +15,7 @@ extern "C" {
 /* Everything a plan depends on; compared as bytes (zero it first). */
 typedef struct {
     int device, pass, dtype, w_nhwc;
+    int deterministic;  /* deterministic algorithms only */
     int align[3];  /* of x, the filter and y: a graph plan may load 16 bytes at a time */
     int64_t n, c, h, w, k, r, s, p, q, groups;
     int64_t stride[2], pad[2], dilation[2];

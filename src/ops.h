@@ -295,6 +295,7 @@ typedef struct {
     int64_t x_strides[4], w_strides[4], y_strides[4];
     ampc_buf x, weight, y;
     int channels_last;  /* every operand channels-last (the GPU), else all C order */
+    int deterministic;  /* the GPU: cuDNN's deterministic algorithms only (ampc.backends.cudnn) */
 } ampc_conv;
 
 /* batch_norm over x viewed as (n, c, h, w) with x_strides (elements, NCHW

@@ -21,6 +21,9 @@
 
 #define COL_BUDGET ((int64_t)32 << 20)
 
+/* ampc.backends.cudnn.deterministic: process-wide, as torch's */
+static int cudnn_deterministic;
+
 static ampc_buf buf_of(const ampc_view *v) { return (ampc_buf){v->data, v->dtype}; }
 
 /* Element strides of a 4-D view in NCHW order. */
@@ -80,6 +83,7 @@ static int make_channels_last(ampc_op_args *a, ampc_view *v)
  * CPU takes C order. */
 static int conv_layout(ampc_op_args *a, ampc_view *x, ampc_view *wt, ampc_view *dy, ampc_conv *cv)
 {
+    cv->deterministic = __atomic_load_n(&cudnn_deterministic, __ATOMIC_RELAXED);
     const int float64_gradient = x->dtype == AMPC_FLOAT64 && cv->pass != AMPC_CONV_FORWARD;
     cv->channels_last = a->device.type == AMPC_DEVICE_CUDA && !float64_gradient && !is_c_order(x) &&
                         is_channels_last(x);
@@ -1041,7 +1045,24 @@ done:
     return result;
 }
 
+static PyObject *mod_cudnn_deterministic(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *flag = NULL;
+    if (!PyArg_ParseTuple(args, "|O:_cudnn_deterministic", &flag))
+        return NULL;
+    if (flag != NULL && !PyBool_Check(flag)) {
+        PyErr_Format(PyExc_TypeError, "cudnn.deterministic: expected a bool, got %s", Py_TYPE(flag)->tp_name);
+        return NULL;
+    }
+    const int was = flag != NULL ? __atomic_exchange_n(&cudnn_deterministic, flag == Py_True, __ATOMIC_RELAXED)
+                                 : __atomic_load_n(&cudnn_deterministic, __ATOMIC_RELAXED);
+    return PyBool_FromLong(was);
+}
+
 PyMethodDef ampc_spatial_methods[] = {
+    {"_cudnn_deterministic", mod_cudnn_deterministic, METH_VARARGS,
+     "_cudnn_deterministic([flag]): whether GPU convolutions take cuDNN's deterministic algorithms only; with "
+     "flag, set it. Returns the value before."},
     {"_conv2d", (PyCFunction)(void (*)(void))mod_conv2d, METH_VARARGS | METH_KEYWORDS,
      "_conv2d(input, weight, bias, stride, padding, dilation, groups): torch's conv2d on 4-D arrays, accumulated "
      "in float32."},

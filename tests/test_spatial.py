@@ -446,3 +446,26 @@ def test_pool_bad_input(rng):
         F.max_pool2d_backward(np.zeros((2, 3, 2, 2), F32), x, np.zeros((2, 3, 2, 2), np.int32), 2)
     with pytest.raises(ValueError, match="output shape"):
         F.avg_pool2d_backward(np.zeros((2, 3, 3, 3), F32), x, 2)
+
+
+def test_cudnn_deterministic_switch():
+    """ampc.backends.cudnn.deterministic, as torch's: False by default, a bool set process-wide,
+    anything else a TypeError that leaves it as it was. (What it does is test_spatial_gpu's.)"""
+    cudnn = ampc.backends.cudnn
+    assert cudnn.deterministic is False
+    try:
+        cudnn.deterministic = True
+        assert cudnn.deterministic is True
+        for bad in (1, 0, "yes", None, np.True_):
+            with pytest.raises(TypeError, match="cudnn.deterministic: expected a bool"):
+                cudnn.deterministic = bad
+            assert cudnn.deterministic is True
+        # the CPU's convolutions have one algorithm: the switch changes nothing there
+        rng = np.random.default_rng(5)
+        x, w = rng.standard_normal((2, 3, 6, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
+        on = ampc.nn.functional.conv2d(x, w, padding=1)
+        cudnn.deterministic = False
+        np.testing.assert_array_equal(ampc.nn.functional.conv2d(x, w, padding=1), on)
+    finally:
+        cudnn.deterministic = False
+    assert cudnn.deterministic is False

@@ -87,6 +87,34 @@ def test_conv2d_backward(case, dtype):
         close(gb, egb, dtype, what=what + "grad_bias")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=ID.get)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+def test_conv2d_backward_deterministic(dtype, layout):
+    """ampc.backends.cudnn.deterministic: the same gradients to the bit, call after call, where the
+    fastest algorithm may sum in any order (filter gradients over many positions), and still
+    within the reference's tolerance. The flag is a plan key: False afterwards takes the fastest
+    again, with no error."""
+    case = (16, 64, 28, 28, 64, 3, 3, (1, 1), (1, 1), (1, 1), 1)
+    x, wt, b, kw = conv_case(case, dtype)
+    x, wt = x.contiguous(memory_format=layout), wt.contiguous(memory_format=layout)
+    dy = randn(*TF.conv2d(x, wt, b, **kw).shape, dtype=dtype).contiguous(memory_format=layout)
+    egi, egw, _ = autograd(lambda a, w, c: TF.conv2d(a, w, c, **kw), [x, wt, b], dy)
+    rtol = conv_rtol(dtype, case) * (4 if dtype == torch.float32 else 1)
+    assert ampc.backends.cudnn.deterministic is False  # torch's default
+    ampc.backends.cudnn.deterministic = True
+    try:
+        first = F.conv2d_backward(dy, x, wt, **kw, bias_grad=False)
+        for _ in range(3):
+            again = F.conv2d_backward(dy, x, wt, **kw, bias_grad=False)
+            assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
+    finally:
+        ampc.backends.cudnn.deterministic = False
+    close(first[0], egi, dtype, rtol=rtol, what="deterministic grad_input")
+    close(first[1], egw, dtype, rtol=rtol * 4, what="deterministic grad_weight")
+    gi, gw, _ = F.conv2d_backward(dy, x, wt, **kw, bias_grad=False)
+    close(gw, egw, dtype, rtol=rtol * 4, what="grad_weight, any algorithm")
+
+
 def test_conv1d():
     x, wt, b = randn(2, 6, 33), randn(4, 3, 5), randn(4)
     kw = dict(stride=2, padding=3, dilation=2, groups=2)
