@@ -86,11 +86,14 @@ def test_dropout_mask_is_the_cpus(dtype):
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("shape,groups", [((4, 32, 7, 7), 8), ((2, 6, 33), 3), ((3, 64, 1, 1), 64),
                                           ((3, 40, 5), 8), ((2, 8, 40, 40), 2), ((4, 16, 8, 8), 4),
-                                          ((1, 14, 32, 32), 1), ((2, 4, 64, 64), 2)], ids=str)
+                                          ((1, 14, 32, 32), 1), ((2, 4, 64, 64), 2), ((2, 16, 7, 7), 2),
+                                          ((2, 64, 9, 9), 4), ((1, 8, 45, 45), 1)], ids=str)
 def test_group_norm(shape, groups, dtype):
     """Channels of 49, 33, 1 and 5 elements: the generic kernels' thread, warp and block per channel;
     channels of 1600, 64, 1024 and 4096 (whole 16-byte packs): the streamed kernels' block and warp per
-    row and per channel, and dx of a row in runs of channels (14 channels in runs of 5, 5 and 4)."""
+    row and per channel, and dx of a row in runs of channels (14 channels in runs of 5, 5 and 4); rows of
+    whole packs whose channels are not (392, 1296 and 16200 elements of channels of 49, 81 and 2025): the
+    forward's rows held in registers, a warp, 4 warps and a block a row."""
     x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
     w, b = randn(shape[1], dtype=dtype), randn(shape[1], dtype=dtype)
     fn = lambda v, wt, bs: TF.group_norm(v, groups, wt, bs)  # noqa: E731
@@ -111,10 +114,10 @@ def test_group_norm(shape, groups, dtype):
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 @pytest.mark.parametrize("alone", ["weight", "bias"])
-@pytest.mark.parametrize("shape", [(3, 12, 5, 9), (2, 12, 4, 8)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 12, 5, 9), (2, 12, 4, 8), (2, 12, 4, 6)], ids=str)
 def test_group_norm_weight_or_bias_alone(shape, alone, dtype):
     """group_norm's affine step with one of its two arrays: forward, dx with the channel's weight (or
-    none), and that array's gradient, against float64's; generic and streamed kernels."""
+    none), and that array's gradient, against float64's; generic, streamed and (16-bit rows of 72 elements) held kernels."""
     groups = 4
     x = randn(*shape, dtype=dtype, scale=2.0) + 0.5
     p = randn(shape[1], dtype=dtype)
