@@ -173,21 +173,22 @@ __global__ void __launch_bounds__(FINISH_X *FINISH_Y)
          * waiting on it, took 28 us over 1024 chunks of 64 channels (8 % of the 112^2 forward) */
         constexpr int UNROLL = 8;
         if (ch < b.c)
-            for (int64_t c = threadIdx.y; c < chunks; c += UNROLL * FINISH_Y) {
+            for (int64_t first = threadIdx.y; first < chunks; first += UNROLL * FINISH_Y) {
                 float pm[UNROLL], pq[UNROLL];
 #pragma unroll
-                for (int u = 0; u < UNROLL; u++)
-                    if (c + u * FINISH_Y < chunks) {
-                        pm[u] = part_mean[(c + u * FINISH_Y) * b.c + ch];
-                        pq[u] = part_m2[(c + u * FINISH_Y) * b.c + ch];
+                for (int u = 0; u < UNROLL; u++) {
+                    const int64_t c = first + u * FINISH_Y;
+                    if (c < chunks) {
+                        pm[u] = part_mean[c * b.c + ch];
+                        pq[u] = part_m2[c * b.c + ch];
                     }
+                }
 #pragma unroll
-                for (int u = 0; u < UNROLL; u++)
-                    if (c + u * FINISH_Y < chunks) {
-                        const int64_t left = rows - (c + u * FINISH_Y) * chunk;  /* the last may be short, or empty */
-                        const int64_t count = left < chunk ? (left > 0 ? left : 0) : chunk;
-                        merge(n, mean, m2, (float)count, pm[u], pq[u]);
-                    }
+                for (int u = 0; u < UNROLL; u++) {
+                    const int64_t c = first + u * FINISH_Y, left = rows - c * chunk;  /* the last may be short, or empty */
+                    if (c < chunks)
+                        merge(n, mean, m2, (float)(left < chunk ? (left > 0 ? left : 0) : chunk), pm[u], pq[u]);
+                }
             }
         s_n[threadIdx.y][threadIdx.x] = n;
         s_mean[threadIdx.y][threadIdx.x] = mean;
