@@ -217,11 +217,12 @@ __device__ __forceinline__ void load_channels(const float *p, int64_t c0, float 
     }
 }
 
-/* The first pack of a thread of the channels-last elementwise passes, whose
- * blocks start from the last rows: the statistics pass before them read
- * the rows first to last, so its last rows are the ones the L2 still holds
- * (50 MB on an H100: most of a 7x7 stage's 51 MB in 16 bits). Blocks are
- * dispatched in index order; the grid still covers every pack. */
+/* The first pack of a thread of the elementwise passes (normalize, the
+ * input gradient), whose blocks start from the end of the array: the
+ * statistics pass before them read it first to last, so its end is what
+ * the L2 still holds (50 MB on an H100: most of a 7x7 stage's 51 MB in 16
+ * bits; 3-6 % off those passes on an H200). Blocks are dispatched in index
+ * order; the grid still covers every pack. */
 __device__ __forceinline__ int64_t last_blocks_first()
 {
     return (int64_t)(gridDim.x - 1 - blockIdx.x) * blockDim.x + threadIdx.x;
@@ -649,7 +650,8 @@ __global__ void __launch_bounds__(BLOCK) map_planes(const T *a, const T *b, T *o
 {
     typedef RowGroup<G> Group;
     const int lane = Group::lane();
-    for (int64_t plane = Group::first(); plane < p.units(); plane += Group::step()) {
+    for (int64_t i = Group::first(); i < p.units(); i += Group::step()) {
+        const int64_t plane = p.units() - 1 - i;  /* from the last, as last_blocks_first */
         fn.at(plane % p.c);
         stream_map<T, G>(a + plane * p.hw, b != nullptr ? b + plane * p.hw : nullptr, out + plane * p.hw, p.hw, lane,
                          [&](int64_t, float u, float v) { return fn(u, v); });
@@ -663,8 +665,7 @@ __global__ void map_flat(const T *a, const T *b, T *out, Planes p, At fn)
 {
     constexpr int VEC = Pack<T>::VEC;
     const int64_t total = p.n * p.c * p.hw;
-    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q * VEC < total;
-         q += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t q = last_blocks_first(); q * VEC < total; q += (int64_t)gridDim.x * blockDim.x) {
         const int64_t e0 = q * VEC;
         int64_t plane, ch;
         if (total <= UINT32_MAX) {  /* 32-bit division where it suffices: a 64-bit one is a long call */
