@@ -139,7 +139,9 @@ def test_pow_array_exponent_gradients(dtype):
     special cases), in the inputs' dtype, against torch's autograd in float64."""
     x = torch.rand(33, 1, 65, device="cuda", dtype=torch.float64) + 0.2
     x[:, :, ::7] = 0
-    e = randn(4, 1, dtype=torch.float64) * 2
+    # exponents in [-3, 3]: below that, x ** (e - 1) at x = 0.2 takes the reduced input gradient past
+    # float16's largest value (inf against a finite float64 reference, in about one draw of twenty)
+    e = (randn(4, 1, dtype=torch.float64) * 2).clamp(-3, 3)
     e[0] = 0
     x, e = x.to(dtype), e.to(dtype)
     g = randn(33, 4, 65, dtype=dtype)
