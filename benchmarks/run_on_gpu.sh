@@ -8,9 +8,10 @@
 # builds for the H200 alone, three times faster. SANITIZE_TESTS="tests/test_layers_gpu.py ..."
 # also runs those GPU test files under each of compute-sanitizer's tools (SANITIZE_TOOLS, default
 # "memcheck racecheck initcheck"; SANITIZE_SHARDS, SANITIZE_JOBS, SANITIZE_TIMEOUT (seconds a process,
-# default 540); SANITIZE_FLAGS, more options for compute-sanitizer), torch's caching allocator off
-# so that its pool hides nothing. racecheck's verdict is the reports outside the libraries' kernels:
-# see LIBRARY_KERNELS below.
+# default 540); SANITIZE_FLAGS, more options for compute-sanitizer; SANITIZE_K, a pytest -k
+# expression for those processes: "not conv" leaves out the convolution tests, whose cuDNN kernels
+# take minutes a test under racecheck), torch's caching allocator off so that its pool hides nothing.
+# racecheck's verdict is the reports outside the libraries' kernels: see LIBRARY_KERNELS below.
 #
 #   bash benchmarks/run_on_gpu.sh [pytest args...]
 set -uo pipefail
@@ -69,7 +70,7 @@ sanitize_one() {  # tool file shard
     [ "$1" = racecheck ] && flags="--kernel-name-exclude kns=at6native --print-limit 100000"
     AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-540}" \
         compute-sanitizer --tool "$1" --error-exitcode 99 $flags ${SANITIZE_FLAGS:-} \
-        python3 -m pytest -q -x -p no:cacheprovider --require-gpu "$2" >"$log" 2>&1
+        python3 -m pytest -q -x -p no:cacheprovider --require-gpu ${SANITIZE_K:+-k "$SANITIZE_K"} "$2" >"$log" 2>&1
     local rc=$?
     # the kernels the reports name, so that the table says where even when the logs are lost
     local kernels=$(grep -oE "(access | {4,})at (void )?[A-Za-z_][A-Za-z0-9_:]*" "$log" | sed -E 's/.* at (void )?//' | sort | uniq -c | sort -rn)
@@ -81,7 +82,7 @@ sanitize_one() {  # tool file shard
 if [ -n "${SANITIZE_TESTS:-}" ]; then
     step "sanitizers over ${SANITIZE_TESTS}"
     export -f sanitize_one
-    export OUT SANITIZE_TIMEOUT SANITIZE_FLAGS LIBRARY_KERNELS
+    export OUT SANITIZE_TIMEOUT SANITIZE_FLAGS SANITIZE_K LIBRARY_KERNELS
     mkdir -p "$OUT/sanitize"
     shards=${SANITIZE_SHARDS:-1}
     for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
