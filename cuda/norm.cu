@@ -38,6 +38,26 @@ __device__ __forceinline__ void mean_and_rstd(Acc mu, Acc q, Acc d, Acc n, Acc e
     rstd = (Acc)1 / m_sqrt(m2 / n + eps);
 }
 
+/* The mean and 1 / sqrt(var + eps) of a row of n elements held in registers
+ * by a row group of G lanes, as layer_norm_kernel's passes take them, the
+ * same in every lane. scratch: RowGroup's, 2 * BLOCK / 32 floats. */
+template <int G, class T, int NV>
+__device__ __forceinline__ void cached_moments(const CachedRow<T, G, NV> &x, int64_t packs, int lane, int64_t n,
+                                               float eps, float *scratch, float &mean, float &rstd)
+{
+    typedef RowGroup<G> Group;
+    float s = 0.0f;
+    x.each(packs, lane, [&](int64_t, float v) { s += v; });
+    const float mu = Group::sum(s, scratch) / (float)n;
+    float q = 0.0f, d = 0.0f;
+    x.each(packs, lane, [&](int64_t, float v) {
+        q += (v - mu) * (v - mu);
+        d += v - mu;
+    });
+    Group::sum2(q, d, scratch);
+    mean_and_rstd(mu, q, d, (float)n, eps, mean, rstd);
+}
+
 /* The weight and bias index of element j of a row: j, or under group_norm its channel (ampc_layer_norm's
  * groups), the division in 32 bits where the row allows (a 64-bit one is a long call). */
 template <class L>  /* ampc_layer_norm or ampc_layer_norm_backward */
@@ -287,17 +307,8 @@ __global__ void __launch_bounds__(BLOCK) group_norm_cached(ampc_layer_norm l)
         const int64_t row = first + Group::in_block(), packs = row < l.rows ? n / Pack<T>::VEC : 0;
         CachedRow<T, G, NV> x;
         x.load(static_cast<const T *>(l.x.data) + row * n, packs, lane);
-        float s = 0.0f;
-        x.each(packs, lane, [&](int64_t, float v) { s += v; });
-        const float mu = Group::sum(s, scratch) / (float)n;
-        float q = 0.0f, d = 0.0f;
-        x.each(packs, lane, [&](int64_t, float v) {
-            q += (v - mu) * (v - mu);
-            d += v - mu;
-        });
-        Group::sum2(q, d, scratch);
         float mean, rstd;
-        mean_and_rstd(mu, q, d, (float)n, (float)l.eps, mean, rstd);
+        cached_moments<G>(x, packs, lane, n, (float)l.eps, scratch, mean, rstd);
         const int64_t first_channel = row % l.groups * channels;
         cached_map(x, x, static_cast<T *>(l.y.data) + row * n, packs, lane, [&](int64_t j, float v, float) {
             const int64_t c = first_channel + (uint32_t)j / spatial;
@@ -539,17 +550,8 @@ __global__ void __launch_bounds__(BLOCK) layer_norm_cached(ampc_layer_norm l)
         const int64_t row = first + Group::in_block(), packs = row < l.rows ? n / VEC : 0;
         CachedRow<T, G, NV> x;
         x.load(static_cast<const T *>(l.x.data) + row * n, packs, lane);
-        float s = 0.0f;
-        x.each(packs, lane, [&](int64_t, float v) { s += v; });
-        const float mu = Group::sum(s, scratch) / (float)n;
-        float q = 0.0f, d = 0.0f;
-        x.each(packs, lane, [&](int64_t, float v) {
-            q += (v - mu) * (v - mu);
-            d += v - mu;
-        });
-        Group::sum2(q, d, scratch);
         float mean, rstd;
-        mean_and_rstd(mu, q, d, (float)n, (float)l.eps, mean, rstd);
+        cached_moments<G>(x, packs, lane, n, (float)l.eps, scratch, mean, rstd);
         T *y = static_cast<T *>(l.y.data) + row * n;
 #pragma unroll
         for (int k = 0; k < NV; k++) {
