@@ -1,6 +1,6 @@
 """ampc.nn.functional's GPU ops against torch's, in the same run.
 
-    python benchmarks/ops.py [--repeat N] [--only linear softmax ...]
+    python benchmarks/ops.py [--repeat N] [--only linear softmax ...] [--profile REGEX]
 
 Each row times one op (forward or backward) on torch CUDA tensors with CUDA events, median of
 --repeat after warm-up, the calls queued behind a sleep kernel so that the events time the kernels
@@ -12,10 +12,15 @@ convolutions and batch norms (batch 256; NCHW and channels-last), the GPT-2 LM h
 cross_entropy (50257 classes), layer_norm and softmax rows, a diffusion U-Net's group_norm, GPT-2's
 causal attention. Backward passes: torch's own backward ops (what autograd calls; autograd itself
 for batch_norm and attention), ampc's *_backward functions.
+
+--profile REGEX times nothing: each row whose "op shape dtype" REGEX finds runs one ampc call and
+then one torch call (after warm-up) between cudaProfilerStart and cudaProfilerStop, for
+`ncu --profile-from-start off` (benchmarks/ncu_rows.sh prints what ncu measured of their kernels).
 """
 
 import argparse
 import os
+import re
 import statistics
 import sys
 
@@ -74,9 +79,29 @@ def matmul_peak(dtype, repeat):
 
 
 ROWS = []
+PROFILE = None  # --profile's compiled pattern
+
+
+def profiled(label, ampc_fn, torch_fn):
+    """One call of each, after warm-up, inside the CUDA profiler's range."""
+    for fn in (ampc_fn, torch_fn):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    print(f"profiled: {label} (ampc's kernels, then torch's)", flush=True)
+    torch.cuda.cudart().cudaProfilerStart()
+    for fn in (ampc_fn, torch_fn):
+        fn()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
 
 
 def row(op, shape, dtype, ampc_fn, torch_fn, repeat, *, flops=None, nbytes=None, limits=None):
+    if PROFILE is not None:
+        label = f"{op} {shape} {dtype}"
+        if PROFILE.search(label):
+            profiled(label, ampc_fn, torch_fn)
+        return
     t_ampc = timed(ampc_fn, repeat)
     t_torch = timed(torch_fn, repeat)
     if flops is not None:
@@ -277,9 +302,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=list(BENCHES))
+    parser.add_argument("--profile", metavar="REGEX", help="profile the matching rows instead of timing any")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # torch's default: full fp32 products, as ampc's
     torch.backends.cudnn.allow_tf32 = False  # torch's convolutions default to TF32; ampc's never are
+    if args.profile is not None:
+        global PROFILE
+        PROFILE = re.compile(args.profile)
+        for name in args.only:
+            BENCHES[name](None, args.repeat)
+        return
     limits = {"copy": copy_bandwidth(args.repeat),
               "peak": {dn: matmul_peak(dt, 10) for dn, dt in DTYPES.items()}}
     print(f"{torch.cuda.get_device_name()}: copy {limits['copy']:.0f} GB/s; matmul peak (torch, 8192^3) "
