@@ -25,6 +25,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -310,12 +311,33 @@ static int graph_wins(const conv_plan *p, const timing *t)
     return e->time < t->time;
 }
 
+/* With AMPC_CONV_DEBUG set, the legacy algorithms' timings and the choice,
+ * on stderr (conv_graph.c prints the graph API's engines). */
+static void report(const conv_plan *p, const timing *timed, int count, const timing *chosen, int graph)
+{
+    if (getenv("AMPC_CONV_DEBUG") == NULL)
+        return;
+    const conv_key *k = &p->key;
+    for (int i = 0; i < count; i++)
+        fprintf(stderr, "ampc conv legacy: %s dtype %d %lldx%lldx%lldx%lld k%lld %lldx%lld stride %lld: algo %d %s "
+                "%.4f ms, %zu B, math %d%s%s\n", pass_name(k->pass), k->dtype, (long long)k->n, (long long)k->c,
+                (long long)k->h, (long long)k->w, (long long)k->k, (long long)k->r, (long long)k->s,
+                (long long)k->stride[0], timed[i].algo, cudnnGetErrorString(timed[i].status), (double)timed[i].time,
+                timed[i].memory, (int)timed[i].math, timed[i].deterministic ? "" : " (nondeterministic)",
+                &timed[i] == chosen && !graph ? " <- chosen" : "");
+    if (graph)
+        fprintf(stderr, "ampc conv: %s: the graph API's engine chosen, %.4f ms\n", pass_name(k->pass),
+                (double)p->engine.time);
+}
+
 static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int count)
 {
     const cudnnMathType_t wanted = math_type(p->key.dtype);
     const timing *chosen = pick(p, timed, count);
-    if (p->engine.plan != NULL && (p->engine.deterministic || !p->key.deterministic) &&
-        (chosen == NULL || graph_wins(p, chosen))) {
+    const int graph = p->engine.plan != NULL && (p->engine.deterministic || !p->key.deterministic) &&
+                      (chosen == NULL || graph_wins(p, chosen));
+    report(p, timed, count, chosen, graph);
+    if (graph) {
         p->workspace = p->engine.workspace;
         return AMPC_OK;
     }
