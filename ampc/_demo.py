@@ -313,7 +313,7 @@ def run_synthetic(args, index):
                                else "composed from products and a softmax"
                                + (" (AMPC_FUSED_ATTENTION=0)" if not _attention.FUSED else "")))
     if index >= 0:
-        # ampc's first steps time each convolution's algorithms in a workspace of up to 1 GiB, taken
+        # ampc's first steps time each convolution's algorithms in a workspace of up to 4 GiB, taken
         # only where free (less when memory is short): that transient is the warm-up's, not the run's
         print("peak memory: over the timed steps; warm-up peak: over the warm-up steps, where ampc times "
               "each convolution's algorithms in the memory that is free")
