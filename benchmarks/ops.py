@@ -1,6 +1,6 @@
 """ampc.nn.functional's GPU ops against torch's, in the same run.
 
-    python benchmarks/ops.py [--repeat N] [--only linear softmax ...] [--profile REGEX]
+    python benchmarks/ops.py [--repeat N] [--only linear softmax ...] [--match REGEX] [--profile REGEX]
 
 Each row times one op (forward or backward) on torch CUDA tensors with CUDA events, median of
 --repeat after warm-up, the calls queued behind a sleep kernel so that the events time the kernels
@@ -80,6 +80,7 @@ def matmul_peak(dtype, repeat):
 
 ROWS = []
 PROFILE = None  # --profile's compiled pattern
+MATCH = None  # --match's
 
 
 def profiled(label, ampc_fn, torch_fn):
@@ -97,10 +98,12 @@ def profiled(label, ampc_fn, torch_fn):
 
 
 def row(op, shape, dtype, ampc_fn, torch_fn, repeat, *, flops=None, nbytes=None, limits=None):
+    label = f"{op} {shape} {dtype}"
     if PROFILE is not None:
-        label = f"{op} {shape} {dtype}"
         if PROFILE.search(label):
             profiled(label, ampc_fn, torch_fn)
+        return
+    if MATCH is not None and not MATCH.search(label):
         return
     t_ampc = timed(ampc_fn, repeat)
     t_torch = timed(torch_fn, repeat)
@@ -245,7 +248,9 @@ def bench_attention(limits, repeat):
 
 # ResNet-50's convolutions at batch 256: (name, C, H, K, kernel, stride); padding keeps the size.
 RESNET_CONVS = [("stem 7x7", 3, 224, 64, 7, 2), ("layer1 3x3", 64, 56, 64, 3, 1), ("layer1 1x1", 256, 56, 64, 1, 1),
-                ("layer3 3x3", 256, 14, 256, 3, 1), ("layer4 1x1", 512, 7, 2048, 1, 1)]
+                ("layer2 3x3 s2", 128, 56, 128, 3, 2), ("layer2 down s2", 256, 56, 512, 1, 2),
+                ("layer3 3x3", 256, 14, 256, 3, 1), ("layer4 3x3 s2", 512, 14, 512, 3, 2),
+                ("layer4 down s2", 1024, 14, 2048, 1, 2), ("layer4 1x1", 512, 7, 2048, 1, 1)]
 LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 
@@ -303,11 +308,13 @@ def main():
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), default=list(BENCHES))
     parser.add_argument("--profile", metavar="REGEX", help="profile the matching rows instead of timing any")
+    parser.add_argument("--match", metavar="REGEX", help="time only the rows whose \"op shape dtype\" it finds")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # torch's default: full fp32 products, as ampc's
     torch.backends.cudnn.allow_tf32 = False  # torch's convolutions default to TF32; ampc's never are
+    global MATCH, PROFILE
+    MATCH = re.compile(args.match) if args.match is not None else None
     if args.profile is not None:
-        global PROFILE
         PROFILE = re.compile(args.profile)
         for name in args.only:
             BENCHES[name](None, args.repeat)
