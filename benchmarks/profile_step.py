@@ -76,13 +76,16 @@ def ampc_step(args):
     scaler = ampc.GradScaler("cuda")
     x, y = _demo.synthetic_batch(args.model, args.batch_size, 0, channels_last=args.channels_last)
     loss_of = (lambda: F.cross_entropy(model(x), y)) if args.model == "resnet50" else (lambda: model(x, y)[1])
-    return lambda: _demo.training_step(loss_of, optimizer, scaler, "cuda", getattr(ampc, args.dtype))
+    dtype = None if args.dtype == "float32" else getattr(ampc, args.dtype)  # None: autocast off
+    return lambda: _demo.training_step(loss_of, optimizer, scaler, "cuda", dtype)
 
 
 def torch_step(args):
     import torchvision
 
     torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = False  # float32 as ampc's: no TF32 (torch's convolutions default to it)
+    torch.backends.cuda.matmul.allow_tf32 = False
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     model = torchvision.models.resnet50().cuda().to(memory_format=fmt)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -92,7 +95,7 @@ def torch_step(args):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=getattr(torch, args.dtype)):
+        with torch.autocast("cuda", dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32"):
             loss = torch.nn.functional.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -105,7 +108,8 @@ def main():
     parser.add_argument("--model", choices=("resnet50", "gpt2"), default="resnet50")
     parser.add_argument("--batch-size", type=int)
     parser.add_argument("--channels-last", action="store_true")
-    parser.add_argument("--dtype", choices=("float16", "bfloat16"), default="float16")
+    parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
+                        help="autocast's dtype; float32: autocast off")
     parser.add_argument("--torch", action="store_true", help="torch's ResNet-50 step too (torchvision)")
     parser.add_argument("--host", action="store_true",
                         help="also where the host's time to enqueue a step goes (cProfile, by own time)")
@@ -113,7 +117,7 @@ def main():
     args.batch_size = args.batch_size or (256 if args.model == "resnet50" else 8)
     torch.cuda.init()
     sync = lambda: ampc.cuda.synchronize(0)  # noqa: E731
-    what = f"{args.model}{' channels-last' if args.channels_last else ''} AMP {args.dtype}"
+    what = f"{args.model}{' channels-last' if args.channels_last else ''} {'AMP ' * (args.dtype != 'float32')}{args.dtype}"
     step = ampc_step(args)
     wall, host = timed(step, sync, lambda: ampc.cuda.reset_peak_memory_stats(0))
     print(f"ampc {what}: step {wall:.1f} ms, host enqueue {host:.1f} ms, peak "
