@@ -246,11 +246,13 @@ def bench_attention(limits, repeat):
         row("attention fwd+bwd causal", shape, dn, ampc_both, torch_both, repeat, flops=3.5 * flops, limits=limits)
 
 
-# ResNet-50's convolutions at batch 256: (name, C, H, K, kernel, stride); padding keeps the size.
+# ResNet-50's convolutions at batch 256: (name, C, H, K, kernel, stride), padding kernel // 2. The
+# stride-2 ones are each stage's first 3x3 and its 1x1 downsample.
 RESNET_CONVS = [("stem 7x7", 3, 224, 64, 7, 2), ("layer1 3x3", 64, 56, 64, 3, 1), ("layer1 1x1", 256, 56, 64, 1, 1),
                 ("layer2 3x3 s2", 128, 56, 128, 3, 2), ("layer2 down s2", 256, 56, 512, 1, 2),
-                ("layer3 3x3", 256, 14, 256, 3, 1), ("layer4 3x3 s2", 512, 14, 512, 3, 2),
-                ("layer4 down s2", 1024, 14, 2048, 1, 2), ("layer4 1x1", 512, 7, 2048, 1, 1)]
+                ("layer3 down s2", 512, 28, 1024, 1, 2), ("layer3 3x3", 256, 14, 256, 3, 1),
+                ("layer4 3x3 s2", 512, 14, 512, 3, 2), ("layer4 down s2", 1024, 14, 2048, 1, 2),
+                ("layer4 1x1", 512, 7, 2048, 1, 1)]
 LAYOUTS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
 
