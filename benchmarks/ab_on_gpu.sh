@@ -4,14 +4,14 @@
 #
 #   here:       bash benchmarks/ab_on_gpu.sh prepare main   # REV's versions of the cuda/ and src/
 #                                                           # files the tree changes, into ab_base/
-#   the device: OPS="group_norm batch_norm" TESTS="tests/test_layers_gpu.py -k group_norm" \
-#               bash benchmarks/ab_on_gpu.sh run
+#   the device: OPS="group_norm batch_norm" TESTS="tests/test_layers_gpu.py -k 'group_norm or batch_norm'" \
+#               MATCH='nhwc' bash benchmarks/ab_on_gpu.sh run
 #
 # `run` builds the tree, runs pytest --require-gpu on TESTS (if given), times
-# `benchmarks/ops.py --only $OPS`, puts ab_base/'s files in place, rebuilds (setup.py recompiles
-# and relinks only what changed), times the same rows again, puts the tree's files back, and prints
-# both builds' rows side by side with torch's (each build's torch column is its own run's). Logs
-# go to $OUT (or ./out). Delete ab_base/ before committing.
+# `benchmarks/ops.py --only $OPS` (only the rows MATCH finds, if given), puts ab_base/'s files in
+# place, rebuilds (setup.py recompiles and relinks only what changed), times the same rows again,
+# puts the tree's files back, and prints both builds' rows side by side with torch's (each build's
+# torch column is its own run's). Logs go to $OUT (or ./out). Delete ab_base/ before committing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BASE=ab_base
@@ -47,7 +47,7 @@ build() {
 }
 ops() {
     timeout "${OPS_S:-200}" python3 benchmarks/ops.py --repeat "${REPEAT:-20}" --only ${OPS:?which ops.py rows} \
-        >"$OUT/ops_$1.txt" 2>&1
+        ${MATCH:+--match "$MATCH"} >"$OUT/ops_$1.txt" 2>&1
     lap "ops $1"
 }
 swap() {  # swap the tree's files and the baseline's
@@ -59,7 +59,7 @@ swap() {  # swap the tree's files and the baseline's
 
 build tree
 if [ -n "${TESTS:-}" ]; then
-    python3 -m pytest -q -p no:cacheprovider --require-gpu $TESTS >"$OUT/tests.log" 2>&1
+    eval "python3 -m pytest -q -p no:cacheprovider --require-gpu $TESTS" >"$OUT/tests.log" 2>&1  # eval: TESTS may quote a -k expression
     grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
     tail -1 "$OUT/tests.log"
     lap tests
