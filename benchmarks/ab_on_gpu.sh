@@ -11,7 +11,9 @@
 # `benchmarks/ops.py --only $OPS` (only the rows MATCH finds, if given), puts ab_base/'s files in
 # place, rebuilds (setup.py recompiles and relinks only what changed), times the same rows again,
 # puts the tree's files back, and prints both builds' rows side by side with torch's (each build's
-# torch column is its own run's). Logs go to $OUT (or ./out). Delete ab_base/ before committing.
+# torch column is its own run's). TREE_EXTRA, a command line, runs on the tree's build after its
+# rows (its last TREE_EXTRA_LINES lines printed). Logs go to $OUT (or ./out). Delete ab_base/
+# before committing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BASE=ab_base
@@ -65,6 +67,11 @@ if [ -n "${TESTS:-}" ]; then
     lap tests
 fi
 ops tree
+if [ -n "${TREE_EXTRA:-}" ]; then  # more on the tree's build (a profile, a demo), its output in tree_extra.log
+    eval "$TREE_EXTRA" >"$OUT/tree_extra.log" 2>&1
+    tail -"${TREE_EXTRA_LINES:-20}" "$OUT/tree_extra.log"
+    lap "tree extra"
+fi
 swap
 build "base"
 ops base
