@@ -10,7 +10,8 @@
 # (--cache-control none --clock-control none: a kernel's reads from the L2 count as in a real step,
 # though a replayed kernel finds what its own replay left there). The table: each kernel's time,
 # DRAM bytes read and written, DRAM throughput against its peak, L2 hit rate, grid, block,
-# occupancy and registers. Logs go to $OUT (or ./out).
+# occupancy and registers. NCU_SECTIONS="SpeedOfLight WarpStateStats ..." prints ncu's own report of
+# those sections instead (where a kernel stalls, not only how long it runs). Logs go to $OUT (or ./out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 pattern=${1:?usage: bash benchmarks/ncu_rows.sh REGEX OP [OP ...]}
@@ -23,6 +24,14 @@ METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
 METRICS=$METRICS,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct
 METRICS=$METRICS,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active
 METRICS=$METRICS,launch__registers_per_thread
+if [ -n "${NCU_SECTIONS:-}" ]; then  # ncu's own report of those sections, kernel by kernel, in place of the table
+    sections=$(for s in $NCU_SECTIONS; do printf -- '--section %s ' "$s"; done)
+    timeout "${NCU_S:-300}" ncu --profile-from-start off --cache-control none --clock-control none $sections \
+        python3 benchmarks/ops.py --profile "$pattern" --only "$@" >"$OUT/ncu_sections.txt" 2>&1
+    echo "ncu exited with $?"
+    grep -vE "^==PROF==|^ +-+( +-+)+ *$|^ *$" "$OUT/ncu_sections.txt" | cut -c1-150 | head -400
+    exit 0
+fi
 timeout "${NCU_S:-300}" ncu --profile-from-start off --cache-control none --clock-control none --csv \
     --metrics "$METRICS" python3 benchmarks/ops.py --profile "$pattern" --only "$@" \
     >"$OUT/ncu_rows.csv" 2>"$OUT/ncu_rows.err"
