@@ -117,7 +117,8 @@ def main():
     args.batch_size = args.batch_size or (256 if args.model == "resnet50" else 8)
     torch.cuda.init()
     sync = lambda: ampc.cuda.synchronize(0)  # noqa: E731
-    what = f"{args.model}{' channels-last' if args.channels_last else ''} {'AMP ' * (args.dtype != 'float32')}{args.dtype}"
+    recipe = args.dtype if args.dtype == "float32" else f"AMP {args.dtype}"
+    what = f"{args.model}{' channels-last' if args.channels_last else ''} {recipe}"
     step = ampc_step(args)
     wall, host = timed(step, sync, lambda: ampc.cuda.reset_peak_memory_stats(0))
     print(f"ampc {what}: step {wall:.1f} ms, host enqueue {host:.1f} ms, peak "
