@@ -1,7 +1,8 @@
 """Where one of the demo's GPU training steps spends its time: the step's wall time against the host's
 time to enqueue it (a gap means the GPU is the bound), the peak memory, and ampc's kernels ranked by
 GPU time. torch's profiler traces every kernel of the process through CUPTI, ampc's included, so it
-needs torch; with --torch it ranks torch's own step of the same model and recipe beside it.
+needs torch; with --torch it ranks torch's own step of the same model and recipe beside it
+(torchvision's ResNet-50, or the demo's GPT-2 in torch).
 
     python benchmarks/profile_step.py --model resnet50 --channels-last [--torch] [--host]
 """
@@ -14,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import ampc
-from ampc import _demo
+from ampc import _demo, _demo_torch
 
 F = ampc.nn.functional
 
@@ -81,22 +82,29 @@ def ampc_step(args):
 
 
 def torch_step(args):
-    import torchvision
-
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False  # float32 as ampc's: no TF32 (torch's convolutions default to it)
     torch.backends.cuda.matmul.allow_tf32 = False
-    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
-    model = torchvision.models.resnet50().cuda().to(memory_format=fmt)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(0)
+    if args.model == "resnet50":
+        import torchvision
+
+        fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+        model = torchvision.models.resnet50().cuda().to(memory_format=fmt)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:  # the demo's torch GPT-2, the layout and initialisation of ampc.models.gpt
+        model = _demo_torch._torch_gpt(torch).cuda()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     scaler = torch.amp.GradScaler("cuda")
-    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch("resnet50", args.batch_size, 0,
+    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(args.model, args.batch_size, 0,
                                                                    channels_last=args.channels_last))
+    loss_of = (lambda: torch.nn.functional.cross_entropy(model(x), y)) if args.model == "resnet50" \
+        else (lambda: model(x, y))
 
     def step():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32"):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss = loss_of()
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
@@ -110,7 +118,8 @@ def main():
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16",
                         help="autocast's dtype; float32: autocast off")
-    parser.add_argument("--torch", action="store_true", help="torch's ResNet-50 step too (torchvision)")
+    parser.add_argument("--torch", action="store_true",
+                        help="torch's step of the same model too (torchvision's ResNet-50, the demo's GPT-2)")
     parser.add_argument("--host", action="store_true",
                         help="also where the host's time to enqueue a step goes (cProfile, by own time)")
     args = parser.parse_args()
@@ -126,7 +135,7 @@ def main():
     top_kernels(step, sync)
     if args.host:
         host_profile(step, sync)
-    if args.torch and args.model == "resnet50":
+    if args.torch:
         step = torch_step(args)
         wall, host = timed(step, torch.cuda.synchronize, torch.cuda.reset_peak_memory_stats)
         print(f"torch {what}: step {wall:.1f} ms, host enqueue {host:.1f} ms, peak "
