@@ -20,10 +20,6 @@ shift
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
-METRICS=$METRICS,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct
-METRICS=$METRICS,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active
-METRICS=$METRICS,launch__registers_per_thread
 if [ -n "${NCU_SECTIONS:-}" ]; then  # ncu's own report of those sections, kernel by kernel, in place of the table
     sections=$(for s in $NCU_SECTIONS; do printf -- '--section %s ' "$s"; done)
     timeout "${NCU_S:-300}" ncu --profile-from-start off --cache-control none --clock-control none $sections \
@@ -32,6 +28,10 @@ if [ -n "${NCU_SECTIONS:-}" ]; then  # ncu's own report of those sections, kerne
     grep -vE "^==PROF==|^ +-+( +-+)+ *$|^ *$" "$OUT/ncu_sections.txt" | cut -c1-150 | head -400
     exit 0
 fi
+METRICS=gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum
+METRICS=$METRICS,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct
+METRICS=$METRICS,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active
+METRICS=$METRICS,launch__registers_per_thread
 timeout "${NCU_S:-300}" ncu --profile-from-start off --cache-control none --clock-control none --csv \
     --metrics "$METRICS" python3 benchmarks/ops.py --profile "$pattern" --only "$@" \
     >"$OUT/ncu_rows.csv" 2>"$OUT/ncu_rows.err"
