@@ -317,23 +317,31 @@ static int graph_wins(const conv_plan *p, const timing *t)
     return e->time < t->time;
 }
 
+const char *ampc_conv_key_text(const conv_key *k, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s, dtype %d, %lld x %lld x %lld x %lld%s, %lld filters of %lld x %lld, stride %lld x %lld, "
+             "padding %lld x %lld, dilation %lld x %lld, groups %lld", pass_name(k->pass), k->dtype, (long long)k->n,
+             (long long)k->c, (long long)k->h, (long long)k->w, k->w_nhwc ? " channels-last" : "", (long long)k->k,
+             (long long)k->r, (long long)k->s, (long long)k->stride[0], (long long)k->stride[1],
+             (long long)k->pad[0], (long long)k->pad[1], (long long)k->dilation[0], (long long)k->dilation[1],
+             (long long)k->groups);
+    return buf;
+}
+
 /* With AMPC_CONV_DEBUG set, the legacy algorithms' timings and the choice,
  * on stderr (conv_graph.c prints the graph API's engines). */
 static void report(const conv_plan *p, const timing *timed, int count, const timing *chosen, int graph)
 {
     if (getenv("AMPC_CONV_DEBUG") == NULL)
         return;
-    const conv_key *k = &p->key;
+    char text[AMPC_CONV_KEY_TEXT];
+    ampc_conv_key_text(&p->key, text, sizeof text);
     for (int i = 0; i < count; i++)
-        fprintf(stderr, "ampc conv legacy: %s dtype %d %lldx%lldx%lldx%lld k%lld %lldx%lld stride %lld: algo %d %s "
-                "%.4f ms, %zu B, math %d%s%s\n", pass_name(k->pass), k->dtype, (long long)k->n, (long long)k->c,
-                (long long)k->h, (long long)k->w, (long long)k->k, (long long)k->r, (long long)k->s,
-                (long long)k->stride[0], timed[i].algo, cudnnGetErrorString(timed[i].status), (double)timed[i].time,
-                timed[i].memory, (int)timed[i].math, timed[i].deterministic ? "" : " (nondeterministic)",
-                &timed[i] == chosen && !graph ? " <- chosen" : "");
+        fprintf(stderr, "ampc conv legacy: %s: algo %d %s %.4f ms, %zu B, math %d%s%s\n", text, timed[i].algo,
+                cudnnGetErrorString(timed[i].status), (double)timed[i].time, timed[i].memory, (int)timed[i].math,
+                timed[i].deterministic ? "" : " (nondeterministic)", &timed[i] == chosen && !graph ? " <- chosen" : "");
     if (graph)
-        fprintf(stderr, "ampc conv: %s: the graph API's engine chosen, %.4f ms\n", pass_name(k->pass),
-                (double)p->engine.time);
+        fprintf(stderr, "ampc conv: %s: the graph API's engine chosen, %.4f ms\n", text, (double)p->engine.time);
 }
 
 static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int count)
@@ -356,15 +364,14 @@ static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int c
             return rc;
         chosen = pick(p, ranked, ranked_count);
     }
-    if (chosen == NULL)
-        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuDNN has no %salgorithm for this convolution (%s, %lld x %lld x "
-                                  "%lld x %lld, %lld filters of %lld x %lld, groups %lld; %d timed, %d ranked, the "
-                                  "first: %s)", p->key.deterministic ? "deterministic " : "",
-                                  pass_name(p->key.pass), (long long)p->key.n, (long long)p->key.c,
-                                  (long long)p->key.h, (long long)p->key.w, (long long)p->key.k, (long long)p->key.r,
-                                  (long long)p->key.s, (long long)p->key.groups, count, ranked_count,
+    if (chosen == NULL) {
+        char text[AMPC_CONV_KEY_TEXT];
+        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuDNN has no %salgorithm for this convolution (%s; %d timed, %d "
+                                  "ranked, the first: %s)", p->key.deterministic ? "deterministic " : "",
+                                  ampc_conv_key_text(&p->key, text, sizeof text), count, ranked_count,
                                   count > 0 ? cudnnGetErrorString(timed[0].status)
                                   : ranked_count > 0 ? cudnnGetErrorString(ranked[0].status) : "none");
+    }
     p->algo = chosen->algo;
     p->workspace = chosen->memory;
     if (wanted != CUDNN_FMA_MATH)

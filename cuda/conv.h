@@ -22,6 +22,12 @@ typedef struct {
     int64_t x_strides[4], y_strides[4];
 } conv_key;
 
+/* k in words for messages and AMPC_CONV_DEBUG's lines: its pass, dtype,
+ * input, filters, stride, padding, dilation and groups (buf's size
+ * AMPC_CONV_KEY_TEXT is ample; snprintf cuts what it could not hold). */
+#define AMPC_CONV_KEY_TEXT 256
+const char *ampc_conv_key_text(const conv_key *k, char *buf, size_t size);
+
 /* A graph API execution plan with the descriptors it was made from. */
 typedef struct {
     cudnnBackendDescriptor_t plan, config, graph, op, conv, tensors[3];

@@ -357,16 +357,17 @@ int ampc_conv_graph_find(cudnnHandle_t handle, void *stream, const conv_key *key
     }
     int chosen = fastest;
     const int verbose = getenv("AMPC_CONV_DEBUG") != NULL;
+    char text[AMPC_CONV_KEY_TEXT] = "";
+    if (verbose)
+        ampc_conv_key_text(key, text, sizeof text);
     for (int i = 0; fastest >= 0 && i < count; i++)
         if (plans[i] != NULL && deterministic[i] && times[i] <= times[fastest] * slack &&
             (!deterministic[chosen] || times[i] < times[chosen]))
             chosen = i;
     for (int i = 0; i < count; i++) {
         if (verbose)
-            fprintf(stderr, "ampc conv graph: pass %d dtype %d %lldx%lldx%lldx%lld k%lld %lldx%lld: config %d/%d "
-                    "engine %lld %s%s %.4f ms%s\n", key->pass, key->dtype, (long long)key->n, (long long)key->c,
-                    (long long)key->h, (long long)key->w, (long long)key->k, (long long)key->r, (long long)key->s, i,
-                    count, (long long)indices[i], plans[i] != NULL ? "timed" : "skipped",
+            fprintf(stderr, "ampc conv graph: %s: config %d/%d engine %lld %s%s %.4f ms%s\n", text, i, count,
+                    (long long)indices[i], plans[i] != NULL ? "timed" : "skipped",
                     deterministic[i] ? "" : " (nondeterministic)", (double)times[i], i == chosen ? " <- chosen" : "");
         if (i == chosen && rc == AMPC_OK) {
             best->plan = plans[i];
