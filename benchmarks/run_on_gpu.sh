@@ -68,8 +68,11 @@ done
 # written (with torch's kernels left out, ampc's embedding read torch.randint's indices so; H100,
 # 2026-12-06). It prints every report without backtraces, which the table counts by kernel: torch's own
 # (cub's scans, direct copies) ran to 565,000 a shard of test_layers_gpu and hid the rest past the
-# default limit of 100. Logs past 20 MB keep their first 20 MB.
-LIBRARY_KERNELS="nvjet|cudnn|xmma|cutlass|at6native|at::native|at_cuda_detail|sm90_|sm80_"
+# default limit of 100. cuBLASLt's splitKreduce_kernel reads the partial sums its TMA kernels wrote:
+# 4,608-15,616 reports a shard of test_ops_gpu and test_attention_gpu, every one in that kernel
+# (H100, 2026-12-06, twenty-first session); hence cublasLt among the libraries. Logs past 20 MB keep
+# their first 20 MB.
+LIBRARY_KERNELS="nvjet|cudnn|cublasLt|xmma|cutlass|at6native|at::native|at_cuda_detail|sm90_|sm80_"
 sanitize_one() {  # tool file shard
     local log="$OUT/sanitize/$1_$(basename "$2" .py)_${3%/*}.log" flags=""
     [ "$1" = racecheck ] && flags="--kernel-name-exclude kns=at6native --print-limit 100000"
