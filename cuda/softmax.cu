@@ -11,10 +11,12 @@
  *
  * Contiguous rows of one storage type take packs.cuh's paths: a row that
  * fits a lane's registers is read once (softmax_cached: max, sum, write,
- * all from registers); a longer one is streamed twice in 16-byte packs
- * (softmax_streamed: the online sum with one exponential per element, then
- * the writes). Anything else (strided rows, float64, an output dtype other
- * than the input's) takes the generic kernels.
+ * all from registers); a row that fits half an SM's shared memory is read
+ * once into it (softmax_smem, the same three passes); a longer one is
+ * streamed twice in 16-byte packs (softmax_streamed: the online sum with
+ * one exponential per element, then the writes). Anything else (strided
+ * rows, float64, an output dtype other than the input's) takes the
+ * generic kernels.
  */
 #include "packs.cuh"
 
@@ -142,6 +144,104 @@ __global__ void __launch_bounds__(BLOCK) softmax_streamed(ampc_softmax s)
     }
 }
 
+/* A block a row, held in shared memory: each lane keeps there the packs it
+ * loaded (pack p at cache[p], p = lane, lane + BLOCK, ...), so no barrier
+ * guards them, and makes softmax_cached's passes (max, sum, write) over
+ * them. The row is read from memory once: streamed, the second read of a
+ * 100 KB row (GPT-2's 50257 logits in 16 bits) missed the L2 with 53 MB
+ * of rows in flight. Packs from the first wholly masked one on are never
+ * read; the scalars before the first 16-byte boundary and after the last
+ * are read where they are, in each pass. */
+template <class T>
+__global__ void __launch_bounds__(BLOCK) softmax_smem(ampc_softmax s)
+{
+    typedef RowGroup<BLOCK> Group;
+    constexpr int VEC = vec_of<T>();
+    extern __shared__ uint4 cache[];
+    __shared__ float scratch[BLOCK / 32];
+    const int64_t n = s.rows.n;
+    const int lane = Group::lane();
+    for (int64_t row = Group::first(); row < s.rows.outer; row += Group::step()) {
+        const T *x = static_cast<const T *>(s.x.data) + row * n;
+        const int64_t live = ampc_softmax_live(&s, row);
+        const int64_t head = head_of(x, n), packs = (n - head) / VEC, tail = head + packs * VEC;
+        const int64_t live_packs = live > head ? min(packs, (live - head + VEC - 1) / VEC) : 0;
+        /* fn(j, v) over the lane's live elements, packs from the cache */
+        auto each = [&](auto fn) {
+            if (lane < head && lane < live)
+                fn((int64_t)lane, to_float(x[lane]));
+            for (int64_t p = lane; p < live_packs; p += BLOCK) {
+                Pack<T> v;
+                v.raw = cache[p];
+                const int64_t j0 = head + p * VEC;
+#pragma unroll
+                for (int i = 0; i < VEC; i++)
+                    if (j0 + i < live)
+                        fn(j0 + i, v[i]);
+            }
+            if (tail + lane < live)
+                fn(tail + lane, to_float(x[tail + lane]));
+        };
+        float m = -INFINITY;
+        if (lane < head && lane < live)
+            m = to_float(x[lane]);
+        if (tail + lane < live)
+            m = nan_max(m, to_float(x[tail + lane]));
+        for (int64_t p = lane; p < live_packs; p += STREAM_UNROLL * BLOCK) {
+            Pack<T> v[STREAM_UNROLL];
+#pragma unroll
+            for (int u = 0; u < STREAM_UNROLL; u++)
+                if (p + u * BLOCK < live_packs)
+                    v[u].load(x + head + (p + u * BLOCK) * VEC);
+#pragma unroll
+            for (int u = 0; u < STREAM_UNROLL; u++)
+                if (p + u * BLOCK < live_packs) {
+                    cache[p + u * BLOCK] = v[u].raw;
+                    const int64_t j0 = head + (p + u * BLOCK) * VEC;
+#pragma unroll
+                    for (int i = 0; i < VEC; i++)
+                        if (j0 + i < live)
+                            m = nan_max(m, v[u][i]);
+                }
+        }
+        const float M = Group::max(m, scratch);
+        float e = 0.0f;
+        each([&](int64_t, float v) { e += m_exp(v - M); });
+        const float S = Group::sum(e, scratch);
+        const float shift = M + m_log(S), inv = 1.0f / S;
+        auto out = [&](float v) { return s.log ? v - shift : m_exp(v - M) * inv; };
+        const float dead = s.log ? -INFINITY : 0.0f;
+        T *y = static_cast<T *>(s.y.data) + row * n;
+        if (lane < head)
+            y[lane] = from_float<T>(lane < live ? out(to_float(x[lane])) : dead);
+        for (int64_t p = lane; p < packs; p += BLOCK) {
+            Pack<T> v, o;
+            v.raw = p < live_packs ? cache[p] : make_uint4(0, 0, 0, 0);
+            const int64_t j0 = head + p * VEC;
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                o.set(i, j0 + i < live ? out(v[i]) : dead);
+            o.store(y + j0);
+        }
+        if (tail + lane < n)
+            y[tail + lane] = from_float<T>(tail + lane < live ? out(to_float(x[tail + lane])) : dead);
+    }
+}
+
+/* The bytes of shared memory softmax_smem takes for rows of n elements of
+ * T, or 0 where a row does not fit half the SM's (two blocks an SM, each
+ * with its 1 KB the runtime reserves and its scratch). */
+template <class T>
+static int smem_row_bytes(int64_t n)
+{
+    int device = 0, per_sm = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) != cudaSuccess)
+        return 0;
+    const int64_t bytes = (n / vec_of<T>() + 1) * 16, room = per_sm / 2 - 2048;
+    return bytes <= room ? (int)bytes : 0;
+}
+
 template <class T, int G, int NV>
 __global__ void __launch_bounds__(BLOCK) softmax_backward_cached(ampc_softmax_backward s)
 {
@@ -203,6 +303,16 @@ int softmax_fast(const ampc_softmax *s, cudaStream_t stream)
     const void *ptrs[2] = {s->x.data, s->y.data};
     return with_storage(s->x.dtype, [&](auto type) {
         using T = decltype(type);
+        const bool registers = packs_fit(s->x.dtype, s->rows.n, s->x.data, s->y.data) &&
+                               cached_tier(s->rows.n, vec_of<T>()) >= 0;
+        const int bytes = smem_row_bytes<T>(s->rows.n);
+        if (s->rows.inner == 1 && s->x.dtype != AMPC_FLOAT64 && !registers && s->rows.n >= STREAM_BLOCK_FROM &&
+            bytes > 0 && same_phase(s->x.data, s->y.data)) {
+            AMPC_CUDA_TRY(cudaFuncSetAttribute(softmax_smem<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                          "cudaFuncSetAttribute (softmax's shared memory)");
+            softmax_smem<T><<<rows_grid(s->rows.outer, BLOCK), BLOCK, bytes, stream>>>(*s);
+            return ampc_cuda_launched("softmax kernel");
+        }
         return AMPC_FAST_ROWS(softmax_cached, softmax_streamed, T, s->rows, s->x.dtype, ptrs, 2, stream,
                               "softmax kernel", *s);
     });

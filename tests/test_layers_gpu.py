@@ -221,9 +221,10 @@ def test_sdpa_mask_and_autocast():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=ID.get)
-@pytest.mark.parametrize("n", [7, 1000, 3000, 50257])
+@pytest.mark.parametrize("n", [7, 1000, 3000, 20001, 50257, 70001])
 def test_causal_softmax_matches_cpu_rule(n, dtype):
-    """The kernel's causal mask (every path: cached, block, streamed) against a masked softmax."""
+    """The kernel's causal mask (every path: cached, block, shared memory, streamed) against a masked
+    softmax."""
     x = randn(3, 5, n, dtype=dtype, scale=3.0)
     y = F._C._softmax(x, -1, False, None, causal=True)
     keep = torch.ones(5, n, device="cuda", dtype=torch.bool).tril()

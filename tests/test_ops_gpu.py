@@ -213,9 +213,11 @@ def test_dense_elementwise_in_any_memory_order(dtype):
 # --------------------------------------------------------------------------------------------
 
 # Rows held in registers, a warp's (768, 1000) or 4 warps' or a block's (1536, 3000, 6144: packs.cuh's
-# tiers), streamed (7, 2049, 50257: rows off 16-byte boundaries too), strided (dim not last).
+# tiers), a block's in shared memory (the forward's 20001, and 50257 in 16 bits), streamed (7, 2049,
+# 70001; 50257 in float32; rows off 16-byte boundaries too), strided (dim not last).
 SOFTMAX_CASES = [((7,), 0), ((33, 1000), -1), ((5, 768), -1), ((4, 1536), -1), ((3, 3000), -1), ((3, 6144), -1),
-                 ((4, 50257), -1), ((2, 3, 2049), -1), ((8, 16, 33), 1), ((5, 1), 1), ((64, 3), 0)]
+                 ((3, 20001), -1), ((4, 50257), -1), ((2, 70001), -1), ((2, 3, 2049), -1), ((8, 16, 33), 1),
+                 ((5, 1), 1), ((64, 3), 0)]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
@@ -242,11 +244,12 @@ def test_softmax(shape, dim, log, dtype):
         close(up, top(x.double(), dim=dim), torch.float32, what="dtype=float32")
 
 
-def test_softmax_special_values():
-    x = randn(3, 2000)
+@pytest.mark.parametrize("n", [2000, 20001, 70001], ids=["registers", "shared", "streamed"])
+def test_softmax_special_values(n):
+    x = randn(3, n)
     x[0] = -math.inf
     x[1, 17] = math.nan
-    x[2, :1990] = -math.inf
+    x[2, :n - 10] = -math.inf
     for op, top in ((F.softmax, TF.softmax), (F.log_softmax, TF.log_softmax)):
         got, want = op(x, dim=1), top(x, dim=1)
         assert torch.equal(got.isnan(), want.isnan())
