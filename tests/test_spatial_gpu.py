@@ -228,6 +228,26 @@ def test_batch_norm_training_repeats_bit_for_bit(layout, shape):
         assert torch.equal(first, second)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=ID.get)
+@pytest.mark.parametrize("shape", [(32, 2048, 7, 7), (16, 64, 28, 28), (5, 12, 3, 3)], ids=str)
+@pytest.mark.parametrize("path", ["ampc", "cudnn"])
+def test_batch_norm_channels_last_backward_either_path(monkeypatch, path, shape, dtype):
+    """A channels-last training backward runs ampc's kernels or cuDNN's, whichever its shape's first
+    call timed faster; AMPC_BATCH_NORM_BACKWARD forces one, and each must give torch's gradients from
+    ampc's own saved statistics."""
+    monkeypatch.setenv("AMPC_BATCH_NORM_BACKWARD", path)
+    x = (randn(*shape, dtype=torch.float64) * 2 + 0.5).to(dtype).contiguous(memory_format=torch.channels_last)
+    dy = randn(*shape, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w, b = randn(shape[1]), randn(shape[1])
+    _, mean, rstd = F._batch_norm_forward(x, None, None, w, b, True)
+    egi, egw, egb = autograd(lambda a, ww, bb: TF.batch_norm(a, None, None, ww, bb, training=True), [x, w, b], dy)
+    gi, gw, gb = F.batch_norm_backward(dy, x, w, training=True, save_mean=mean, save_rstd=rstd)
+    assert gi.dtype == dtype and gi.is_contiguous(memory_format=torch.channels_last)
+    close(gi, egi, dtype, rtol=RTOL[dtype] * 8, what=f"grad_input by {path}")
+    close(gw, egw, torch.float32, rtol=1e-4, what=f"grad_weight by {path}")
+    close(gb, egb, torch.float32, rtol=1e-4, what=f"grad_bias by {path}")
+
+
 def test_batch_norm_eval_backward():
     x, dy = randn(4, 3, 5, 5), randn(4, 3, 5, 5)
     w, rm, rv = randn(3), randn(3), randn(3).abs() + 0.5
