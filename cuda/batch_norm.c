@@ -5,9 +5,8 @@
  * float64. Training takes ampc's kernels (batch_norm_kernels.cu) where
  * they serve the layout: channels-last in whole 16-byte packs of channels,
  * dense NCHW planes of 16 elements or more; the rest takes cuDNN (its
- * persistent mode for channels-last). A channels-last backward takes
- * whichever of ampc's kernels and cuDNN's ran faster on its shape's first
- * call.
+ * persistent mode for channels-last). Where both serve, training takes
+ * whichever ran faster on its shape's first call.
  *
  * cuDNN wants every per-channel operand: an absent weight is ones, an
  * absent bias zeros, a gradient nobody asked for a scratch buffer, all from
@@ -213,15 +212,8 @@ static int backward_descs(cudnnHandle_t handle, int device, void *stream, const 
     return rc;
 }
 
-int ampc_cuda_batch_norm(int device, void *stream, const ampc_batch_norm *b)
+static int cudnn_forward(int device, void *stream, const ampc_batch_norm *b)
 {
-    if (b->n * b->c * b->h * b->w == 0)
-        return AMPC_OK;
-    int own = ampc_cuda_batch_norm_nhwc(device, stream, b);
-    if (own == AMPC_NOT_TAKEN)
-        own = ampc_cuda_batch_norm_planes(device, stream, b);
-    if (own != AMPC_NOT_TAKEN)
-        return own;
     WITH_DNN(device, stream, forward_descs(handle, device, stream, b));
 }
 
@@ -230,137 +222,173 @@ static int cudnn_backward(int device, void *stream, const ampc_batch_norm_backwa
     WITH_DNN(device, stream, backward_descs(handle, device, stream, b));
 }
 
+/* ampc's kernels for the layout, or AMPC_NOT_TAKEN. */
+static int own_forward(int device, void *stream, const ampc_batch_norm *b)
+{
+    const int rc = ampc_cuda_batch_norm_nhwc(device, stream, b);
+    return rc != AMPC_NOT_TAKEN ? rc : ampc_cuda_batch_norm_planes(device, stream, b);
+}
+
+static int own_backward(int device, void *stream, const ampc_batch_norm_backward *b)
+{
+    const int rc = ampc_cuda_batch_norm_nhwc_backward(device, stream, b);
+    return rc != AMPC_NOT_TAKEN ? rc : ampc_cuda_batch_norm_planes_backward(device, stream, b);
+}
+
 /* ------------------------------------------------------------------------ */
-/* Channels-last backward: ampc's kernels or cuDNN's, the faster per shape   */
+/* Training: ampc's kernels or cuDNN's, the faster per shape                 */
 /* ------------------------------------------------------------------------ */
 
-/* ampc's channels-last backward is two passes that read dy and x twice;
- * cuDNN's persistent kernel reads them once, at a lower bandwidth. At
- * ResNet-50's 7x7 stage in float32 cuDNN's was ahead (0.153 ms against
- * 0.190, H100), elsewhere ampc's are level or ahead. So the first call of
- * each shape times both (as the convolutions' algorithms are timed, on the
- * call's own buffers, its outputs written again by the chosen one) and the
- * choice is remembered. AMPC_BATCH_NORM_BACKWARD=ampc or =cudnn forces one
- * (the tests take each). */
+/* ampc's kernels are ahead of cuDNN's on most of ResNet-50's shapes, not on
+ * all: cuDNN's persistent channels-last backward reads dy and x once where
+ * ampc's two passes read them twice, and at the 7x7 stage in float32 it
+ * took 0.153 ms against 0.190 (H100). So the first training call of each
+ * shape, direction and layout that ampc's kernels take times both (as the
+ * convolutions' algorithms are timed: on the call's own buffers, its outputs
+ * written again by the one chosen; a forward's trials leave the running
+ * statistics alone) and the choice is remembered.
+ * AMPC_BATCH_NORM=ampc or =cudnn forces one (the tests take each). */
 enum { BY_AMPC = 1, BY_CUDNN = 2 };
 
 typedef struct {
-    int device, dtype;
-    int64_t n, c, h, w;
+    int device, dtype, backward;
+    int64_t n, c, h, w, x_strides[4];
     int path;
 } bn_choice;
 
-#define BN_CHOICES 64  /* shapes remembered; past that the oldest is timed again when it comes back */
+#define BN_CHOICES 128  /* shapes remembered; past that the oldest is timed again when it comes back */
+#define BN_TIMED_RUNS 3
 
 static pthread_mutex_t choices_lock = PTHREAD_MUTEX_INITIALIZER;
 static bn_choice choices[BN_CHOICES];
 static int choices_next;
 
-static int same_shape(const bn_choice *k, int device, const ampc_batch_norm_backward *b)
+static bn_choice choice_key(int device, int dtype, int backward, int64_t n, int64_t c, int64_t h, int64_t w,
+                            const int64_t *x_strides)
 {
-    return k->path != 0 && k->device == device && k->dtype == (int)b->x.dtype && k->n == b->n && k->c == b->c &&
-           k->h == b->h && k->w == b->w;
+    bn_choice k;
+    memset(&k, 0, sizeof k);  /* padding too: keys are compared as bytes */
+    k.device = device, k.dtype = dtype, k.backward = backward;
+    k.n = n, k.c = c, k.h = h, k.w = w;
+    memcpy(k.x_strides, x_strides, sizeof k.x_strides);
+    return k;
 }
 
-static int remembered(int device, const ampc_batch_norm_backward *b)
+/* The remembered path for key (its path field 0), or 0. */
+static int remembered(const bn_choice *key)
 {
     int path = 0;
     pthread_mutex_lock(&choices_lock);
-    for (int i = 0; i < BN_CHOICES && path == 0; i++)
-        if (same_shape(&choices[i], device, b))
-            path = choices[i].path;
+    for (int i = 0; i < BN_CHOICES && path == 0; i++) {
+        bn_choice k = choices[i];
+        const int stored = k.path;
+        k.path = 0;
+        if (stored != 0 && memcmp(&k, key, sizeof k) == 0)
+            path = stored;
+    }
     pthread_mutex_unlock(&choices_lock);
     return path;
 }
 
-static void remember(int device, const ampc_batch_norm_backward *b, int path)
+static void remember(const bn_choice *key, int path)
 {
     pthread_mutex_lock(&choices_lock);
-    choices[choices_next] = (bn_choice){device, b->x.dtype, b->n, b->c, b->h, b->w, path};
+    choices[choices_next] = *key;
+    choices[choices_next].path = path;
     choices_next = (choices_next + 1) % BN_CHOICES;
     pthread_mutex_unlock(&choices_lock);
+}
+
+/* A forced path (AMPC_BATCH_NORM), or 0. */
+static int forced_path(void)
+{
+    const char *forced = getenv("AMPC_BATCH_NORM");
+    if (forced == NULL)
+        return 0;
+    return strcmp(forced, "cudnn") == 0 ? BY_CUDNN : strcmp(forced, "ampc") == 0 ? BY_AMPC : 0;
 }
 
 typedef struct {
     int device;
     void *stream;
-    const ampc_batch_norm_backward *b;
+    const void *op;  /* an ampc_batch_norm or an ampc_batch_norm_backward */
+    int backward;
 } bn_trial;
 
-static int launch_ampc(const void *ctx, int i)
+static int launch_own(const void *ctx, int i)
 {
     (void)i;
     const bn_trial *t = (const bn_trial *)ctx;
-    return ampc_cuda_batch_norm_nhwc_backward(t->device, t->stream, t->b);
+    return t->backward ? own_backward(t->device, t->stream, (const ampc_batch_norm_backward *)t->op)
+                       : own_forward(t->device, t->stream, (const ampc_batch_norm *)t->op);
 }
 
 static int launch_cudnn(const void *ctx, int i)
 {
     (void)i;
     const bn_trial *t = (const bn_trial *)ctx;
-    return cudnn_backward(t->device, t->stream, t->b);
+    return t->backward ? cudnn_backward(t->device, t->stream, (const ampc_batch_norm_backward *)t->op)
+                       : cudnn_forward(t->device, t->stream, (const ampc_batch_norm *)t->op);
 }
 
-#define BN_TIMED_RUNS 3
-
-/* Time ampc's kernels and cuDNN's on the call's buffers: *path the faster,
- * or BY_AMPC where cuDNN's failed (a shape it does not take). */
-static int time_both(int device, void *stream, const ampc_batch_norm_backward *b, int *path)
+/* The path for trial's op under key: forced, remembered, or timed now
+ * (BY_AMPC where ampc's kernels do not take it or cuDNN's fail on it). */
+static int choose_path(const bn_choice *key, const bn_trial *trial, int *path)
 {
-    const bn_trial trial = {device, stream, b};
-    float ampc_ms = 0.0f, cudnn_ms = 0.0f;
+    *path = forced_path();
+    if (*path == 0)
+        *path = remembered(key);
+    if (*path != 0)
+        return AMPC_OK;
+    *path = BY_AMPC;
+    float own_ms = 0.0f, cudnn_ms = 0.0f;
     ampc_device_guard guard;
-    int rc = ampc_device_enter(device, &guard);
+    int rc = ampc_device_enter(trial->device, &guard);
     if (rc != AMPC_OK)
         return rc;
-    rc = ampc_cuda_time_candidates(stream, 1, BN_TIMED_RUNS, launch_ampc, &trial, &ampc_ms);
-    if (rc == AMPC_OK && ampc_cuda_time_candidates(stream, 1, BN_TIMED_RUNS, launch_cudnn, &trial, &cudnn_ms) ==
-                             AMPC_OK && cudnn_ms < ampc_ms)
+    rc = ampc_cuda_time_candidates(trial->stream, 1, BN_TIMED_RUNS, launch_own, trial, &own_ms);
+    if (rc == AMPC_OK &&
+        ampc_cuda_time_candidates(trial->stream, 1, BN_TIMED_RUNS, launch_cudnn, trial, &cudnn_ms) == AMPC_OK &&
+        cudnn_ms < own_ms)
         *path = BY_CUDNN;
     ampc_device_leave(&guard);
-    return rc == AMPC_NOT_TAKEN ? AMPC_OK : rc;  /* not taken: ampc's other kernels or cuDNN, as before */
+    if (rc == AMPC_NOT_TAKEN)  /* cuDNN's anyway */
+        rc = AMPC_OK, *path = BY_CUDNN;
+    if (rc == AMPC_OK)
+        remember(key, *path);
+    return rc;
 }
 
-/* BY_CUDNN where cuDNN's kernel runs this backward, else BY_AMPC (ampc's
- * kernels where they take it, then cuDNN's as before). */
-static int backward_path(int device, void *stream, const ampc_batch_norm_backward *b, int *path)
+int ampc_cuda_batch_norm(int device, void *stream, const ampc_batch_norm *b)
 {
-    const int64_t dims[4] = {b->n, b->c, b->h, b->w};
-    const char *forced = getenv("AMPC_BATCH_NORM_BACKWARD");
-    *path = BY_AMPC;
-    /* timing runs the backward three times over: not where dx overwrites what it reads */
-    if (b->x.dtype == AMPC_FLOAT64 || !is_nhwc(dims, b->x_strides) || b->dx.data == NULL ||
-        b->dx.data == b->dy.data || b->dx.data == b->x.data)
+    if (b->n * b->c * b->h * b->w == 0)
         return AMPC_OK;
-    if (forced != NULL && (strcmp(forced, "ampc") == 0 || strcmp(forced, "cudnn") == 0)) {
-        *path = forced[0] == 'c' ? BY_CUDNN : BY_AMPC;
-        return AMPC_OK;
+    int path = BY_CUDNN;  /* eval, float64, or y over x (the trials would read what they wrote): as before */
+    if (b->training && b->x.dtype != AMPC_FLOAT64 && b->y.data != b->x.data) {
+        ampc_batch_norm quiet = *b;  /* the trials leave the running statistics as they were */
+        quiet.running_mean.data = NULL, quiet.running_var.data = NULL;
+        const bn_choice key = choice_key(device, b->x.dtype, 0, b->n, b->c, b->h, b->w, b->x_strides);
+        const bn_trial trial = {device, stream, &quiet, 0};
+        const int rc = choose_path(&key, &trial, &path);
+        if (rc != AMPC_OK)
+            return rc;
     }
-    const int known = remembered(device, b);
-    if (known != 0) {
-        *path = known;
-        return AMPC_OK;
-    }
-    const int rc = time_both(device, stream, b, path);
-    if (rc == AMPC_OK)
-        remember(device, b, *path);
-    return rc;
+    const int own = path == BY_AMPC ? own_forward(device, stream, b) : AMPC_NOT_TAKEN;
+    return own != AMPC_NOT_TAKEN ? own : cudnn_forward(device, stream, b);
 }
 
 int ampc_cuda_batch_norm_backward(int device, void *stream, const ampc_batch_norm_backward *b)
 {
     if (b->n * b->c * b->h * b->w == 0)
         return AMPC_OK;
-    int path;
-    int own = backward_path(device, stream, b, &path);
-    if (own != AMPC_OK)
-        return own;
-    if (path == BY_CUDNN)
-        return cudnn_backward(device, stream, b);
-    own = ampc_cuda_batch_norm_nhwc_backward(device, stream, b);
-    if (own == AMPC_NOT_TAKEN)
-        own = ampc_cuda_batch_norm_planes_backward(device, stream, b);
-    if (own != AMPC_NOT_TAKEN)
-        return own;
-    return cudnn_backward(device, stream, b);
+    int path = BY_AMPC;  /* float64, no dx, or dx over dy or x (the trials would read what they wrote): as before */
+    if (b->x.dtype != AMPC_FLOAT64 && b->dx.data != NULL && b->dx.data != b->dy.data && b->dx.data != b->x.data) {
+        const bn_choice key = choice_key(device, b->x.dtype, 1, b->n, b->c, b->h, b->w, b->x_strides);
+        const bn_trial trial = {device, stream, b, 1};
+        const int rc = choose_path(&key, &trial, &path);
+        if (rc != AMPC_OK)
+            return rc;
+    }
+    const int own = path == BY_AMPC ? own_backward(device, stream, b) : AMPC_NOT_TAKEN;
+    return own != AMPC_NOT_TAKEN ? own : cudnn_backward(device, stream, b);
 }

@@ -229,20 +229,36 @@ def test_batch_norm_training_repeats_bit_for_bit(layout, shape):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=ID.get)
-@pytest.mark.parametrize("shape", [(32, 2048, 7, 7), (16, 64, 28, 28), (5, 12, 3, 3)], ids=str)
+@pytest.mark.parametrize("shape", [(32, 2048, 7, 7), (16, 64, 28, 28), (5, 12, 3, 3), (8, 16, 14, 14)], ids=str)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("path", ["ampc", "cudnn"])
-def test_batch_norm_channels_last_backward_either_path(monkeypatch, path, shape, dtype):
-    """A channels-last training backward runs ampc's kernels or cuDNN's, whichever its shape's first
-    call timed faster; AMPC_BATCH_NORM_BACKWARD forces one, and each must give torch's gradients from
-    ampc's own saved statistics."""
-    monkeypatch.setenv("AMPC_BATCH_NORM_BACKWARD", path)
-    x = (randn(*shape, dtype=torch.float64) * 2 + 0.5).to(dtype).contiguous(memory_format=torch.channels_last)
-    dy = randn(*shape, dtype=dtype).contiguous(memory_format=torch.channels_last)
-    w, b = randn(shape[1]), randn(shape[1])
+def test_batch_norm_training_either_path(monkeypatch, path, layout, shape, dtype):
+    """Training runs ampc's kernels or cuDNN's, whichever the shape's first call timed faster;
+    AMPC_BATCH_NORM forces one, and each must give torch's outputs, statistics, running averages and
+    gradients (the backward from ampc's own saved statistics)."""
+    monkeypatch.setenv("AMPC_BATCH_NORM", path)
+    c = shape[1]
+    x = (randn(*shape, dtype=torch.float64) * 2 + 0.5).to(dtype).contiguous(memory_format=layout)
+    dy = randn(*shape, dtype=dtype).contiguous(memory_format=layout)
+    w, b = randn(c), randn(c)
+    rm, rv = randn(c), randn(c).abs() + 0.5
+    trm, trv = rm.clone(), rv.clone()
+    y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.1)
+    TF.batch_norm(x, trm, trv, w, b, training=True, momentum=0.1)
+    ref = TF.batch_norm(x.double(), None, None, w.double(), b.double(), training=True)
+    assert y.dtype == dtype and y.is_contiguous(memory_format=layout)
+    close(y, ref, dtype, rtol=RTOL[dtype] * 4, what=f"batch_norm by {path}")
+    close(rm, trm, torch.float32, rtol=1e-5, what=f"running_mean by {path}")
+    close(rv, trv, torch.float32, rtol=1e-5, what=f"running_var by {path}")
     _, mean, rstd = F._batch_norm_forward(x, None, None, w, b, True)
+    xd = x.double()
+    close(mean, xd.mean(dim=(0, 2, 3)).float(), torch.float32, rtol=1e-5, scale=xd.abs().max().item(),
+          what=f"saved mean by {path}")
+    close(rstd, (xd.var(dim=(0, 2, 3), unbiased=False) + 1e-5).rsqrt().float(), torch.float32, rtol=1e-4,
+          what=f"saved rstd by {path}")
     egi, egw, egb = autograd(lambda a, ww, bb: TF.batch_norm(a, None, None, ww, bb, training=True), [x, w, b], dy)
     gi, gw, gb = F.batch_norm_backward(dy, x, w, training=True, save_mean=mean, save_rstd=rstd)
-    assert gi.dtype == dtype and gi.is_contiguous(memory_format=torch.channels_last)
+    assert gi.dtype == dtype and gi.is_contiguous(memory_format=layout)
     close(gi, egi, dtype, rtol=RTOL[dtype] * 8, what=f"grad_input by {path}")
     close(gw, egw, torch.float32, rtol=1e-4, what=f"grad_weight by {path}")
     close(gb, egb, torch.float32, rtol=1e-4, what=f"grad_bias by {path}")
