@@ -15,6 +15,7 @@
 #include "dnn.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -250,10 +251,16 @@ static int own_backward(int device, void *stream, const ampc_batch_norm_backward
  * AMPC_BATCH_NORM=ampc or =cudnn forces one (the tests take each). */
 enum { BY_AMPC = 1, BY_CUDNN = 2 };
 
+/* What a choice depends on (ampc's kernels want 16-byte boundaries); four
+ * ints before the int64s: no padding, so keys compare as bytes. */
 typedef struct {
-    int device, dtype, backward;
+    int device, dtype, backward, aligned;
     int64_t n, c, h, w, x_strides[4];
-    int path;
+} bn_key;
+
+typedef struct {
+    bn_key key;
+    int path;  /* 0: an empty slot */
 } bn_choice;
 
 #define BN_CHOICES 128  /* shapes remembered; past that the oldest is timed again when it comes back */
@@ -263,38 +270,30 @@ static pthread_mutex_t choices_lock = PTHREAD_MUTEX_INITIALIZER;
 static bn_choice choices[BN_CHOICES];
 static int choices_next;
 
-static bn_choice choice_key(int device, int dtype, int backward, int64_t n, int64_t c, int64_t h, int64_t w,
-                            const int64_t *x_strides)
+static bn_key key_of(int device, int dtype, int backward, const void *a, const void *b, const void *c, int64_t n,
+                     int64_t ch, int64_t h, int64_t w, const int64_t *x_strides)
 {
-    bn_choice k;
-    memset(&k, 0, sizeof k);  /* padding too: keys are compared as bytes */
-    k.device = device, k.dtype = dtype, k.backward = backward;
-    k.n = n, k.c = c, k.h = h, k.w = w;
-    memcpy(k.x_strides, x_strides, sizeof k.x_strides);
+    const int aligned = ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
+    bn_key k = {device, dtype, backward, aligned, n, ch, h, w, {x_strides[0], x_strides[1], x_strides[2], x_strides[3]}};
     return k;
 }
 
-/* The remembered path for key (its path field 0), or 0. */
-static int remembered(const bn_choice *key)
+/* The remembered path for key, or 0. */
+static int remembered(const bn_key *key)
 {
     int path = 0;
     pthread_mutex_lock(&choices_lock);
-    for (int i = 0; i < BN_CHOICES && path == 0; i++) {
-        bn_choice k = choices[i];
-        const int stored = k.path;
-        k.path = 0;
-        if (stored != 0 && memcmp(&k, key, sizeof k) == 0)
-            path = stored;
-    }
+    for (int i = 0; i < BN_CHOICES && path == 0; i++)
+        if (choices[i].path != 0 && memcmp(&choices[i].key, key, sizeof *key) == 0)
+            path = choices[i].path;
     pthread_mutex_unlock(&choices_lock);
     return path;
 }
 
-static void remember(const bn_choice *key, int path)
+static void remember(const bn_key *key, int path)
 {
     pthread_mutex_lock(&choices_lock);
-    choices[choices_next] = *key;
-    choices[choices_next].path = path;
+    choices[choices_next] = (bn_choice){*key, path};
     choices_next = (choices_next + 1) % BN_CHOICES;
     pthread_mutex_unlock(&choices_lock);
 }
@@ -333,7 +332,7 @@ static int launch_cudnn(const void *ctx, int i)
 
 /* The path for trial's op under key: forced, remembered, or timed now
  * (BY_AMPC where ampc's kernels do not take it or cuDNN's fail on it). */
-static int choose_path(const bn_choice *key, const bn_trial *trial, int *path)
+static int choose_path(const bn_key *key, const bn_trial *trial, int *path)
 {
     *path = forced_path();
     if (*path == 0)
@@ -363,11 +362,12 @@ int ampc_cuda_batch_norm(int device, void *stream, const ampc_batch_norm *b)
 {
     if (b->n * b->c * b->h * b->w == 0)
         return AMPC_OK;
-    int path = BY_CUDNN;  /* eval, float64, or y over x (the trials would read what they wrote): as before */
+    int path = BY_AMPC;  /* eval, float64, or y over x (the trials would read what they wrote): as before */
     if (b->training && b->x.dtype != AMPC_FLOAT64 && b->y.data != b->x.data) {
         ampc_batch_norm quiet = *b;  /* the trials leave the running statistics as they were */
         quiet.running_mean.data = NULL, quiet.running_var.data = NULL;
-        const bn_choice key = choice_key(device, b->x.dtype, 0, b->n, b->c, b->h, b->w, b->x_strides);
+        const bn_key key = key_of(device, b->x.dtype, 0, b->x.data, b->y.data, NULL, b->n, b->c, b->h, b->w,
+                                  b->x_strides);
         const bn_trial trial = {device, stream, &quiet, 0};
         const int rc = choose_path(&key, &trial, &path);
         if (rc != AMPC_OK)
@@ -383,7 +383,8 @@ int ampc_cuda_batch_norm_backward(int device, void *stream, const ampc_batch_nor
         return AMPC_OK;
     int path = BY_AMPC;  /* float64, no dx, or dx over dy or x (the trials would read what they wrote): as before */
     if (b->x.dtype != AMPC_FLOAT64 && b->dx.data != NULL && b->dx.data != b->dy.data && b->dx.data != b->x.data) {
-        const bn_choice key = choice_key(device, b->x.dtype, 1, b->n, b->c, b->h, b->w, b->x_strides);
+        const bn_key key = key_of(device, b->x.dtype, 1, b->x.data, b->dy.data, b->dx.data, b->n, b->c, b->h, b->w,
+                                  b->x_strides);
         const bn_trial trial = {device, stream, b, 1};
         const int rc = choose_path(&key, &trial, &path);
         if (rc != AMPC_OK)
