@@ -5,8 +5,8 @@
  * float64. Training takes ampc's kernels (batch_norm_kernels.cu) where
  * they serve the layout: channels-last in whole 16-byte packs of channels,
  * dense NCHW planes of 16 elements or more; the rest takes cuDNN (its
- * persistent mode for channels-last). Where both serve, training takes
- * whichever ran faster on its shape's first call.
+ * persistent mode for channels-last, through the Ex calls). Where both
+ * serve, training takes whichever ran faster on its shape's first call.
  *
  * cuDNN wants every per-channel operand: an absent weight is ones, an
  * absent bias zeros, a gradient nobody asked for a scratch buffer, all from
@@ -112,6 +112,36 @@ static void bn_descs_free(bn_descs *d)
         cudnnDestroyTensorDescriptor(d->param);
 }
 
+/* cuDNN's persistent channels-last training runs its semi-persistent
+ * kernels (torch's) through the Ex calls; the legacy calls in that mode ran
+ * 16-20x slower than ampc's kernels (H100). The Ex calls take a workspace
+ * (*workspace bytes of it for the forward or the backward), and a reserve
+ * space the forward fills for the backward where the op keeps one. ampc
+ * keeps no state between the two, so *usable is 0 (the legacy calls) where
+ * cuDNN asks for a reserve, and in the other modes. */
+static int ex_calls(cudnnHandle_t handle, const bn_descs *d, int backward, int *usable, size_t *workspace)
+{
+    const cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
+    *usable = 0, *workspace = 0;
+    if (d->mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT)
+        return AMPC_OK;
+    size_t reserve = 0;
+    DNN_TRY(cudnnGetBatchNormalizationTrainingExReserveSpaceSize(handle, d->mode, ops, NULL, d->x, &reserve),
+            "cudnnGetBatchNormalizationTrainingExReserveSpaceSize");
+    if (reserve != 0)
+        return AMPC_OK;
+    if (backward)
+        DNN_TRY(cudnnGetBatchNormalizationBackwardExWorkspaceSize(handle, d->mode, ops, d->x, NULL, d->x, NULL, d->x,
+                                                                  d->param, NULL, workspace),
+                "cudnnGetBatchNormalizationBackwardExWorkspaceSize");
+    else
+        DNN_TRY(cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(handle, d->mode, ops, d->x, NULL, d->x,
+                                                                         d->param, NULL, workspace),
+                "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize");
+    *usable = 1;
+    return AMPC_OK;
+}
+
 static int forward(cudnnHandle_t handle, int device, void *stream, const ampc_batch_norm *b, const bn_descs *d)
 {
     const int acc = b->x.dtype == AMPC_FLOAT64 ? AMPC_FLOAT64 : AMPC_FLOAT32;
@@ -131,11 +161,25 @@ static int forward(cudnnHandle_t handle, int device, void *stream, const ampc_ba
             else
                 rv = scratch_at(&s, b->c, acc, 2);
         }
-        const cudnnStatus_t st = cudnnBatchNormalizationForwardTraining(
-            handle, d->mode, one, zero, d->x, b->x.data, d->x, b->y.data, d->param, weight, bias, b->momentum, rm,
-            rv, b->eps, b->save_mean.data, b->save_rstd.data);
-        if (st != CUDNN_STATUS_SUCCESS)
-            rc = ampc_dnn_fail(st, "cudnnBatchNormalizationForwardTraining");
+        int ex = 0;
+        scratch ws = {NULL, 0};
+        rc = ex_calls(handle, d, 0, &ex, &ws.nbytes);
+        if (rc == AMPC_OK && ws.nbytes > 0)
+            rc = ampc_cuda_alloc(device, ws.nbytes, stream, &ws.ptr);
+        if (rc == AMPC_OK) {
+            const cudnnStatus_t st =
+                ex ? cudnnBatchNormalizationForwardTrainingEx(
+                         handle, d->mode, CUDNN_BATCHNORM_OPS_BN, one, zero, d->x, b->x.data, NULL, NULL, d->x,
+                         b->y.data, d->param, weight, bias, b->momentum, rm, rv, b->eps, b->save_mean.data,
+                         b->save_rstd.data, NULL, ws.ptr, ws.nbytes, NULL, 0)
+                   : cudnnBatchNormalizationForwardTraining(handle, d->mode, one, zero, d->x, b->x.data, d->x,
+                                                            b->y.data, d->param, weight, bias, b->momentum, rm, rv,
+                                                            b->eps, b->save_mean.data, b->save_rstd.data);
+            if (st != CUDNN_STATUS_SUCCESS)
+                rc = ampc_dnn_fail(st, ex ? "cudnnBatchNormalizationForwardTrainingEx"
+                                          : "cudnnBatchNormalizationForwardTraining");
+        }
+        rc = scratch_give(device, stream, &ws, rc);
     }
     else if (rc == AMPC_OK) {
         const cudnnStatus_t st = cudnnBatchNormalizationForwardInference(
@@ -164,13 +208,25 @@ static int backward(cudnnHandle_t handle, int device, void *stream, const ampc_b
         rc = ampc_cuda_alloc(device, dx_scratch.nbytes, stream, &dx_scratch.ptr);
         dx = dx_scratch.ptr;
     }
+    int ex = 0;
+    scratch ws = {NULL, 0};
+    if (rc == AMPC_OK)
+        rc = ex_calls(handle, d, 1, &ex, &ws.nbytes);
+    if (rc == AMPC_OK && ws.nbytes > 0)
+        rc = ampc_cuda_alloc(device, ws.nbytes, stream, &ws.ptr);
     if (rc == AMPC_OK) {
-        const cudnnStatus_t st = cudnnBatchNormalizationBackward(
-            handle, d->mode, one, zero, one, zero, d->x, b->x.data, d->x, b->dy.data, d->x, dx, d->param, weight,
-            dweight, dbias, b->eps, b->save_mean.data, b->save_rstd.data);
+        const cudnnStatus_t st =
+            ex ? cudnnBatchNormalizationBackwardEx(handle, d->mode, CUDNN_BATCHNORM_OPS_BN, one, zero, one, zero, d->x,
+                                                   b->x.data, NULL, NULL, d->x, b->dy.data, NULL, NULL, d->x, dx,
+                                                   d->param, weight, NULL, dweight, dbias, b->eps, b->save_mean.data,
+                                                   b->save_rstd.data, NULL, ws.ptr, ws.nbytes, NULL, 0)
+               : cudnnBatchNormalizationBackward(handle, d->mode, one, zero, one, zero, d->x, b->x.data, d->x,
+                                                 b->dy.data, d->x, dx, d->param, weight, dweight, dbias, b->eps,
+                                                 b->save_mean.data, b->save_rstd.data);
         if (st != CUDNN_STATUS_SUCCESS)
-            rc = ampc_dnn_fail(st, "cudnnBatchNormalizationBackward");
+            rc = ampc_dnn_fail(st, ex ? "cudnnBatchNormalizationBackwardEx" : "cudnnBatchNormalizationBackward");
     }
+    rc = scratch_give(device, stream, &ws, rc);
     rc = scratch_give(device, stream, &dx_scratch, rc);
     return scratch_give(device, stream, &s, rc);
 }
@@ -241,9 +297,10 @@ static int own_backward(int device, void *stream, const ampc_batch_norm_backward
 /* ------------------------------------------------------------------------ */
 
 /* ampc's kernels are ahead of cuDNN's on most of ResNet-50's shapes, not on
- * all: cuDNN's persistent channels-last backward reads dy and x once where
- * ampc's two passes read them twice, and at the 7x7 stage in float32 it
- * took 0.153 ms against 0.190 (H100). So the first training call of each
+ * all: cuDNN's semi-persistent channels-last backward reads dy and x once
+ * where ampc's two passes read them twice, and at the 7x7 stage in float32
+ * torch's call of it took 0.149-0.155 ms against ampc's 0.186 (H100). So
+ * the first training call of each
  * shape, direction and layout that ampc's kernels take times both (as the
  * convolutions' algorithms are timed: on the call's own buffers, its outputs
  * written again by the one chosen; a forward's trials leave the running
