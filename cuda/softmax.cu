@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(BLOCK) softmax_streamed(ampc_softmax s)
  * read; the scalars before the first 16-byte boundary and after the last
  * are read where they are, in each pass. */
 template <class T>
-__global__ void __launch_bounds__(BLOCK) softmax_smem(ampc_softmax s)
+__global__ void __launch_bounds__(BLOCK, 2) softmax_smem(ampc_softmax s)
 {
     typedef RowGroup<BLOCK> Group;
     constexpr int VEC = vec_of<T>();
@@ -305,9 +305,11 @@ int softmax_fast(const ampc_softmax *s, cudaStream_t stream)
         using T = decltype(type);
         const bool registers = packs_fit(s->x.dtype, s->rows.n, s->x.data, s->y.data) &&
                                cached_tier(s->rows.n, vec_of<T>()) >= 0;
-        const int bytes = smem_row_bytes<T>(s->rows.n);
-        if (s->rows.inner == 1 && s->x.dtype != AMPC_FLOAT64 && !registers && s->rows.n >= STREAM_BLOCK_FROM &&
-            bytes > 0 && same_phase(s->x.data, s->y.data)) {
+        const int bytes = s->rows.inner == 1 && s->x.dtype != AMPC_FLOAT64 && !registers &&
+                                  s->rows.n >= STREAM_BLOCK_FROM && same_phase(s->x.data, s->y.data)
+                              ? smem_row_bytes<T>(s->rows.n)
+                              : 0;
+        if (bytes > 0) {
             AMPC_CUDA_TRY(cudaFuncSetAttribute(softmax_smem<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                           "cudaFuncSetAttribute (softmax's shared memory)");
             softmax_smem<T><<<rows_grid(s->rows.outer, BLOCK), BLOCK, bytes, stream>>>(*s);
