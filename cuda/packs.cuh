@@ -255,12 +255,20 @@ __device__ __forceinline__ int64_t head_of(const T *row, int64_t n)
     return h < n ? h : n;
 }
 
+/* What stream_reduce hands keep by default: nothing is kept. */
+struct KeepNothing {
+    __device__ __forceinline__ void operator()(int64_t, const uint4 &) const {}
+};
+
 /* fn(j0, a, b, C) for every segment of the group's share of a row: C (a
  * std::integral_constant) elements j0.. of a (and of b, when b_row is not
  * null; zeros otherwise) as floats. Segments are whole packs, or single
- * elements before the first and after the last pack boundary. */
-template <class T, int G, class Fn>
-__device__ __forceinline__ void stream_reduce(const T *a_row, const T *b_row, int64_t n, int lane, Fn fn)
+ * elements before the first and after the last pack boundary. keep(p, raw)
+ * sees each whole pack p of a as it was read (elements head + p * VEC..,
+ * head = head_of(a_row, n)), for a kernel that holds the row. */
+template <class T, int G, class Fn, class Keep = KeepNothing>
+__device__ __forceinline__ void stream_reduce(const T *a_row, const T *b_row, int64_t n, int lane, Fn fn,
+                                              Keep keep = Keep())
 {
     constexpr int VEC = Pack<T>::VEC;
     const int64_t head = head_of(a_row, n);
@@ -284,6 +292,7 @@ __device__ __forceinline__ void stream_reduce(const T *a_row, const T *b_row, in
 #pragma unroll
         for (int u = 0; u < STREAM_UNROLL; u++)
             if (p + u * G < packs) {
+                keep(p + u * G, pa[u].raw);
                 float a[VEC], b[VEC];
 #pragma unroll
                 for (int i = 0; i < VEC; i++) {

@@ -11,12 +11,12 @@
  *
  * Contiguous rows of one storage type take packs.cuh's paths: a row that
  * fits a lane's registers is read once (softmax_cached: max, sum, write,
- * all from registers); a row that fits half an SM's shared memory is read
- * once into it (softmax_smem, the same three passes); a longer one is
- * streamed twice in 16-byte packs (softmax_streamed: the online sum with
- * one exponential per element, then the writes). Anything else (strided
- * rows, float64, an output dtype other than the input's) takes the
- * generic kernels.
+ * all from registers); a longer one is streamed in 16-byte packs
+ * (softmax_streamed: the online sum with one exponential per element, then
+ * the writes), its second pass from shared memory where the row fits half
+ * an SM's (softmax_smem, the forward), from memory again where not.
+ * Anything else (strided rows, float64, an output dtype other than the
+ * input's) takes the generic kernels.
  */
 #include "packs.cuh"
 
@@ -144,14 +144,13 @@ __global__ void __launch_bounds__(BLOCK) softmax_streamed(ampc_softmax s)
     }
 }
 
-/* A block a row, held in shared memory: each lane keeps there the packs it
- * loaded (pack p at cache[p], p = lane, lane + BLOCK, ...), so no barrier
- * guards them, and makes softmax_cached's passes (max, sum, write) over
- * them. The row is read from memory once: streamed, the second read of a
- * 100 KB row (GPT-2's 50257 logits in 16 bits) missed the L2 with 53 MB
- * of rows in flight. Packs from the first wholly masked one on are never
- * read; the scalars before the first 16-byte boundary and after the last
- * are read where they are, in each pass. */
+/* softmax_streamed for rows that fit half an SM's shared memory, a block a
+ * row: the first pass keeps there each whole pack it reads (pack p at
+ * cache[p]: a lane keeps and rereads only its own packs, so no barrier
+ * guards them), and the second reads them back instead of reading the row
+ * again. The same segments, sums and formulas: the same bits as
+ * softmax_streamed. Streamed, a 100 KB row (GPT-2's 50257 logits in 16 bits)
+ * missed the L2 on its second read, with 53 MB of rows in flight. */
 template <class T>
 __global__ void __launch_bounds__(BLOCK, 2) softmax_smem(ampc_softmax s)
 {
@@ -164,67 +163,40 @@ __global__ void __launch_bounds__(BLOCK, 2) softmax_smem(ampc_softmax s)
     for (int64_t row = Group::first(); row < s.rows.outer; row += Group::step()) {
         const T *x = static_cast<const T *>(s.x.data) + row * n;
         const int64_t live = ampc_softmax_live(&s, row);
-        const int64_t head = head_of(x, n), packs = (n - head) / VEC, tail = head + packs * VEC;
-        const int64_t live_packs = live > head ? min(packs, (live - head + VEC - 1) / VEC) : 0;
-        /* fn(j, v) over the lane's live elements, packs from the cache */
-        auto each = [&](auto fn) {
-            if (lane < head && lane < live)
-                fn((int64_t)lane, to_float(x[lane]));
-            for (int64_t p = lane; p < live_packs; p += BLOCK) {
-                Pack<T> v;
-                v.raw = cache[p];
-                const int64_t j0 = head + p * VEC;
-#pragma unroll
-                for (int i = 0; i < VEC; i++)
-                    if (j0 + i < live)
-                        fn(j0 + i, v[i]);
-            }
-            if (tail + lane < live)
-                fn(tail + lane, to_float(x[tail + lane]));
-        };
-        float m = -INFINITY;
-        if (lane < head && lane < live)
-            m = to_float(x[lane]);
-        if (tail + lane < live)
-            m = nan_max(m, to_float(x[tail + lane]));
-        for (int64_t p = lane; p < live_packs; p += STREAM_UNROLL * BLOCK) {
-            Pack<T> v[STREAM_UNROLL];
-#pragma unroll
-            for (int u = 0; u < STREAM_UNROLL; u++)
-                if (p + u * BLOCK < live_packs)
-                    v[u].load(x + head + (p + u * BLOCK) * VEC);
-#pragma unroll
-            for (int u = 0; u < STREAM_UNROLL; u++)
-                if (p + u * BLOCK < live_packs) {
-                    cache[p + u * BLOCK] = v[u].raw;
-                    const int64_t j0 = head + (p + u * BLOCK) * VEC;
-#pragma unroll
-                    for (int i = 0; i < VEC; i++)
-                        if (j0 + i < live)
-                            m = nan_max(m, v[u][i]);
-                }
-        }
-        const float M = Group::max(m, scratch);
-        float e = 0.0f;
-        each([&](int64_t, float v) { e += m_exp(v - M); });
-        const float S = Group::sum(e, scratch);
-        const float shift = M + m_log(S), inv = 1.0f / S;
-        auto out = [&](float v) { return s.log ? v - shift : m_exp(v - M) * inv; };
-        const float dead = s.log ? -INFINITY : 0.0f;
+        float m = -INFINITY, e = 0.0f;
+        stream_reduce<T, BLOCK>(
+            x, nullptr, live, lane,
+            [&](int64_t, const float *v, const float *, auto count) {
+                online_add_segment<decltype(count)::value>(m, e, v);
+            },
+            [&](int64_t p, const uint4 &raw) { cache[p] = raw; });
+        float M, S;
+        combine_max_sum<BLOCK>(m, e, M, S, scratch);
+        const float shift = M + m_log(S), inv = 1.0f / S, dead = s.log ? -INFINITY : 0.0f;
+        auto out = [&](int64_t j, float v) { return j < live ? (s.log ? v - shift : m_exp(v - M) * inv) : dead; };
+        /* stream_map's writes: the kept packs are those wholly before live
+         * (none where live ends before the first boundary) */
         T *y = static_cast<T *>(s.y.data) + row * n;
+        const int64_t head = head_of(x, n), packs = (n - head) / VEC, tail = head + packs * VEC;
+        const int64_t kept = live >= head ? (live - head) / VEC : 0;
         if (lane < head)
-            y[lane] = from_float<T>(lane < live ? out(to_float(x[lane])) : dead);
+            y[lane] = from_float<T>(out(lane, lane < live ? to_float(x[lane]) : 0.0f));
         for (int64_t p = lane; p < packs; p += BLOCK) {
-            Pack<T> v, o;
-            v.raw = p < live_packs ? cache[p] : make_uint4(0, 0, 0, 0);
             const int64_t j0 = head + p * VEC;
+            Pack<T> v, o;
+            if (p < kept)
+                v.raw = cache[p];
+            else if (j0 < live)
+                v.load(x + j0);  /* the pack live ends in */
+            else
+                v.raw = make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int i = 0; i < VEC; i++)
-                o.set(i, j0 + i < live ? out(v[i]) : dead);
+                o.set(i, out(j0 + i, v[i]));
             o.store(y + j0);
         }
         if (tail + lane < n)
-            y[tail + lane] = from_float<T>(tail + lane < live ? out(to_float(x[tail + lane])) : dead);
+            y[tail + lane] = from_float<T>(out(tail + lane, tail + lane < live ? to_float(x[tail + lane]) : 0.0f));
     }
 }
 
