@@ -114,6 +114,21 @@ __global__ void __launch_bounds__(BLOCK) softmax_cached(ampc_softmax s)
     }
 }
 
+/* The streamed kernels' first pass: the row's maximum M and sum S of
+ * exp(x - M) over its live elements, online; keep (stream_reduce's) sees
+ * each whole pack as it is read. */
+template <class T, int G, class Keep = KeepNothing>
+__device__ __forceinline__ void streamed_max_sum(const T *x, int64_t live, int lane, float *scratch, float &M,
+                                                 float &S, Keep keep = Keep())
+{
+    float m = -INFINITY, e = 0.0f;
+    stream_reduce<T, G>(
+        x, nullptr, live, lane,
+        [&](int64_t, const float *v, const float *, auto count) { online_add_segment<decltype(count)::value>(m, e, v); },
+        keep);
+    combine_max_sum<G>(m, e, M, S, scratch);
+}
+
 template <class T, int G>
 __global__ void __launch_bounds__(BLOCK) softmax_streamed(ampc_softmax s)
 {
@@ -124,12 +139,8 @@ __global__ void __launch_bounds__(BLOCK) softmax_streamed(ampc_softmax s)
     for (int64_t row = Group::first(); row < s.rows.outer; row += Group::step()) {
         const T *x = static_cast<const T *>(s.x.data) + row * n;
         const int64_t live = ampc_softmax_live(&s, row);
-        float m = -INFINITY, e = 0.0f;
-        stream_reduce<T, G>(x, nullptr, live, lane, [&](int64_t, const float *v, const float *, auto count) {
-            online_add_segment<decltype(count)::value>(m, e, v);
-        });
         float M, S;
-        combine_max_sum<G>(m, e, M, S, scratch);
+        streamed_max_sum<T, G>(x, live, lane, scratch, M, S);
         T *y = static_cast<T *>(s.y.data) + row * n;
         if (s.log) {
             const float shift = M + m_log(S);
@@ -163,15 +174,8 @@ __global__ void __launch_bounds__(BLOCK, 2) softmax_smem(ampc_softmax s)
     for (int64_t row = Group::first(); row < s.rows.outer; row += Group::step()) {
         const T *x = static_cast<const T *>(s.x.data) + row * n;
         const int64_t live = ampc_softmax_live(&s, row);
-        float m = -INFINITY, e = 0.0f;
-        stream_reduce<T, BLOCK>(
-            x, nullptr, live, lane,
-            [&](int64_t, const float *v, const float *, auto count) {
-                online_add_segment<decltype(count)::value>(m, e, v);
-            },
-            [&](int64_t p, const uint4 &raw) { cache[p] = raw; });
         float M, S;
-        combine_max_sum<BLOCK>(m, e, M, S, scratch);
+        streamed_max_sum<T, BLOCK>(x, live, lane, scratch, M, S, [&](int64_t p, const uint4 &raw) { cache[p] = raw; });
         const float shift = M + m_log(S), inv = 1.0f / S, dead = s.log ? -INFINITY : 0.0f;
         auto out = [&](int64_t j, float v) { return j < live ? (s.log ? v - shift : m_exp(v - M) * inv) : dead; };
         /* stream_map's writes: the kept packs are those wholly before live
