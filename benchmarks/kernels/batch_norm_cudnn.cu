@@ -26,14 +26,8 @@
 #include <algorithm>
 #include <vector>
 
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e = (x);                                                                      \
-        if (e != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));             \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "workbench.h"
+
 #define DNN(x)                                                                                    \
     do {                                                                                          \
         cudnnStatus_t s = (x);                                                                    \

@@ -23,15 +23,7 @@
 #include <vector>
 
 #include "fp_formats.h"
-
-#define CHECK(x)                                                                                  \
-    do {                                                                                          \
-        cudaError_t e = (x);                                                                      \
-        if (e != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e));             \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "workbench.h"
 
 struct alignas(16) F8 { float v[8]; };
 struct alignas(16) H8 { __half v[8]; };
