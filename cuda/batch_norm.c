@@ -117,29 +117,32 @@ static void bn_descs_free(bn_descs *d)
  * 16-20x slower than ampc's kernels (H100). The Ex calls take a workspace
  * (*workspace bytes of it for the forward or the backward), and a reserve
  * space the forward fills for the backward where the op keeps one. ampc
- * keeps no state between the two, so *usable is 0 (the legacy calls) where
- * cuDNN asks for a reserve, and in the other modes. */
-static int ex_calls(cudnnHandle_t handle, const bn_descs *d, int backward, int *usable, size_t *workspace)
+ * keeps no state between the two, so the legacy calls stay where cuDNN asks
+ * for a reserve, in the other modes, and where a size query fails: whether
+ * the Ex calls serve, never an error. */
+static int ex_calls(cudnnHandle_t handle, const bn_descs *d, int backward, size_t *workspace)
 {
     const cudnnBatchNormOps_t ops = CUDNN_BATCHNORM_OPS_BN;
-    *usable = 0, *workspace = 0;
-    if (d->mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT)
-        return AMPC_OK;
     size_t reserve = 0;
-    DNN_TRY(cudnnGetBatchNormalizationTrainingExReserveSpaceSize(handle, d->mode, ops, NULL, d->x, &reserve),
-            "cudnnGetBatchNormalizationTrainingExReserveSpaceSize");
-    if (reserve != 0)
-        return AMPC_OK;
-    if (backward)
-        DNN_TRY(cudnnGetBatchNormalizationBackwardExWorkspaceSize(handle, d->mode, ops, d->x, NULL, d->x, NULL, d->x,
-                                                                  d->param, NULL, workspace),
-                "cudnnGetBatchNormalizationBackwardExWorkspaceSize");
-    else
-        DNN_TRY(cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(handle, d->mode, ops, d->x, NULL, d->x,
-                                                                         d->param, NULL, workspace),
-                "cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize");
-    *usable = 1;
-    return AMPC_OK;
+    *workspace = 0;
+    if (d->mode != CUDNN_BATCHNORM_SPATIAL_PERSISTENT ||
+        cudnnGetBatchNormalizationTrainingExReserveSpaceSize(handle, d->mode, ops, NULL, d->x, &reserve) !=
+            CUDNN_STATUS_SUCCESS ||
+        reserve != 0)
+        return 0;
+    const cudnnStatus_t st =
+        backward ? cudnnGetBatchNormalizationBackwardExWorkspaceSize(handle, d->mode, ops, d->x, d->x, d->x, NULL, d->x,
+                                                                    d->param, NULL, workspace)
+                 : cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(handle, d->mode, ops, d->x, NULL, d->x,
+                                                                           d->param, NULL, workspace);
+    return st == CUDNN_STATUS_SUCCESS;
+}
+
+/* Whether an Ex call's status is cuDNN refusing its arguments (checked
+ * before it launches anything), so that the legacy call may run instead. */
+static int ex_refused(cudnnStatus_t st)
+{
+    return st == CUDNN_STATUS_BAD_PARAM || st == CUDNN_STATUS_NOT_SUPPORTED;
 }
 
 static int forward(cudnnHandle_t handle, int device, void *stream, const ampc_batch_norm *b, const bn_descs *d)
@@ -161,24 +164,25 @@ static int forward(cudnnHandle_t handle, int device, void *stream, const ampc_ba
             else
                 rv = scratch_at(&s, b->c, acc, 2);
         }
-        int ex = 0;
         scratch ws = {NULL, 0};
-        rc = ex_calls(handle, d, 0, &ex, &ws.nbytes);
-        if (rc == AMPC_OK && ws.nbytes > 0)
+        int ex = ex_calls(handle, d, 0, &ws.nbytes);
+        if (ex && ws.nbytes > 0)
             rc = ampc_cuda_alloc(device, ws.nbytes, stream, &ws.ptr);
-        if (rc == AMPC_OK) {
-            const cudnnStatus_t st =
-                ex ? cudnnBatchNormalizationForwardTrainingEx(
-                         handle, d->mode, CUDNN_BATCHNORM_OPS_BN, one, zero, d->x, b->x.data, NULL, NULL, d->x,
-                         b->y.data, d->param, weight, bias, b->momentum, rm, rv, b->eps, b->save_mean.data,
-                         b->save_rstd.data, NULL, ws.ptr, ws.nbytes, NULL, 0)
-                   : cudnnBatchNormalizationForwardTraining(handle, d->mode, one, zero, d->x, b->x.data, d->x,
-                                                            b->y.data, d->param, weight, bias, b->momentum, rm, rv,
-                                                            b->eps, b->save_mean.data, b->save_rstd.data);
-            if (st != CUDNN_STATUS_SUCCESS)
-                rc = ampc_dnn_fail(st, ex ? "cudnnBatchNormalizationForwardTrainingEx"
-                                          : "cudnnBatchNormalizationForwardTraining");
+        cudnnStatus_t st = CUDNN_STATUS_NOT_SUPPORTED; /* as if refused: the legacy call, unless Ex runs */
+        if (rc == AMPC_OK && ex)
+            st = cudnnBatchNormalizationForwardTrainingEx(
+                handle, d->mode, CUDNN_BATCHNORM_OPS_BN, one, zero, d->x, b->x.data, NULL, NULL, d->x, b->y.data,
+                d->param, weight, bias, b->momentum, rm, rv, b->eps, b->save_mean.data, b->save_rstd.data, NULL,
+                ws.ptr, ws.nbytes, NULL, 0);
+        if (rc == AMPC_OK && ex_refused(st)) {
+            ex = 0;
+            st = cudnnBatchNormalizationForwardTraining(handle, d->mode, one, zero, d->x, b->x.data, d->x, b->y.data,
+                                                        d->param, weight, bias, b->momentum, rm, rv, b->eps,
+                                                        b->save_mean.data, b->save_rstd.data);
         }
+        if (rc == AMPC_OK && st != CUDNN_STATUS_SUCCESS)
+            rc = ampc_dnn_fail(st, ex ? "cudnnBatchNormalizationForwardTrainingEx"
+                                      : "cudnnBatchNormalizationForwardTraining");
         rc = scratch_give(device, stream, &ws, rc);
     }
     else if (rc == AMPC_OK) {
@@ -208,24 +212,24 @@ static int backward(cudnnHandle_t handle, int device, void *stream, const ampc_b
         rc = ampc_cuda_alloc(device, dx_scratch.nbytes, stream, &dx_scratch.ptr);
         dx = dx_scratch.ptr;
     }
-    int ex = 0;
     scratch ws = {NULL, 0};
-    if (rc == AMPC_OK)
-        rc = ex_calls(handle, d, 1, &ex, &ws.nbytes);
-    if (rc == AMPC_OK && ws.nbytes > 0)
+    int ex = rc == AMPC_OK && ex_calls(handle, d, 1, &ws.nbytes);
+    if (ex && ws.nbytes > 0)
         rc = ampc_cuda_alloc(device, ws.nbytes, stream, &ws.ptr);
-    if (rc == AMPC_OK) {
-        const cudnnStatus_t st =
-            ex ? cudnnBatchNormalizationBackwardEx(handle, d->mode, CUDNN_BATCHNORM_OPS_BN, one, zero, one, zero, d->x,
-                                                   b->x.data, NULL, NULL, d->x, b->dy.data, NULL, NULL, d->x, dx,
-                                                   d->param, weight, NULL, dweight, dbias, b->eps, b->save_mean.data,
-                                                   b->save_rstd.data, NULL, ws.ptr, ws.nbytes, NULL, 0)
-               : cudnnBatchNormalizationBackward(handle, d->mode, one, zero, one, zero, d->x, b->x.data, d->x,
-                                                 b->dy.data, d->x, dx, d->param, weight, dweight, dbias, b->eps,
-                                                 b->save_mean.data, b->save_rstd.data);
-        if (st != CUDNN_STATUS_SUCCESS)
-            rc = ampc_dnn_fail(st, ex ? "cudnnBatchNormalizationBackwardEx" : "cudnnBatchNormalizationBackward");
+    cudnnStatus_t st = CUDNN_STATUS_NOT_SUPPORTED; /* as if refused: the legacy call, unless Ex runs */
+    if (rc == AMPC_OK && ex)
+        st = cudnnBatchNormalizationBackwardEx(handle, d->mode, CUDNN_BATCHNORM_OPS_BN, one, zero, one, zero, d->x,
+                                               b->x.data, NULL, NULL, d->x, b->dy.data, NULL, NULL, d->x, dx,
+                                               d->param, weight, NULL, dweight, dbias, b->eps, b->save_mean.data,
+                                               b->save_rstd.data, NULL, ws.ptr, ws.nbytes, NULL, 0);
+    if (rc == AMPC_OK && ex_refused(st)) {
+        ex = 0;
+        st = cudnnBatchNormalizationBackward(handle, d->mode, one, zero, one, zero, d->x, b->x.data, d->x, b->dy.data,
+                                             d->x, dx, d->param, weight, dweight, dbias, b->eps, b->save_mean.data,
+                                             b->save_rstd.data);
     }
+    if (rc == AMPC_OK && st != CUDNN_STATUS_SUCCESS)
+        rc = ampc_dnn_fail(st, ex ? "cudnnBatchNormalizationBackwardEx" : "cudnnBatchNormalizationBackward");
     rc = scratch_give(device, stream, &ws, rc);
     rc = scratch_give(device, stream, &dx_scratch, rc);
     return scratch_give(device, stream, &s, rc);
