@@ -335,7 +335,8 @@ static bn_key key_of(int device, int dtype, int backward, const void *a, const v
                      int64_t ch, int64_t h, int64_t w, const int64_t *x_strides)
 {
     const int aligned = ((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0;
-    bn_key k = {device, dtype, backward, aligned, n, ch, h, w, {x_strides[0], x_strides[1], x_strides[2], x_strides[3]}};
+    bn_key k = {device, dtype, backward, aligned, n, ch, h, w,
+                {x_strides[0], x_strides[1], x_strides[2], x_strides[3]}};
     return k;
 }
 
