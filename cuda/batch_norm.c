@@ -304,12 +304,12 @@ static int own_backward(int device, void *stream, const ampc_batch_norm_backward
  * all: cuDNN's semi-persistent channels-last backward reads dy and x once
  * where ampc's two passes read them twice, and at the 7x7 stage in float32
  * torch's call of it took 0.149-0.155 ms against ampc's 0.186 (H100). So
- * the first training call of each
- * shape, direction and layout that ampc's kernels take times both (as the
- * convolutions' algorithms are timed: on the call's own buffers, its outputs
- * written again by the one chosen; a forward's trials leave the running
- * statistics alone) and the choice is remembered.
- * AMPC_BATCH_NORM=ampc or =cudnn forces one (the tests take each). */
+ * the first training call of each shape, direction and layout that ampc's
+ * kernels take times both (as the convolutions' algorithms are timed: on
+ * the call's own buffers, its outputs written again by the one chosen; a
+ * forward's trials leave the running statistics alone) and the choice is
+ * remembered. AMPC_BATCH_NORM=ampc or =cudnn forces one (the tests take
+ * each). */
 enum { BY_AMPC = 1, BY_CUDNN = 2 };
 
 /* What a choice depends on (ampc's kernels want 16-byte boundaries); four
