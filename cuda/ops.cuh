@@ -36,6 +36,12 @@ namespace ops {
  * otherwise ask for more than a block can have). */
 constexpr int BLOCK = 512;
 
+/* A kernel's dynamic shared memory as an array of T, sized by the launch's
+ * third argument (tests/emulated_cuda's model defines its own). */
+#ifndef AMPC_DYNAMIC_SHARED
+#define AMPC_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
+
 /* ------------------------------------------------------------------------ */
 /* Elements                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -475,6 +481,7 @@ static inline unsigned grid_for(int64_t n, int block)
     return (unsigned)(b < (1 << 20) ? (b > 0 ? b : 1) : (1 << 20));
 }
 
+#ifdef __CUDACC__  /* the launches: nvcc's alone (tests/emulated_cuda compiles the rest for the CPU) */
 /* Queue column_finish for nv * outer * inner outputs. */
 template <class Acc>
 int finish_columns(void *stream, const Acc *partial, int64_t outer, int64_t inner, int64_t chunks, int nv,
@@ -511,6 +518,7 @@ int column_sums(int device, void *stream, Val val, int64_t outer, int64_t n, int
                                      out1, scale, what);
     return status;
 }
+#endif /* __CUDACC__ */
 
 }  // namespace ops
 

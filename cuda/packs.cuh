@@ -534,6 +534,7 @@ __global__ void packed_column_partials(Val val, int64_t rows, int64_t cols, int6
     }
 }
 
+#ifdef __CUDACC__  /* a launch: nvcc's alone (tests/emulated_cuda compiles the rest for the CPU) */
 /* Both stages, queued on stream: NVAL column sums of val over (rows, cols)
  * into out0 (and out1), times scale. */
 template <class T, int NVAL, class Val>
@@ -558,6 +559,7 @@ int packed_column_sums(int device, void *stream, Val val, int64_t rows, int64_t 
                                        out1, scale, what);
     return status;
 }
+#endif /* __CUDACC__ */
 
 }  // namespace ops
 

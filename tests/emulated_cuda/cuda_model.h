@@ -12,7 +12,15 @@
  * ldmatrix's lane l addresses row l % 8 of matrix l / 8). cp.async copies
  * are queued per thread and land when a cp.async.wait_group lets them, so a
  * read before the wait sees the old contents, as it may on the GPU. Blocks
- * run one after another, so __shared__ arrays are function-static.
+ * run one after another, so __shared__ arrays are function-static, and a
+ * launch's dynamic shared memory (launch_shared) a buffer of the block's.
+ *
+ * Blocks have MODEL_THREADS threads: 128 (the attention kernels'), or
+ * AMPC_MODEL_THREADS where defined first (the row kernels' 512). With
+ * AMPC_MODEL_ROWS defined first, the model serves ops.cuh and packs.cuh
+ * (tests/emulated_cuda/shadow stands in for CUDA's headers): the 16-bit
+ * conversions as intrinsics, uint4 and __ldg, rather than the attention
+ * kernels' ops::to_float.
  */
 #ifndef AMPC_CUDA_MODEL_H
 #define AMPC_CUDA_MODEL_H
@@ -29,6 +37,7 @@
 
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
@@ -80,16 +89,36 @@ inline uint16_t float_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+#ifdef AMPC_MODEL_ROWS
+inline float __half2float(__half v) { return half_to_float(v.bits); }
+inline float __bfloat162float(__nv_bfloat16 v) { return bf16_to_float(v.bits); }
+inline __half __float2half_rn(float v) { return __half{float_to_half(v)}; }
+inline __nv_bfloat16 __float2bfloat16_rn(float v) { return __nv_bfloat16{float_to_bf16(v)}; }
+/* Declared alone: no kernel the model runs rounds float64 to 16 bits (ops.cuh's
+ * generic store does), and a use fails to link rather than round twice. */
+__half __double2half(double v);
+__nv_bfloat16 __double2bfloat16(double v);
+
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
+inline uint4 __ldg(const uint4 *p) { return *p; }
+#else
 namespace ops {
 inline float to_float(__half v) { return half_to_float(v.bits); }
 inline float to_float(__nv_bfloat16 v) { return bf16_to_float(v.bits); }
 }  // namespace ops
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* A block of threads                                                        */
 /* ------------------------------------------------------------------------ */
 
-constexpr int MODEL_THREADS = 128;
+#ifndef AMPC_MODEL_THREADS
+#define AMPC_MODEL_THREADS 128
+#endif
+constexpr int MODEL_THREADS = AMPC_MODEL_THREADS;
 
 struct Lane {  /* what a lane publishes for a warp-wide instruction */
     uint32_t a[4], b0, b1;
@@ -98,6 +127,7 @@ struct Lane {  /* what a lane publishes for a warp-wide instruction */
 };
 
 struct Block {
+    std::vector<unsigned char> shared;  /* the launch's dynamic shared memory */
     std::barrier<> all{MODEL_THREADS};
     std::vector<std::unique_ptr<std::barrier<>>> warp;
     Lane lanes[MODEL_THREADS / 32][32];
@@ -130,13 +160,24 @@ inline float __shfl_xor_sync(unsigned, float v, int mask)
     return r;
 }
 
-/* Run kernel(args...) over a grid of (gx, gy) blocks of MODEL_THREADS threads. */
+/* A kernel's dynamic shared memory (ops.cuh's AMPC_DYNAMIC_SHARED), poisoned
+ * at each block's start as the GPU's is undefined. */
+template <class T>
+inline T *model_dynamic_shared()
+{
+    return reinterpret_cast<T *>(this_block->shared.data());
+}
+#define AMPC_DYNAMIC_SHARED(T, name) T *name = model_dynamic_shared<T>()
+
+/* Run kernel(args...) over a grid of (gx, gy) blocks of MODEL_THREADS
+ * threads, each block with `shared` bytes of dynamic shared memory. */
 template <class Kernel, class... Args>
-void launch(unsigned gx, unsigned gy, Kernel kernel, Args... args)
+void launch_shared(unsigned gx, unsigned gy, size_t shared, Kernel kernel, Args... args)
 {
     for (unsigned by = 0; by < gy; by++)
         for (unsigned bx = 0; bx < gx; bx++) {
             Block block;
+            block.shared.assign(shared, 0xA5);
             std::vector<std::thread> threads;
             for (unsigned t = 0; t < MODEL_THREADS; t++)
                 threads.emplace_back([&, t] {
@@ -149,6 +190,13 @@ void launch(unsigned gx, unsigned gy, Kernel kernel, Args... args)
             for (auto &th : threads)
                 th.join();
         }
+}
+
+/* Run kernel(args...) over a grid of (gx, gy) blocks of MODEL_THREADS threads. */
+template <class Kernel, class... Args>
+void launch(unsigned gx, unsigned gy, Kernel kernel, Args... args)
+{
+    launch_shared(gx, gy, 0, kernel, args...);
 }
 
 /* ------------------------------------------------------------------------ */
