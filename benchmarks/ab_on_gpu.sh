@@ -12,8 +12,8 @@
 # place, rebuilds (setup.py recompiles and relinks only what changed), times the same rows again,
 # puts the tree's files back, and prints both builds' rows side by side with torch's (each build's
 # torch column is its own run's). TREE_EXTRA, a command line, runs on the tree's build after its
-# rows (its last TREE_EXTRA_LINES lines printed). Logs go to $OUT (or ./out). Delete ab_base/
-# before committing.
+# rows (its last TREE_EXTRA_LINES lines printed). Logs go to $OUT (or ./out). It leaves no library
+# built (the next build on that machine compiles the tree's files). Delete ab_base/ before committing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BASE=ab_base
@@ -76,6 +76,13 @@ swap
 build "base"
 ops base
 swap
+# The build now holds the baseline's code, and the device's next call recopies the tree with this
+# machine's (older) file times, which setup.py would take for up to date: drop the swapped files'
+# objects and both libraries, so that the next build compiles the tree's files and relinks.
+(cd "$BASE" && find cuda src -type f 2>/dev/null) | while read -r f; do
+    rm -f build/temp*/"${f%.*}.o"
+done
+rm -f build/lib*/ampc/_C.* build/lib*/ampc/_cuda.* ampc/_C.*.so ampc/_cuda.*.so
 python3 - "$OUT" "$(cat "$BASE/REV")" <<'PY'
 import re
 import sys
