@@ -37,7 +37,8 @@ int ampc_cuda_launched(const char *what);
 /* Time n candidates (launch(ctx, i) queues candidate i on stream) in
  * `rounds` rounds of one run each in turn, so a clock still ramping up or a
  * neighbour's burst falls on them all alike, and keep each one's best run
- * in best_ms[i], in ms. Waits for the GPU. */
+ * in best_ms[i], in ms: the GPU's time alone, each run queued while the
+ * stream is held (timing.cu). Waits for the GPU. */
 int ampc_cuda_time_candidates(void *stream, int n, int rounds, int (*launch)(const void *ctx, int i),
                               const void *ctx, float *best_ms);
 

@@ -5,7 +5,6 @@
  */
 #include "common.h"
 
-#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <cublasLt.h>
@@ -88,36 +87,6 @@ void ampc_device_leave(const ampc_device_guard *guard)
 {
     if (guard->changed)
         (void)cudaSetDevice(guard->previous);
-}
-
-int ampc_cuda_time_candidates(void *stream, int n, int rounds, int (*launch)(const void *ctx, int i),
-                              const void *ctx, float *best_ms)
-{
-    cudaEvent_t start = NULL, stop = NULL;
-    cudaError_t err = cudaEventCreate(&start);
-    if (err == cudaSuccess)
-        err = cudaEventCreate(&stop);
-    int rc = err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "creating the events that time candidates");
-    for (int i = 0; i < n; i++)
-        best_ms[i] = INFINITY;
-    for (int r = 0; r < rounds && rc == AMPC_OK; r++)
-        for (int i = 0; i < n && rc == AMPC_OK; i++) {
-            float ms = 0.0f;
-            err = cudaEventRecord(start, (cudaStream_t)stream);
-            if (err == cudaSuccess && (rc = launch(ctx, i)) == AMPC_OK &&
-                (err = cudaEventRecord(stop, (cudaStream_t)stream)) == cudaSuccess &&
-                (err = cudaEventSynchronize(stop)) == cudaSuccess)
-                err = cudaEventElapsedTime(&ms, start, stop);
-            if (rc == AMPC_OK && err != cudaSuccess)
-                rc = ampc_cuda_fail(err, "timing a candidate kernel");
-            if (rc == AMPC_OK && ms < best_ms[i])
-                best_ms[i] = ms;
-        }
-    if (start != NULL)
-        cudaEventDestroy(start);
-    if (stop != NULL)
-        cudaEventDestroy(stop);
-    return rc;
 }
 
 int ampc_cuda_device_count(int *count)
