@@ -48,33 +48,42 @@ static int is_nhwc(const int64_t *dims, const int64_t *strides)
     return dims[1] > 1 && strides[1] == 1 && strides[3] == dims[1];
 }
 
-/* Per-channel scratch: `count` runs of c values of dtype acc, the first
- * `ones` of them filled with 1 and the next `zeros` with 0. */
+/* Per-channel scratch for the operands a call lacks. */
 typedef struct {
     void *ptr;
     size_t nbytes;
 } scratch;
 
-static int scratch_take(int device, void *stream, scratch *s, int64_t c, int acc, int count, int ones, int zeros)
+/* Points each absent operand (*part[i] == NULL) of the n at its own run of
+ * c values of dtype acc, filled with fill[i] (1 or 0; -1: left unwritten,
+ * for an output cuDNN writes and nobody reads). Present operands cost
+ * nothing: no allocation, no fill. */
+static int scratch_for_absent(int device, void *stream, scratch *s, int64_t c, int acc, int n, void **part[],
+                              const signed char fill[])
 {
     const size_t each = (size_t)c * (size_t)ampc_dtype_size(acc);
-    s->nbytes = each * (size_t)count;
+    int absent = 0;
+    for (int i = 0; i < n; i++)
+        absent += *part[i] == NULL;
+    s->nbytes = each * (size_t)absent;
     s->ptr = NULL;
-    if (count == 0)
+    if (absent == 0)
         return AMPC_OK;
     int rc = ampc_cuda_alloc(device, s->nbytes, stream, &s->ptr);
-    for (int i = 0; i < ones + zeros && rc == AMPC_OK; i++) {
-        ampc_ew fill = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = c, .shape = {c}};
-        fill.out = (ampc_buf){(char *)s->ptr + each * (size_t)i, (ampc_dtype)acc};
-        fill.value[0] = i < ones ? 1.0 : 0.0;
-        rc = ampc_cuda_elementwise(device, stream, &fill);
+    char *next = (char *)s->ptr;
+    for (int i = 0; i < n && rc == AMPC_OK; i++) {
+        if (*part[i] != NULL)
+            continue;
+        if (fill[i] >= 0) {
+            ampc_ew e = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = c, .shape = {c}};
+            e.out = (ampc_buf){next, (ampc_dtype)acc};
+            e.value[0] = fill[i];
+            rc = ampc_cuda_elementwise(device, stream, &e);
+        }
+        *part[i] = next;
+        next += each;
     }
     return rc;
-}
-
-static void *scratch_at(const scratch *s, int64_t c, int acc, int i)
-{
-    return (char *)s->ptr + (size_t)c * (size_t)ampc_dtype_size(acc) * (size_t)i;
 }
 
 static int scratch_give(int device, void *stream, const scratch *s, int rc)
@@ -152,18 +161,12 @@ static int forward(cudnnHandle_t handle, int device, void *stream, const ampc_ba
     const void *one = factor_one(&f, acc), *zero = factor_zero(&f, acc);
     /* cuDNN takes both running statistics or neither */
     const int one_running = (b->running_mean.data == NULL) != (b->running_var.data == NULL);
+    void *weight = b->weight.data, *bias = b->bias.data, *rm = b->running_mean.data, *rv = b->running_var.data;
+    void **parts[3] = {&weight, &bias, rm == NULL ? &rm : &rv};
+    const signed char fill[3] = {1, 0, -1};
     scratch s;
-    int rc = scratch_take(device, stream, &s, b->c, acc, 3, 1, 1);
-    void *weight = b->weight.data != NULL ? b->weight.data : scratch_at(&s, b->c, acc, 0);
-    void *bias = b->bias.data != NULL ? b->bias.data : scratch_at(&s, b->c, acc, 1);
+    int rc = scratch_for_absent(device, stream, &s, b->c, acc, b->training && one_running ? 3 : 2, parts, fill);
     if (rc == AMPC_OK && b->training) {
-        void *rm = b->running_mean.data, *rv = b->running_var.data;
-        if (one_running) {
-            if (rm == NULL)
-                rm = scratch_at(&s, b->c, acc, 2);
-            else
-                rv = scratch_at(&s, b->c, acc, 2);
-        }
         scratch ws = {NULL, 0};
         int ex = ex_calls(handle, d, 0, &ws.nbytes);
         if (ex && ws.nbytes > 0)
@@ -201,11 +204,11 @@ static int backward(cudnnHandle_t handle, int device, void *stream, const ampc_b
     const int acc = b->x.dtype == AMPC_FLOAT64 ? AMPC_FLOAT64 : AMPC_FLOAT32;
     const factors f = {1.0, 0.0, 1.0f, 0.0f};
     const void *one = factor_one(&f, acc), *zero = factor_zero(&f, acc);
+    void *weight = b->weight.data, *dweight = b->dweight.data, *dbias = b->dbias.data;
+    void **parts[3] = {&weight, &dweight, &dbias};
+    const signed char fill[3] = {1, -1, -1};
     scratch s, dx_scratch = {NULL, 0};
-    int rc = scratch_take(device, stream, &s, b->c, acc, 3, 1, 0);
-    void *weight = b->weight.data != NULL ? b->weight.data : scratch_at(&s, b->c, acc, 0);
-    void *dweight = b->dweight.data != NULL ? b->dweight.data : scratch_at(&s, b->c, acc, 1);
-    void *dbias = b->dbias.data != NULL ? b->dbias.data : scratch_at(&s, b->c, acc, 2);
+    int rc = scratch_for_absent(device, stream, &s, b->c, acc, 3, parts, fill);
     void *dx = b->dx.data;
     if (rc == AMPC_OK && dx == NULL) {
         dx_scratch.nbytes = (size_t)(b->n * b->c * b->h * b->w) * (size_t)ampc_dtype_size(b->x.dtype);

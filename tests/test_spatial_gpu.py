@@ -264,6 +264,45 @@ def test_batch_norm_training_either_path(monkeypatch, path, layout, shape, dtype
     close(gb, egb, torch.float32, rtol=1e-4, what=f"grad_bias by {path}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=ID.get)
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("path", ["ampc", "cudnn"])
+def test_batch_norm_absent_parts_either_path(monkeypatch, path, layout, dtype):
+    """cuDNN wants every per-channel operand, so its path stands scratch in for each one the call
+    lacks (ones for a weight, zeros for a bias, a running statistic or weight gradient nobody
+    reads): each absence alone, on both paths, against float64."""
+    monkeypatch.setenv("AMPC_BATCH_NORM", path)
+    shape, c, momentum = (8, 16, 14, 14), 16, 0.25
+    x = (randn(*shape, dtype=torch.float64) * 2 + 0.5).to(dtype).contiguous(memory_format=layout)
+    dy = randn(*shape, dtype=dtype).contiguous(memory_format=layout)
+    w, b = randn(c), randn(c)
+    xd = x.double()
+    mean = xd.mean(dim=(0, 2, 3))
+    unbiased = xd.var(dim=(0, 2, 3), unbiased=True)
+    for weight, bias in [(None, b), (w, None), (None, None)]:
+        ref = TF.batch_norm(xd, None, None, None if weight is None else weight.double(),
+                            None if bias is None else bias.double(), training=True)
+        y = F.batch_norm(x, None, None, weight, bias, training=True)
+        close(y, ref, dtype, rtol=RTOL[dtype] * 4, what=f"batch_norm by {path}, weight {weight is not None}, "
+                                                         f"bias {bias is not None}")
+    for kept in ["running_mean", "running_var"]:
+        start = randn(c).abs() + 0.5
+        running = start.clone()
+        args = (running, None) if kept == "running_mean" else (None, running)
+        F.batch_norm(x, *args, w, b, training=True, momentum=momentum)
+        batch = mean if kept == "running_mean" else unbiased
+        close(running, ((1 - momentum) * start.double() + momentum * batch).float(), torch.float32, rtol=1e-5,
+              scale=batch.abs().max().item(), what=f"{kept} alone by {path}")
+    egi = autograd(lambda a, ww, bb: TF.batch_norm(a, None, None, ww, bb, training=True), [x, w, b], dy)[0]
+    egi_unweighted, = autograd(lambda a: TF.batch_norm(a, None, None, None, None, training=True), [x], dy)
+    gi, gw, gb = F.batch_norm_backward(dy, x, None, training=True)
+    assert gw is None and gb is None
+    close(gi, egi_unweighted, dtype, rtol=RTOL[dtype] * 8, what=f"grad_input without weight by {path}")
+    gi, gw, gb = F.batch_norm_backward(dy, x, w, training=True, weight_grads=False)
+    assert gw is None and gb is None
+    close(gi, egi, dtype, rtol=RTOL[dtype] * 8, what=f"grad_input without weight grads by {path}")
+
+
 def test_batch_norm_eval_backward():
     x, dy = randn(4, 3, 5, 5), randn(4, 3, 5, 5)
     w, rm, rv = randn(3), randn(3), randn(3).abs() + 0.5
