@@ -103,17 +103,15 @@ __global__ void __launch_bounds__(BLOCK) softmax_cached(ampc_softmax s)
 }
 
 /* The streamed kernels' first pass: the row's maximum M and sum S of
- * exp(x - M) over its live elements, online; keep (stream_reduce's) sees
- * each whole pack as it is read. */
-template <class T, int G, class Keep = KeepNothing>
+ * exp(x - M) over its live elements, online. */
+template <class T, int G>
 __device__ __forceinline__ void streamed_max_sum(const T *x, int64_t live, int lane, float *scratch, float &M,
-                                                 float &S, Keep keep = Keep())
+                                                 float &S)
 {
     float m = -INFINITY, e = 0.0f;
-    stream_reduce<T, G>(
-        x, nullptr, live, lane,
-        [&](int64_t, const float *v, const float *, auto count) { online_add_segment<decltype(count)::value>(m, e, v); },
-        keep);
+    stream_reduce<T, G>(x, nullptr, live, lane, [&](int64_t, const float *v, const float *, auto count) {
+        online_add_segment<decltype(count)::value>(m, e, v);
+    });
     combine_max_sum<G>(m, e, M, S, scratch);
 }
 
@@ -144,12 +142,13 @@ __global__ void __launch_bounds__(BLOCK) softmax_streamed(ampc_softmax s)
 }
 
 /* softmax_streamed for rows that fit half an SM's shared memory, a block a
- * row: the first pass keeps there each whole pack it reads (pack p at
+ * row, in the cached kernels' three passes (torch's too): the first reads
+ * the row once, keeps each whole pack it reads in shared memory (pack p at
  * cache[p]: a lane keeps and rereads only its own packs, so no barrier
- * guards them), and the second reads them back instead of reading the row
- * again. The same segments, sums and formulas: the same bits as
- * softmax_streamed. Streamed, a 100 KB row (GPT-2's 50257 logits in 16 bits)
- * missed the L2 on its second read, with 53 MB of rows in flight. */
+ * guards them) and takes only the maximum, so no exponential waits behind
+ * its loads; the sum of exp(x - M) and the output then come from shared
+ * memory. Streamed, a 100 KB row (GPT-2's 50257 logits in 16 bits) missed
+ * the L2 on its second read, with 53 MB of rows in flight. */
 template <class T>
 __global__ void __launch_bounds__(BLOCK, 2) softmax_smem(ampc_softmax s)
 {
@@ -162,15 +161,40 @@ __global__ void __launch_bounds__(BLOCK, 2) softmax_smem(ampc_softmax s)
     for (int64_t row = Group::first(); row < s.rows.outer; row += Group::step()) {
         const T *x = static_cast<const T *>(s.x.data) + row * n;
         const int64_t live = ampc_softmax_live(&s, row);
-        float M, S;
-        streamed_max_sum<T, BLOCK>(x, live, lane, scratch, M, S, [&](int64_t p, const uint4 &raw) { cache[p] = raw; });
+        /* stream_reduce's segments of the live part: `head` single elements
+         * before the first 16-byte boundary, `kept` whole packs, and the
+         * rest of live after them single again (none kept where live ends
+         * before the first boundary) */
+        const int64_t head = head_of(x, n), kept = live >= head ? (live - head) / VEC : 0;
+        const int64_t live_head = head < live ? head : live, live_tail = live_head + kept * VEC;
+        float m = -INFINITY;
+        stream_reduce<T, BLOCK>(
+            x, nullptr, live, lane,
+            [&](int64_t, const float *v, const float *, auto count) {
+#pragma unroll
+                for (int i = 0; i < decltype(count)::value; i++)
+                    m = nan_max(m, v[i]);
+            },
+            [&](int64_t p, const uint4 &raw) { cache[p] = raw; });
+        const float M = Group::max(m, scratch);
+        float e = 0.0f;
+        if (lane < live_head)
+            e += m_exp(to_float(x[lane]) - M);
+        for (int64_t p = lane; p < kept; p += BLOCK) {
+            Pack<T> v;
+            v.raw = cache[p];
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+                e += m_exp(v[i] - M);
+        }
+        if (live_tail + lane < live)
+            e += m_exp(to_float(x[live_tail + lane]) - M);
+        const float S = Group::sum(e, scratch);
         const float shift = M + m_log(S), inv = 1.0f / S, dead = s.log ? -INFINITY : 0.0f;
         auto out = [&](int64_t j, float v) { return j < live ? (s.log ? v - shift : m_exp(v - M) * inv) : dead; };
-        /* stream_map's writes: the kept packs are those wholly before live
-         * (none where live ends before the first boundary) */
+        /* stream_map's writes: the kept packs from shared memory */
         T *y = static_cast<T *>(s.y.data) + row * n;
-        const int64_t head = head_of(x, n), packs = (n - head) / VEC, tail = head + packs * VEC;
-        const int64_t kept = live >= head ? (live - head) / VEC : 0;
+        const int64_t packs = (n - head) / VEC, tail = head + packs * VEC;
         if (lane < head)
             y[lane] = from_float<T>(out(lane, lane < live ? to_float(x[lane]) : 0.0f));
         for (int64_t p = lane; p < packs; p += BLOCK) {
