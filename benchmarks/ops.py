@@ -27,6 +27,7 @@ import sys
 import torch
 
 import ampc
+from ampc.nn import _differentiable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scaler import copy_bandwidth, timed as timed_with_wall  # noqa: E402
@@ -216,14 +217,14 @@ def bench_cross_entropy(limits, repeat):
 
 
 def bench_attention(limits, repeat):
-    """GPT-2 small's attention (8 x 12 heads of 1024 x 64), causal: ampc's public op (the fused
-    kernels where they serve) against torch's (FlashAttention), forward and forward + backward.
-    FLOPs count the products a causal mask leaves (half of 4 * B * H * L * L * E forward, 2.5x
-    that backward), as FlashAttention's papers do."""
+    """GPT-2 small's attention (8 x 12 heads of 1024 x 64), causal: ampc's public op against torch's,
+    forward and forward + backward as training runs them (ampc: the tape's two halves; torch:
+    autograd). 16-bit: ampc's fused kernels against torch's FlashAttention; float32: ampc's
+    composition by bands of queries against torch's memory-efficient kernel. FLOPs count the
+    products a causal mask leaves (half of 4 * B * H * L * L * E forward, 2.5x that backward), as
+    FlashAttention's papers do."""
     b, h, n, e = 8, 12, 1024, 64
     for dn, dtype in DTYPES.items():
-        if dtype == torch.float32:
-            continue  # 16-bit only: neither library has a fused float32 kernel
         q, k, v = (torch.randn(b, h, n, e, device="cuda", dtype=dtype) for _ in range(3))
         g = torch.randn(b, h, n, e, device="cuda", dtype=dtype)
         flops = 2 * b * h * n * n * e  # causal: half of the forward's two products
@@ -231,17 +232,15 @@ def bench_attention(limits, repeat):
         row("attention fwd causal", shape, dn, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
             lambda: TF.scaled_dot_product_attention(q, k, v, is_causal=True), repeat, flops=flops, limits=limits)
         qr, kr, vr = (x.clone().requires_grad_(True) for x in (q, k, v))
+        args = dict(query=q, key=k, value=v, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None,
+                    enable_gqa=False)
 
         def torch_both():
             TF.scaled_dot_product_attention(qr, kr, vr, is_causal=True).backward(g)
 
         def ampc_both():
-            served = F._C._attention(q, k, v, True, 0.125)
-            if served is None:
-                out, probs, _ = F._scaled_dot_product_attention_forward(q, k, v, is_causal=True)
-                F.scaled_dot_product_attention_backward(g, q, k, v, probs)
-            else:
-                F._C._attention_backward(g, q, k, v, *served, True, 0.125)
+            _, state = _differentiable._attention_forward(args)
+            _differentiable._attention_backward(args, state, g, (True, True, True, False))
 
         row("attention fwd+bwd causal", shape, dn, ampc_both, torch_both, repeat, flops=3.5 * flops, limits=limits)
 

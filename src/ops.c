@@ -540,15 +540,20 @@ done:
 
 static PyObject *mod_softmax(PyObject *module, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"input", "dim", "log", "dtype", "causal", NULL};
+    static char *kwlist[] = {"input", "dim", "log", "dtype", "causal", "causal_offset", NULL};
     ampc_state *st = ampc_state_of(module);
     PyObject *x_obj, *dtype_obj = Py_None, *result = NULL;
-    long long dim;
+    long long dim, causal_offset = 0;
     int log, causal = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OLp|O$p:_softmax", kwlist, &x_obj, &dim, &log, &dtype_obj,
-                                     &causal))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OLp|O$pL:_softmax", kwlist, &x_obj, &dim, &log, &dtype_obj,
+                                     &causal, &causal_offset))
         return NULL;
     const char *name = log ? "log_softmax" : "softmax";
+    if (causal_offset < 0 || (causal_offset != 0 && !causal)) {
+        PyErr_Format(PyExc_ValueError, "%s: causal_offset must be 0 or more, and comes with causal=True (got %lld)",
+                     name, causal_offset);
+        return NULL;
+    }
     ampc_op_args a;
     ampc_op_args_init(&a, st, name);
     ampc_softmax s = {.log = log};
@@ -567,6 +572,8 @@ static PyObject *mod_softmax(PyObject *module, PyObject *args, PyObject *kwargs)
             goto done;
         }
         s.causal = x->shape[x->ndim - 2];
+        /* past the row's length every column is live: no larger offset means more (nor overflows) */
+        s.causal_offset = causal_offset < s.rows.n ? causal_offset : s.rows.n;
     }
     ampc_view y;
     PyObject *y_obj = ampc_op_output(&a, have_dtype ? dtype : x->dtype, x->ndim, x->shape, &y);
@@ -1212,8 +1219,9 @@ PyMethodDef ampc_ops_methods[] = {
      "_ew(op, a, b=None, c=None, name='elementwise', *, param=1.0, scale=1.0, dtype=None, shape=None, names=None): "
      "f(a, b; param) * c * scale, broadcast; errors name the op `name` and the operands `names`."},
     {"_softmax", (PyCFunction)(void (*)(void))mod_softmax, METH_VARARGS | METH_KEYWORDS,
-     "_softmax(input, dim, log, dtype=None, *, causal=False): causal masks the last two dimensions as attention's "
-     "is_causal does (query row i takes key columns 0..i)."},
+     "_softmax(input, dim, log, dtype=None, *, causal=False, causal_offset=0): causal masks the last two dimensions "
+     "as attention's is_causal does (query row i takes key columns 0..i + causal_offset: a band of queries that "
+     "starts causal_offset queries in)."},
     {"_softmax_backward", (PyCFunction)(void (*)(void))mod_softmax_backward, METH_VARARGS | METH_KEYWORDS,
      "_softmax_backward(grad_output, output, dim, log, dtype=None)"},
     {"_layer_norm", (PyCFunction)(void (*)(void))mod_layer_norm, METH_VARARGS | METH_KEYWORDS,

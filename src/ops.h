@@ -160,19 +160,20 @@ typedef struct {
 
 /* y = softmax(x) or log_softmax(x) along n. causal (attention's mask,
  * rows contiguous): 0, or the L rows of each matrix, of which row r takes
- * columns 0..r alone, the others counting as -inf (y = 0, or -inf for
- * log_softmax). */
+ * columns 0..r + causal_offset alone, the others counting as -inf (y = 0,
+ * or -inf for log_softmax). causal_offset (0..n): the rows are a band of
+ * queries that starts causal_offset queries into the sequence. */
 typedef struct {
     ampc_rows rows;
     int log;
     ampc_buf y, x;
-    int64_t causal;
+    int64_t causal, causal_offset;
 } ampc_softmax;
 
 /* The columns a row of a (causal) softmax takes. */
 static inline AMPC_HOST_DEVICE int64_t ampc_softmax_live(const ampc_softmax *s, int64_t row)
 {
-    const int64_t live = s->causal > 0 ? row % s->causal + 1 : s->rows.n;
+    const int64_t live = s->causal > 0 ? row % s->causal + 1 + s->causal_offset : s->rows.n;
     return live < s->rows.n ? live : s->rows.n;
 }
 

@@ -443,6 +443,71 @@ def test_sdpa_dropout_draws_its_mask_once(rng):
         F.scaled_dot_product_attention(q, k, v, dropout_p=1.5)
 
 
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("length", [8, 13, 19])
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_sdpa_causal_by_bands(rng, monkeypatch, dtype, length, gqa):
+    """A causal self-attention composed a band of queries at a time (bands of 4 rows here, 256 in
+    use): the output the whole matrix gives, and through the tape the three gradients against the
+    float64 reference's finite differences, the last band short and grouped query heads too."""
+    monkeypatch.setattr(_attention, "CAUSAL_BAND_ROWS", 4)
+    heads = 4 if gqa else 2
+    q = ref.random(rng, (2, heads, length, 8), dtype)
+    k, v = ref.random(rng, (2, 2, length, 8), dtype), ref.random(rng, (2, 2, length, 5), dtype)
+    bands = _attention.causal_bands(q, k, None, 0.0, True)
+    assert len(bands) == min(4, -(-length // 4)) and bands[-1][1] == length
+    rtol = {F32: 1e-5, F16: 4e-3, BF16: 3e-2, F64: 1e-12}[dtype]
+    whole, _, _ = _attention._forward(q, k, v, is_causal=True, enable_gqa=gqa)
+    qp, kp, vp = (ampc.nn.Parameter(a.copy()) for a in (q, k, v))
+    out = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, enable_gqa=gqa)
+    kk, vv = (np.repeat(a, heads // 2, 1) for a in (k, v))
+    assert out.dtype == dtype
+    assert_close(np.asarray(out.data), sdpa_ref(q, kk, vv, causal=True), dtype, rtol=rtol,
+                 scale=np.abs(f64(v)).max(), what="by bands")
+    assert_close(np.asarray(out.data), f64(whole), dtype, rtol=rtol, scale=np.abs(f64(v)).max(),
+                 what="by bands against the whole matrix")
+    g = ref.random(rng, out.shape, dtype)
+    F.sum(F.mul(out, g)).backward()
+    for got, which in ((qp.grad, 0), (kp.grad, 1), (vp.grad, 2)):
+        args = [f64(q), f64(kk), f64(vv)]
+
+        def fn(t, which=which, args=args):
+            a = list(args)
+            a[which] = np.repeat(t, heads // 2, 1) if which and gqa else t
+            return sdpa_ref(*a, causal=True)
+
+        want = numeric_grad(fn, f64((q, k, v)[which]).copy(), f64(g))
+        assert got.dtype == dtype
+        np.testing.assert_allclose(f64(got), want, atol=max(rtol * 20, 1e-7) * (1 + np.abs(want).max()))
+
+
+def test_sdpa_bands_only_where_they_serve(rng, monkeypatch):
+    """Bands take causal self-attention without a mask or dropout, two bands or more; each band's
+    softmax rows see the keys up to their own query (causal_offset), and the offset is checked."""
+    monkeypatch.setattr(_attention, "CAUSAL_BAND_ROWS", 4)
+    q = ref.random(rng, (1, 2, 12, 8), F32)
+    bands = _attention.causal_bands
+    assert bands(q, q, None, 0.0, True) == [(0, 4), (4, 8), (8, 12)]
+    assert bands(q, q, None, 0.0, False) is None
+    assert bands(q, q, np.ones((12, 12), bool), 0.0, True) is None
+    assert bands(q, q, None, 0.1, True) is None
+    assert bands(q, q[..., :11, :], None, 0.0, True) is None  # as many queries as keys
+    assert bands(q[..., :7, :], q[..., :7, :], None, 0.0, True) is None  # one band only
+    monkeypatch.setattr(_attention, "CAUSAL_BAND_ROWS", 256)
+    long = np.zeros((1, 1, 2048, 1), F32)
+    assert bands(long, long, None, 0.0, True) == [(0, 512), (512, 1024), (1024, 1536), (1536, 2048)]
+    scores = ref.random(rng, (2, 3, 5, 9), F32)
+    whole = ampc._C._softmax(np.concatenate([np.zeros((2, 3, 4, 9), F32), scores], 2), -1, False, causal=True)
+    np.testing.assert_array_equal(ampc._C._softmax(scores, -1, False, causal=True, causal_offset=4),
+                                  whole[:, :, 4:])
+    np.testing.assert_array_equal(ampc._C._softmax(scores, -1, False, causal=True, causal_offset=2 ** 63 - 1),
+                                  ampc._C._softmax(scores, -1, False))
+    with pytest.raises(ValueError, match="causal_offset must be 0 or more"):
+        ampc._C._softmax(scores, -1, False, causal=True, causal_offset=-1)
+    with pytest.raises(ValueError, match="comes with causal=True"):
+        ampc._C._softmax(scores, -1, False, causal_offset=1)
+
+
 @pytest.mark.parametrize("dtype", [BF16, F16])
 def test_autocast_dtypes_of_the_layer_ops(rng, dtype):
     """torch's CPU autocast: sdpa on the lower list, group_norm float32 where listed, the rest as called."""

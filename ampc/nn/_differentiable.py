@@ -296,6 +296,10 @@ def _attention_backward(a, state, g, needs):
         if grads is not None:
             return grads + (None,)
         state = state.dropout_state  # composed: the same mask, from its (seed, offset)
+    bands = _attention.causal_bands(a["query"], a["key"], a["attn_mask"], a["dropout_p"], a["is_causal"])
+    if bands is not None:
+        return _attention.banded_backward(g, a["query"], a["key"], a["value"], bands, a["scale"],
+                                          a["enable_gqa"]) + (None,)
     probs = _attention.probabilities(a["query"], a["key"], a["attn_mask"], a["is_causal"], a["scale"], a["enable_gqa"])
     *grads, grad_scores = _attention.backward_with_scores(g, a["query"], a["key"], a["value"], probs, a["dropout_p"],
                                                           a["scale"], state)
