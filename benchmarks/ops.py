@@ -220,7 +220,7 @@ def bench_attention(limits, repeat):
     """GPT-2 small's attention (8 x 12 heads of 1024 x 64), causal: ampc's public op against torch's,
     forward and forward + backward as training runs them (ampc: the tape's two halves; torch:
     autograd). 16-bit: ampc's fused kernels against torch's FlashAttention; float32: ampc's
-    composition by bands of queries against torch's memory-efficient kernel. FLOPs count the
+    composed attention against torch's memory-efficient kernel. FLOPs count the
     products a causal mask leaves (half of 4 * B * H * L * L * E forward, 2.5x that backward), as
     FlashAttention's papers do."""
     b, h, n, e = 8, 12, 1024, 64

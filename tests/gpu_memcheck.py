@@ -7,6 +7,7 @@ compute-sanitizer (not collected by pytest):
 import torch
 
 import ampc
+from ampc.nn import _attention
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -147,12 +148,16 @@ for dt in DTYPES:
     q = torch.randn(2, 3, 33, 16, device="cuda", dtype=dt)
     out, probs, _ = F._scaled_dot_product_attention_forward(q, q, q, is_causal=True)
     F.scaled_dot_product_attention_backward(out, q, q, q, probs)
+    _attention.CAUSAL_BAND_ROWS = 8  # four bands of 9, 9, 9 and 6 queries
+    bands = _attention.causal_bands(q, q, None, 0.0, True)
+    _attention.banded_backward(_attention.banded_forward(q, q, q, bands), q, q, q, bands)
     for n in (128, 129, 1024, 2048, 4096, 8192, 16384, 16392, 50257):
         x = torch.randn(6, n, device="cuda", dtype=dt)
         ln, mean, rstd = F._layer_norm_forward(x, (n,), x[0], x[1])
         F.layer_norm_backward(ln, x, (n,), x[0], x[1], mean=mean, rstd=rstd)
         F.softmax_backward(x, F.softmax(x, -1), -1)
         F._C._softmax(x.view(2, 3, n), -1, True, None, causal=True)
+        F._C._softmax(x.view(2, 3, n), -1, False, None, causal=True, causal_offset=2)  # a band's rows
         t = torch.randint(0, n, (6,), device="cuda")
         loss, lse, denom = F._cross_entropy_forward(x[:, 1:], t - 1, label_smoothing=0.1)
         F.cross_entropy_backward(torch.ones_like(loss), x[:, 1:], t - 1, label_smoothing=0.1, lse=lse, denom=denom)
@@ -181,7 +186,6 @@ for dt in DTYPES:
 # 8, 16 and 24 in 16 bits, 12 in float32; 12 16-bit channels take the element kernels), forward
 # and backward; relayouts of attention heads (the strided-rows cast); float32 scores to 16-bit
 # probabilities, causal, at the warp, block and generic row lengths.
-from ampc.nn import _attention  # noqa: E402
 
 for dt in DTYPES:
     for c in (8, 12, 16, 24):
