@@ -4,9 +4,11 @@ in the same run, on float32 and bfloat16 activations of 512 x 2048: time, the ra
 same bytes, the limit an elementwise op can reach). Then conv2d on ResNet-50's shapes (batch 8),
 forward and backward (data and filter gradients), against torch's convolution and
 convolution_backward, in GFLOP/s against NumPy's float32 matrix product of 2048 x 2048 (the BLAS
-ampc's convolutions run on).
+ampc's convolutions run on). Then GPT-2's causal attention (12 heads of 1024 x 64, float32),
+forward and forward + backward as training runs them: ampc by bands of queries, ampc over the
+whole matrix, and torch.
 
-    python benchmarks/ops_cpu.py [--threads N] [--only rows|conv]
+    python benchmarks/ops_cpu.py [--threads N] [--only rows|conv|attention]
 """
 
 import argparse
@@ -31,7 +33,7 @@ def best_of(fn, repeat=9):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=None, help="ampc's and torch's CPU threads")
-    parser.add_argument("--only", choices=("rows", "conv"), help="one of the two tables")
+    parser.add_argument("--only", choices=("rows", "conv", "attention"), help="one of the three tables")
     args = parser.parse_args()
     import ampc
 
@@ -85,10 +87,12 @@ def main():
     ]
     print(f"threads: ampc {ampc.get_num_threads()}" + (f", torch {torch.get_num_threads()}" if torch else "")
           + f"; {os.cpu_count()} CPUs")
-    if args.only != "conv":
+    if args.only in (None, "rows"):
         rows(ops, rng, torch)
-    if args.only != "rows":
+    if args.only in (None, "conv"):
         convolutions(rng, torch)
+    if args.only in (None, "attention"):
+        attention(rng, torch)
 
 
 class Prepared:
@@ -170,6 +174,43 @@ def convolutions(rng, torch, batch=8):
                 cell = f"{ts * 1e3:10.2f}{ts / s:7.2f}" if ts else f"{'-':>10}{'-':>7}"
                 print(f"{f'{c}, {side}, {k}, {kernel}/{stride}':<28}{np.dtype(dtype).name:<10}{name:<6}{s * 1e3:9.2f}"
                       f"{cell}{work / s / 1e9:9.1f}{work / s / 1e9 / peak:9.0%}")
+
+
+def attention(rng, torch, heads=12, length=1024, width=64):
+    from ampc.nn import _attention, _differentiable
+
+    q, k, v, g = (rng.standard_normal((1, heads, length, width), dtype=np.float32) for _ in range(4))
+    args = dict(query=q, key=k, value=v, attn_mask=None, dropout_p=0.0, is_causal=True, scale=None,
+                enable_gqa=False)
+
+    def forward():
+        return _differentiable._attention_forward(args)
+
+    def both():
+        _differentiable._attention_backward(args, forward()[1], g, (True, True, True, False))
+
+    times = {}
+    rows_each = _attention.CAUSAL_BAND_ROWS
+    for name, band_rows in (("ampc by bands", rows_each), ("ampc whole", length)):
+        _attention.CAUSAL_BAND_ROWS = band_rows
+        times[name] = (best_of(forward, 5), best_of(both, 5))
+    _attention.CAUSAL_BAND_ROWS = rows_each
+    if torch is not None:
+        tq, tk, tv = (torch.from_numpy(a).requires_grad_(True) for a in (q, k, v))
+        tg = torch.from_numpy(g)
+
+        def torch_forward():
+            with torch.no_grad():
+                torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True)
+
+        def torch_both():
+            torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, is_causal=True).backward(tg)
+
+        times["torch"] = (best_of(torch_forward, 5), best_of(torch_both, 5))
+    print(f"\ncausal attention, {heads} heads of {length} x {width}, float32, ms")
+    print(f"{'':<16}{'forward':>10}{'fwd+bwd':>10}")
+    for name, (fwd, fb) in times.items():
+        print(f"{name:<16}{fwd * 1e3:10.1f}{fb * 1e3:10.1f}")
 
 
 if __name__ == "__main__":

@@ -204,10 +204,11 @@ def causal_bands(query, key, attn_mask=None, dropout_p=0.0, is_causal=False):
     """The (first, stop) query rows of each band where the attention is composed by bands (on the
     host, causal, as many queries as keys, no mask or dropout, two bands or more), else None.
     Dropout's mask numbers the whole matrix's elements, which a band's does not see. On a GPU the
-    whole matrix's products ran faster in GPT-2's float32 step (H100: 193 ms a step against 208 by
-    bands, whose products of a band's rows launched as many small ones), though bands took a
-    quarter off the bare forward's time; on the host, bands took 29 % off the forward and backward
-    of 12 heads of 1024 x 64 on one thread (144 ms against 203), 9 % on two."""
+    whole matrix's products ran GPT-2's float32 step faster (H100, side by side: 191.6 ms a step
+    against 206.5 by bands, whose products launched as many smaller GEMMs), though bands took a
+    fifth off the bare forward's time; on the host, bands took a quarter off the forward and
+    backward of 12 heads of 1024 x 64 (benchmarks/ops_cpu.py --only attention: 94.7 ms against
+    127.5)."""
     if not is_causal or attn_mask is not None or float(dropout_p) != 0.0 or not _on_host(query):
         return None
     length = int(query.shape[-2])
