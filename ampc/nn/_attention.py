@@ -281,21 +281,19 @@ def banded_backward(grad_output, query, key, value, bands, scale=None, enable_gq
     """(grad_query, grad_key, grad_value) of banded_forward: each band's probabilities recomputed
     (the same bits), its rows' query gradient, and its keys' and values' gradients summed over the
     bands in float32 (the last band first: it sees every key), rounded once to the inputs' dtype."""
-    op = "scaled_dot_product_attention_backward"
-    dtype = floating_dtype(op, "query", query)
+    dtype = floating_dtype("scaled_dot_product_attention_backward", "query", query)
     groups, scale = _groups(query, key, enable_gqa), _scale(query, scale)
-    acc = _acc(dtype)
     grad_queries, grad_key, grad_value = [], None, None
     for first, stop in reversed(bands):
         q_band = _query_rows(query, key, groups, first, stop)
-        g_band = _query_rows(grad_output, key, groups, first, stop)
         probs = _band_probabilities(q_band, key, first, stop, groups, scale, dtype)
-        grad_value = _band_sum(grad_value, _C._matmul(probs, g_band, transpose_a=True, dtype=acc, op=op), stop)
-        grad_probs = _C._matmul(g_band, _keys_to(value, stop), transpose_b=True, dtype=acc, op=op)
-        grad_scores = _C._softmax_backward(grad_probs, probs, -1, False, dtype)
-        grad_queries.append(_C._matmul(grad_scores, _keys_to(key, stop), alpha=scale, op=op))
-        grad_key = _band_sum(grad_key, _C._matmul(grad_scores, q_band, transpose_a=True, alpha=scale, dtype=acc,
-                                                  op=op), stop)
+        # a band's rows against its keys: one head of the composed backward (heads already grouped)
+        band_grads = backward_with_scores(_query_rows(grad_output, key, groups, first, stop), q_band,
+                                          _keys_to(key, stop), _keys_to(value, stop), probs, scale=scale,
+                                          kv_dtype=_acc(dtype))
+        grad_queries.append(band_grads[0])
+        grad_key = _band_sum(grad_key, band_grads[1], stop)
+        grad_value = _band_sum(grad_value, band_grads[2], stop)
     grad_query = _by_heads(grad_queries[::-1], query, key, groups)
     return grad_query, _C._ew(_OPS["copy"], grad_key, dtype=dtype), _C._ew(_OPS["copy"], grad_value, dtype=dtype)
 
@@ -334,10 +332,12 @@ def scaled_dot_product_attention_backward(grad_output, query, key, value, probs,
     return backward_with_scores(grad_output, query, key, value, probs, dropout_p, scale, dropout_state)[:3]
 
 
-def backward_with_scores(grad_output, query, key, value, probs, dropout_p=0.0, scale=None, dropout_state=None):
+def backward_with_scores(grad_output, query, key, value, probs, dropout_p=0.0, scale=None, dropout_state=None,
+                         kv_dtype=None):
     """scaled_dot_product_attention_backward's gradients and the scores' (q @ k^T * scale + mask),
     shaped (..., query heads, L, S): an additive mask's gradient is theirs, summed over the
-    dimensions it was broadcast along."""
+    dimensions it was broadcast along. kv_dtype: the key and value gradients' (the inputs' unless
+    given: banded_backward sums its bands' in float32)."""
     scale = _scale(query, scale)
     dtype = floating_dtype("scaled_dot_product_attention_backward", "query", query)
     grouped = tuple(query.shape[:-2]) != tuple(key.shape[:-2])
@@ -348,12 +348,12 @@ def backward_with_scores(grad_output, query, key, value, probs, dropout_p=0.0, s
         g = reshape(grad_output, rows + (grad_output.shape[-1],))
     attended = probs if dropout_state is None else _C._dropout(probs, float(dropout_p), *dropout_state)
     op = "scaled_dot_product_attention_backward"
-    grad_value = _C._matmul(attended, g, transpose_a=True, op=op)
+    grad_value = _C._matmul(attended, g, transpose_a=True, dtype=kv_dtype, op=op)
     grad_attended = _C._matmul(g, value, transpose_b=True, dtype=_acc(dtype), op=op)
     grad_probs = dropout_backward(grad_attended, dropout_state, dropout_p)
     grad_scores = _C._softmax_backward(grad_probs, probs, -1, False, dtype)
     grad_query = _C._matmul(grad_scores, key, alpha=scale, op=op)
-    grad_key = _C._matmul(grad_scores, q, transpose_a=True, alpha=scale, op=op)
+    grad_key = _C._matmul(grad_scores, q, transpose_a=True, alpha=scale, dtype=kv_dtype, op=op)
     if grouped:
         grad_query = reshape(grad_query, tuple(query.shape))
         grad_scores = reshape(grad_scores, tuple(query.shape[:-1]) + (key.shape[-2],))
