@@ -10,7 +10,9 @@
 # "memcheck racecheck initcheck"; SANITIZE_SHARDS, SANITIZE_JOBS, SANITIZE_TIMEOUT (seconds a process,
 # default 540); SANITIZE_FLAGS, more options for compute-sanitizer; SANITIZE_K, a pytest -k
 # expression for those processes: "not conv" leaves out the convolution tests, whose cuDNN kernels
-# take minutes a test under racecheck), torch's caching allocator off so that its pool hides nothing.
+# take minutes a test under racecheck), torch's caching allocator off so that its pool hides nothing;
+# AMPC_TEST_FROM=k (tests/conftest.py) starts each file at its k-th test, to finish a run that ran out
+# of time.
 # racecheck's verdict is the reports outside the libraries' kernels: see LIBRARY_KERNELS below.
 #
 #   bash benchmarks/run_on_gpu.sh [pytest args...]
