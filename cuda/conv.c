@@ -14,7 +14,9 @@
  * (FindEx's single cold run is noisy), times the graph API's engines
  * (conv_graph.c), and keeps the choice with its descriptors: the fastest,
  * a deterministic one where times tie, or the fastest deterministic one
- * where the caller asks (ampc.backends.cudnn.deterministic). torch (benchmark mode, deterministic
+ * where the caller asks (ampc.backends.cudnn.deterministic); out of benchmark
+ * mode (ampc.backends.cudnn.benchmark = False, torch's default) the first of
+ * cuDNN's heuristic ranking, untimed. torch (benchmark mode, deterministic
  * off by default) picks the fastest too; a 10 % preference for deterministic
  * algorithms cost ResNet-50's layer1 3x3 channels-last float32 backward 6 %
  * on an H100 (4.36 -> 4.10 ms, torch 3.76). That first call waits for the
@@ -379,12 +381,16 @@ static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int c
     return AMPC_OK;
 }
 
-/* Build p's descriptors and pick its algorithm, timing them once. */
+/* Build p's descriptors and pick its algorithm, timing them once (or, out
+ * of benchmark mode, taking cuDNN's ranking untimed). */
 static int plan_build(cudnnHandle_t handle, int device, void *stream, conv_plan *p, const ampc_conv *c)
 {
     int rc = descriptors(p);
     if (rc != AMPC_OK)
         return rc;
+    timing t[MAX_ALGOS];
+    if (!p->key.benchmark)  /* torch.backends.cudnn.benchmark = False: nothing timed, nothing waits */
+        return choose(handle, p, t, 0);
     void *ws = NULL;
     size_t ws_size = FIND_WORKSPACE;
     while (ws_size > 0 && ampc_cuda_alloc(device, ws_size, stream, &ws) != AMPC_OK) {
@@ -393,7 +399,6 @@ static int plan_build(cudnnHandle_t handle, int device, void *stream, conv_plan 
         if (ws_size < ((size_t)1 << 20))
             ws_size = 0;
     }
-    timing t[MAX_ALGOS];
     int count = 0;
     rc = find(handle, p, c, ws, ws_size, t, &count);
     if (rc == AMPC_OK)
@@ -479,6 +484,7 @@ int ampc_cuda_conv(int device, void *stream, const ampc_conv *c)
     key.dtype = c->x.dtype;
     key.w_nhwc = c->channels_last;  /* the filter in the data's layout: KRSC, else KCRS */
     key.deterministic = c->deterministic;
+    key.benchmark = c->benchmark;
     key.align[0] = alignment(c->x.data);
     key.align[1] = alignment(c->weight.data);
     key.align[2] = alignment(c->y.data);

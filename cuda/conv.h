@@ -16,6 +16,7 @@ extern "C" {
 typedef struct {
     int device, pass, dtype, w_nhwc;
     int deterministic;  /* deterministic algorithms only */
+    int benchmark;      /* timed on the first call, else cuDNN's ranking */
     int align[3];  /* of x, the filter and y: a graph plan may load 16 bytes at a time */
     int64_t n, c, h, w, k, r, s, p, q, groups;
     int64_t stride[2], pad[2], dilation[2];

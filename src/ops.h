@@ -297,6 +297,7 @@ typedef struct {
     ampc_buf x, weight, y;
     int channels_last;  /* every operand channels-last (the GPU), else all C order */
     int deterministic;  /* the GPU: cuDNN's deterministic algorithms only (ampc.backends.cudnn) */
+    int benchmark;      /* the GPU: time cuDNN's algorithms on a shape's first call, else take its ranking */
 } ampc_conv;
 
 /* batch_norm over x viewed as (n, c, h, w) with x_strides (elements, NCHW

@@ -16,13 +16,30 @@
  */
 #include "ampc.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include "ops.h"
 #include "ops_args.h"
 
 #define COL_BUDGET ((int64_t)32 << 20)
 
-/* ampc.backends.cudnn.deterministic: process-wide, as torch's */
+/* ampc.backends.cudnn.deterministic and .benchmark: process-wide, as torch's.
+ * benchmark is -1 until first read: then 0 where AMPC_CUDNN_BENCHMARK=0, else 1. */
 static int cudnn_deterministic;
+static int cudnn_benchmark = -1;
+
+static int cudnn_benchmark_now(void)
+{
+    int now = __atomic_load_n(&cudnn_benchmark, __ATOMIC_RELAXED);
+    if (now < 0) {
+        const char *env = getenv("AMPC_CUDNN_BENCHMARK");
+        const int from_env = env == NULL || strcmp(env, "0") != 0;
+        __atomic_compare_exchange_n(&cudnn_benchmark, &now, from_env, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+        now = __atomic_load_n(&cudnn_benchmark, __ATOMIC_RELAXED);
+    }
+    return now;
+}
 
 static ampc_buf buf_of(const ampc_view *v) { return (ampc_buf){v->data, v->dtype}; }
 
@@ -84,6 +101,7 @@ static int make_channels_last(ampc_op_args *a, ampc_view *v)
 static int conv_layout(ampc_op_args *a, ampc_view *x, ampc_view *wt, ampc_view *dy, ampc_conv *cv)
 {
     cv->deterministic = __atomic_load_n(&cudnn_deterministic, __ATOMIC_RELAXED);
+    cv->benchmark = cudnn_benchmark_now();
     const int float64_gradient = x->dtype == AMPC_FLOAT64 && cv->pass != AMPC_CONV_FORWARD;
     cv->channels_last = a->device.type == AMPC_DEVICE_CUDA && !float64_gradient && !is_c_order(x) &&
                         is_channels_last(x);
@@ -1059,10 +1077,28 @@ static PyObject *mod_cudnn_deterministic(PyObject *Py_UNUSED(module), PyObject *
     return PyBool_FromLong(was);
 }
 
+static PyObject *mod_cudnn_benchmark(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *flag = NULL;
+    if (!PyArg_ParseTuple(args, "|O:_cudnn_benchmark", &flag))
+        return NULL;
+    if (flag != NULL && !PyBool_Check(flag)) {
+        PyErr_Format(PyExc_TypeError, "cudnn.benchmark: expected a bool, got %s", Py_TYPE(flag)->tp_name);
+        return NULL;
+    }
+    const int was = cudnn_benchmark_now();
+    if (flag != NULL)
+        __atomic_store_n(&cudnn_benchmark, flag == Py_True, __ATOMIC_RELAXED);
+    return PyBool_FromLong(was);
+}
+
 PyMethodDef ampc_spatial_methods[] = {
     {"_cudnn_deterministic", mod_cudnn_deterministic, METH_VARARGS,
      "_cudnn_deterministic([flag]): whether GPU convolutions take cuDNN's deterministic algorithms only; with "
      "flag, set it. Returns the value before."},
+    {"_cudnn_benchmark", mod_cudnn_benchmark, METH_VARARGS,
+     "_cudnn_benchmark([flag]): whether a GPU convolution's first call of a shape times cuDNN's algorithms (else "
+     "it takes cuDNN's ranking untimed); with flag, set it. Returns the value before."},
     {"_conv2d", (PyCFunction)(void (*)(void))mod_conv2d, METH_VARARGS | METH_KEYWORDS,
      "_conv2d(input, weight, bias, stride, padding, dilation, groups): torch's conv2d on 4-D arrays, accumulated "
      "in float32."},

@@ -3,6 +3,10 @@ pooling): forward and backward against float64 references on fresh random data i
 float16, bfloat16 and float64 (odd sizes, size 1, strided inputs), backward also against float64
 finite differences; dtypes under autocast; bad input."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -446,6 +450,29 @@ def test_pool_bad_input(rng):
         F.max_pool2d_backward(np.zeros((2, 3, 2, 2), F32), x, np.zeros((2, 3, 2, 2), np.int32), 2)
     with pytest.raises(ValueError, match="output shape"):
         F.avg_pool2d_backward(np.zeros((2, 3, 3, 3), F32), x, 2)
+
+
+def test_cudnn_benchmark_switch():
+    """ampc.backends.cudnn.benchmark: True by default (ampc times cuDNN's algorithms on a shape's
+    first call), False by AMPC_CUDNN_BENCHMARK=0 (a fresh process reads it), a bool set
+    process-wide, anything else a TypeError that leaves it as it was. (What it does is
+    test_spatial_gpu's.)"""
+    cudnn = ampc.backends.cudnn
+    assert cudnn.benchmark is True
+    try:
+        cudnn.benchmark = False
+        assert cudnn.benchmark is False
+        for bad in (1, 0, "no", None, np.False_):
+            with pytest.raises(TypeError, match="cudnn.benchmark: expected a bool"):
+                cudnn.benchmark = bad
+            assert cudnn.benchmark is False
+    finally:
+        cudnn.benchmark = True
+    code = "import ampc; print(ampc.backends.cudnn.benchmark)"
+    for env, want in (("0", "False"), ("1", "True")):
+        out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, AMPC_CUDNN_BENCHMARK=env),
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert out == want, env
 
 
 def test_cudnn_deterministic_switch():

@@ -115,6 +115,33 @@ def test_conv2d_backward_deterministic(dtype, layout):
     close(gw, egw, dtype, rtol=rtol * 4, what="grad_weight, any algorithm")
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("case", CONVS, ids=str)
+def test_conv2d_untimed(case, dtype):
+    """ampc.backends.cudnn.benchmark = False (torch's default): each pass takes the first of cuDNN's
+    heuristic ranking, nothing timed; forward and both gradients within the reference's tolerance
+    in both layouts (the flag is part of a plan's key: the timed plans of the other tests stay)."""
+    x, wt, b, kw = conv_case(case, dtype)
+    rtol = conv_rtol(dtype, case) * (4 if dtype in (torch.float32, torch.float64) else 1)
+    dy = randn(*TF.conv2d(x, wt, b, **kw).shape, dtype=dtype)
+    ref = TF.conv2d(x.double(), wt.double(), b.double(), **kw)
+    scale = max(ref.abs().max().item(), TF.conv2d(x.double(), wt.double(), None, **kw).abs().max().item())
+    egi, egw, egb = autograd(lambda a, w, c: TF.conv2d(a, w, c, **kw), [x, wt, b], dy)
+    before = ampc.backends.cudnn.benchmark  # True, ampc's default (not torch's), unless AMPC_CUDNN_BENCHMARK=0
+    ampc.backends.cudnn.benchmark = False
+    try:
+        for layout in (torch.contiguous_format, torch.channels_last):
+            xs, ws, dys = (t.contiguous(memory_format=layout) for t in (x, wt, dy))
+            what = f"untimed{' channels-last' if layout == torch.channels_last else ''} "
+            close(F.conv2d(xs, ws, b, **kw), ref, dtype, rtol=rtol, scale=scale, what=what + "conv2d")
+            gi, gw, gb = F.conv2d_backward(dys, xs, ws, **kw)
+            close(gi, egi, dtype, rtol=rtol, what=what + "grad_input")
+            close(gw, egw, dtype, rtol=rtol * 4, what=what + "grad_weight")
+            close(gb, egb, dtype, what=what + "grad_bias")
+    finally:
+        ampc.backends.cudnn.benchmark = before
+
+
 def test_conv1d():
     x, wt, b = randn(2, 6, 33), randn(4, 3, 5), randn(4)
     kw = dict(stride=2, padding=3, dilation=2, groups=2)
