@@ -1063,15 +1063,25 @@ done:
     return result;
 }
 
+/* The optional bool of a switch's setter-getter ("|O:" format): 0 with *flag
+ * NULL (no argument) or Py_True/Py_False, -1 with a TypeError for anything else. */
+static int switch_argument(PyObject *args, const char *format, const char *name, PyObject **flag)
+{
+    *flag = NULL;
+    if (!PyArg_ParseTuple(args, format, flag))
+        return -1;
+    if (*flag != NULL && !PyBool_Check(*flag)) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a bool, got %s", name, Py_TYPE(*flag)->tp_name);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *mod_cudnn_deterministic(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *flag = NULL;
-    if (!PyArg_ParseTuple(args, "|O:_cudnn_deterministic", &flag))
+    PyObject *flag;
+    if (switch_argument(args, "|O:_cudnn_deterministic", "cudnn.deterministic", &flag) < 0)
         return NULL;
-    if (flag != NULL && !PyBool_Check(flag)) {
-        PyErr_Format(PyExc_TypeError, "cudnn.deterministic: expected a bool, got %s", Py_TYPE(flag)->tp_name);
-        return NULL;
-    }
     const int was = flag != NULL ? __atomic_exchange_n(&cudnn_deterministic, flag == Py_True, __ATOMIC_RELAXED)
                                  : __atomic_load_n(&cudnn_deterministic, __ATOMIC_RELAXED);
     return PyBool_FromLong(was);
@@ -1079,13 +1089,9 @@ static PyObject *mod_cudnn_deterministic(PyObject *Py_UNUSED(module), PyObject *
 
 static PyObject *mod_cudnn_benchmark(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *flag = NULL;
-    if (!PyArg_ParseTuple(args, "|O:_cudnn_benchmark", &flag))
+    PyObject *flag;
+    if (switch_argument(args, "|O:_cudnn_benchmark", "cudnn.benchmark", &flag) < 0)
         return NULL;
-    if (flag != NULL && !PyBool_Check(flag)) {
-        PyErr_Format(PyExc_TypeError, "cudnn.benchmark: expected a bool, got %s", Py_TYPE(flag)->tp_name);
-        return NULL;
-    }
     const int was = cudnn_benchmark_now();
     if (flag != NULL)
         __atomic_store_n(&cudnn_benchmark, flag == Py_True, __ATOMIC_RELAXED);

@@ -452,22 +452,27 @@ def test_pool_bad_input(rng):
         F.avg_pool2d_backward(np.zeros((2, 3, 3, 3), F32), x, 2)
 
 
+def set_and_refuse(name, value):
+    """Set ampc.backends.cudnn's switch name to value, then check that what is no bool is a TypeError
+    that leaves it as it was."""
+    cudnn = ampc.backends.cudnn
+    setattr(cudnn, name, value)
+    assert getattr(cudnn, name) is value
+    for bad in (1, 0, "yes", None, np.True_, np.False_):
+        with pytest.raises(TypeError, match=f"cudnn.{name}: expected a bool"):
+            setattr(cudnn, name, bad)
+        assert getattr(cudnn, name) is value
+
+
 def test_cudnn_benchmark_switch():
     """ampc.backends.cudnn.benchmark: True by default (ampc times cuDNN's algorithms on a shape's
     first call), False by AMPC_CUDNN_BENCHMARK=0 (a fresh process reads it), a bool set
-    process-wide, anything else a TypeError that leaves it as it was. (What it does is
-    test_spatial_gpu's.)"""
-    cudnn = ampc.backends.cudnn
-    assert cudnn.benchmark is True
+    process-wide. (What it does is test_spatial_gpu's.)"""
+    assert ampc.backends.cudnn.benchmark is True
     try:
-        cudnn.benchmark = False
-        assert cudnn.benchmark is False
-        for bad in (1, 0, "no", None, np.False_):
-            with pytest.raises(TypeError, match="cudnn.benchmark: expected a bool"):
-                cudnn.benchmark = bad
-            assert cudnn.benchmark is False
+        set_and_refuse("benchmark", False)
     finally:
-        cudnn.benchmark = True
+        ampc.backends.cudnn.benchmark = True
     code = "import ampc; print(ampc.backends.cudnn.benchmark)"
     for env, want in (("0", "False"), ("1", "True")):
         out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, AMPC_CUDNN_BENCHMARK=env),
@@ -476,17 +481,12 @@ def test_cudnn_benchmark_switch():
 
 
 def test_cudnn_deterministic_switch():
-    """ampc.backends.cudnn.deterministic, as torch's: False by default, a bool set process-wide,
-    anything else a TypeError that leaves it as it was. (What it does is test_spatial_gpu's.)"""
+    """ampc.backends.cudnn.deterministic, as torch's: False by default, a bool set process-wide.
+    (What it does is test_spatial_gpu's.)"""
     cudnn = ampc.backends.cudnn
     assert cudnn.deterministic is False
     try:
-        cudnn.deterministic = True
-        assert cudnn.deterministic is True
-        for bad in (1, 0, "yes", None, np.True_):
-            with pytest.raises(TypeError, match="cudnn.deterministic: expected a bool"):
-                cudnn.deterministic = bad
-            assert cudnn.deterministic is True
+        set_and_refuse("deterministic", True)
         # the CPU's convolutions have one algorithm: the switch changes nothing there
         rng = np.random.default_rng(5)
         x, w = rng.standard_normal((2, 3, 6, 6), dtype=np.float32), rng.standard_normal((4, 3, 3, 3), dtype=np.float32)
