@@ -20,22 +20,15 @@ from ampc import _C
 __all__ = ["benchmark", "deterministic"]
 
 
+def _switch(function):
+    """A module attribute over one of _C's switches: function() reads it, function(value) sets it
+    (a TypeError for anything but a bool)."""
+    return property(lambda module: function(), lambda module, value: function(value))
+
+
 class _CudnnModule(types.ModuleType):
-    @property
-    def deterministic(self):
-        return _C._cudnn_deterministic()
-
-    @deterministic.setter
-    def deterministic(self, value):
-        _C._cudnn_deterministic(value)
-
-    @property
-    def benchmark(self):
-        return _C._cudnn_benchmark()
-
-    @benchmark.setter
-    def benchmark(self, value):
-        _C._cudnn_benchmark(value)
+    deterministic = _switch(_C._cudnn_deterministic)
+    benchmark = _switch(_C._cudnn_benchmark)
 
 
 sys.modules[__name__].__class__ = _CudnnModule
