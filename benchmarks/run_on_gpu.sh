@@ -79,11 +79,13 @@ LIBRARY_KERNELS="nvjet|cudnn|cublasLt|xmma|cutlass|at6native|at::native|at_cuda_
 # shape's candidates (FindEx's algorithms, then the fastest again, then the graph API's engines) ran
 # dozens of instrumented cuDNN kernels a pass and took minutes a convolution test, and
 # ampc's own kernels, the verdict, run the same either way; memcheck times them as users do.
+# Likewise cuBLASLt's heuristic untimed (AMPC_GEMM_TUNING=0): test_ops_gpu's products, each shape's
+# first call timing four algorithms three times, ran 5 tests a process in 320 s under racecheck.
 sanitize_one() {  # tool file shard
-    local log="$OUT/sanitize/$1_$(basename "$2" .py)_${3%/*}.log" flags="" benchmark=1
-    [ "$1" = racecheck ] && flags="--kernel-name-exclude kns=at6native --print-limit 100000" benchmark=0
-    [ "$1" = initcheck ] && flags="--print-limit 100000000 --show-backtrace no" benchmark=0
-    AMPC_CUDNN_BENCHMARK=$benchmark AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    local log="$OUT/sanitize/$1_$(basename "$2" .py)_${3%/*}.log" flags="" timed=1
+    [ "$1" = racecheck ] && flags="--kernel-name-exclude kns=at6native --print-limit 100000" timed=0
+    [ "$1" = initcheck ] && flags="--print-limit 100000000 --show-backtrace no" timed=0
+    AMPC_CUDNN_BENCHMARK=$timed AMPC_GEMM_TUNING=$timed AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
         timeout "${SANITIZE_TIMEOUT:-540}" \
         compute-sanitizer --tool "$1" --error-exitcode 99 $flags ${SANITIZE_FLAGS:-} \
         python3 -m pytest -q -x -p no:cacheprovider --require-gpu ${SANITIZE_K:+-k "$SANITIZE_K"} "$2" >"$log" 2>&1

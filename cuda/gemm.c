@@ -10,8 +10,9 @@
  * Plans: for each shape, layout, dtype and operand alignment, the
  * descriptors and cuBLASLt's heuristic's first CANDIDATES algorithms are
  * made once and kept; the plan's first call times them and keeps the
- * fastest (what torch.backends.cudnn.benchmark does for cuDNN); a call then
- * sets the bias pointer and enqueues. linear's backward takes
+ * fastest (what torch.backends.cudnn.benchmark does for cuDNN; with
+ * AMPC_GEMM_TUNING=0 the heuristic's first, untimed, as torch's cuBLASLt
+ * calls take it); a call then sets the bias pointer and enqueues. linear's backward takes
  * its bias gradient from the weight gradient's product (the BGRADB
  * epilogue) where cuBLASLt has an algorithm for it. The handle is one per
  * device; the workspace comes from ampc's pool on the call's stream.
@@ -327,6 +328,16 @@ static int launch_candidate(const void *ctx, int i)
                   t->p->candidates[i].workspaceSize);
 }
 
+/* AMPC_GEMM_TUNING=0 leaves a plan untimed: no first call waits for the
+ * GPU, and compute-sanitizer's racecheck and initcheck runs (run_on_gpu.sh)
+ * instrument one product a call rather than thirteen. Read as each plan is
+ * first called, which keeps its choice after. */
+static int tuning_wanted(void)
+{
+    const char *env = getenv("AMPC_GEMM_TUNING");
+    return env == NULL || strcmp(env, "0") != 0;
+}
+
 /* On a kept plan's first call, time the heuristic's candidates on the
  * call's buffers (TIMED_RUNS rounds, the best of each kept) and keep the
  * fastest, as cuDNN's algorithms are (the heuristic's first choice measured
@@ -335,7 +346,7 @@ static int launch_candidate(const void *ctx, int i)
 static int tune(int device, void *stream, const ampc_gemm *g, plan *p)
 {
     p->tuned = 1;
-    if (p->ncandidates < 2 || p->key.has_c)
+    if (p->ncandidates < 2 || p->key.has_c || !tuning_wanted())
         return AMPC_OK;
     size_t most = 0;
     for (int i = 0; i < p->ncandidates; i++)

@@ -526,6 +526,27 @@ def test_linear(xshape, features, bias, dtype):
         close(gb, want[2], dtype, scale=g2.double().abs().sum(0), what="grad bias")
 
 
+@pytest.mark.never_waits
+def test_untuned_products_never_wait(monkeypatch):
+    """AMPC_GEMM_TUNING=0: a shape's first product takes cuBLASLt's heuristic first and only enqueues;
+    by default that first call times the heuristic's candidates, and so waits for the GPU. Shapes no
+    other test takes, so that each call makes its plan."""
+    def first_product_waited(m, k, n, tuning):
+        monkeypatch.setenv("AMPC_GEMM_TUNING", tuning)
+        a, b = randn(m, k, dtype=torch.float16), randn(k, n, dtype=torch.float16)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)  # tens of milliseconds of GPU work
+        start = torch.cuda.Event()
+        start.record()
+        out = F.matmul(a, b)
+        waited = start.query()
+        against(out, torch.matmul, [a, b], torch.float16, scale=mm_scale(a, b), what=f"tuning {tuning}")
+        return waited
+
+    assert not first_product_waited(200, 328, 176, "0")
+    assert first_product_waited(216, 344, 184, "1")
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 def test_matmul_of_heads_viewed_out_of_a_sequence(dtype):
     """(batch, heads) matrices viewed out of (batch, sequence, heads, features) arrays step by two
