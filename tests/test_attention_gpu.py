@@ -5,7 +5,6 @@ run; what they do not serve answers None and takes the composed path; a GPT trai
 against the composed path."""
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -26,21 +25,6 @@ LOW = [torch.float16, torch.bfloat16]
 # FlashAttention does: a few units of the dtype's rounding, relative to the largest output.
 RTOL = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
 SHAPES = [(1, 1, 64, 64), (2, 3, 100, 37), (2, 2, 37, 100), (1, 2, 1, 1), (1, 1, 130, 3), (2, 4, 1024, 1024)]
-
-
-@pytest.fixture(autouse=True)
-def torch_math_attention_under_sanitizer():
-    """Under compute-sanitizer (benchmarks/run_on_gpu.sh), torch's reference attention takes its math
-    path: racecheck reported hazards in cuDNN's fused attention kernel, which copies through the tensor
-    memory accelerator that it does not follow, and those reports stood in for the test file's verdict
-    (H100, 2026-12-06)."""
-    if os.environ.get("AMPC_UNDER_SANITIZER") != "1":
-        yield
-        return
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.MATH):
-        yield
 
 
 def sm80():
