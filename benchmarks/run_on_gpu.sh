@@ -12,7 +12,9 @@
 # expression for those processes: "not conv" leaves out the convolution tests, whose cuDNN kernels
 # take minutes a test under racecheck), torch's caching allocator off so that its pool hides nothing;
 # AMPC_TEST_FROM=k (tests/conftest.py) starts each file at its k-th test, to finish a run that ran out
-# of time.
+# of time. SANITIZE_PLAN=FILE runs FILE's lines instead, each "tool file shard [from [-k expression]]"
+# (e.g. "racecheck tests/test_ops_gpu.py 1/4 636" or "initcheck tests/test_spatial_gpu.py 0/3 0
+# conv"), SANITIZE_JOBS at once: one call for what the runs before left unfinished.
 # racecheck's verdict is the reports outside the libraries' kernels: see LIBRARY_KERNELS below.
 #
 #   bash benchmarks/run_on_gpu.sh [pytest args...]
@@ -81,14 +83,16 @@ LIBRARY_KERNELS="nvjet|cudnn|cublasLt|xmma|cutlass|at6native|at::native|at_cuda_
 # ampc's own kernels, the verdict, run the same either way; memcheck times them as users do.
 # Likewise cuBLASLt's heuristic untimed (AMPC_GEMM_TUNING=0): test_ops_gpu's products, each shape's
 # first call timing four algorithms three times, ran 5 tests a process in 320 s under racecheck.
-sanitize_one() {  # tool file shard
-    local log="$OUT/sanitize/$1_$(basename "$2" .py)_${3%/*}.log" flags="" timed=1
+sanitize_one() {  # tool file shard [from [-k expression]]
+    local from=${4:-${AMPC_TEST_FROM:-0}} k="${*:5}" flags="" timed=1
+    k=${k:-${SANITIZE_K:-}}
+    local log="$OUT/sanitize/$1_$(basename "$2" .py)_${3/\//of}_from${from}$(echo "${k:+_$k}" | tr -c 'A-Za-z0-9_\n' -).log"
     [ "$1" = racecheck ] && flags="--kernel-name-exclude kns=at6native --print-limit 100000" timed=0
     [ "$1" = initcheck ] && flags="--print-limit 100000000 --show-backtrace no" timed=0
-    AMPC_CUDNN_BENCHMARK=$timed AMPC_GEMM_TUNING=$timed AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-        timeout "${SANITIZE_TIMEOUT:-540}" \
+    AMPC_CUDNN_BENCHMARK=$timed AMPC_GEMM_TUNING=$timed AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 \
+        AMPC_TEST_FROM=$from PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-540}" \
         compute-sanitizer --tool "$1" --error-exitcode 99 $flags ${SANITIZE_FLAGS:-} \
-        python3 -m pytest -q -x -p no:cacheprovider --require-gpu ${SANITIZE_K:+-k "$SANITIZE_K"} "$2" >"$log" 2>&1
+        python3 -m pytest -q -x -p no:cacheprovider --require-gpu ${k:+-k "$k"} "$2" >"$log" 2>&1
     local rc=$?
     # the kernels the reports name, so that the table says where even when the logs are lost
     # (a template's return type, "T1", skipped; an anonymous namespace kept)
@@ -98,21 +102,25 @@ sanitize_one() {  # tool file shard
     local outside=$(echo "$kernels" | grep -vE "$LIBRARY_KERNELS")
     local ours=$(echo "$outside" | awk '{n += $1} END {print n + 0}')
     local ours_where=$(echo "$outside" | head -1 | awk 'NF {print "(most in " $2 ", " $1 ")"}')
-    echo "$1 $2 $3 rc=$rc $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)" \
+    echo "$1 $2 $3 from=$from${k:+ -k '$k'} rc=$rc $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)" \
         "reports outside the libraries: $ours ${ours_where} ${where}"
     if [ "$(stat -c %s "$log")" -gt 20000000 ]; then truncate -s 20000000 "$log"; fi
 }
-if [ -n "${SANITIZE_TESTS:-}" ]; then
-    step "sanitizers over ${SANITIZE_TESTS}"
+if [ -n "${SANITIZE_TESTS:-}${SANITIZE_PLAN:-}" ]; then
+    step "sanitizers over ${SANITIZE_PLAN:-${SANITIZE_TESTS}}"
     export -f sanitize_one
     export OUT SANITIZE_TIMEOUT SANITIZE_FLAGS SANITIZE_K LIBRARY_KERNELS
     mkdir -p "$OUT/sanitize"
     shards=${SANITIZE_SHARDS:-1}
-    for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
-        for file in $SANITIZE_TESTS; do
-            for ((i = 0; i < shards; i++)); do echo "$tool $file $i/$shards"; done
+    if [ -n "${SANITIZE_PLAN:-}" ]; then
+        grep -v '^ *$' "$SANITIZE_PLAN"
+    else
+        for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
+            for file in $SANITIZE_TESTS; do
+                for ((i = 0; i < shards; i++)); do echo "$tool $file $i/$shards"; done
+            done
         done
-    done | xargs -P "${SANITIZE_JOBS:-4}" -L 1 bash -c 'sanitize_one "$@"' _ | tee -a "$OUT/sanitize_table.txt"
+    fi | xargs -P "${SANITIZE_JOBS:-4}" -L 1 bash -c 'sanitize_one "$@"' _ | tee -a "$OUT/sanitize_table.txt"
     grep -qv ' rc=0 ' "$OUT/sanitize_table.txt" && status=1
     # one file, not one a process: the device tool brings back at most 8
     tar czf "$OUT/sanitize_logs.tgz" -C "$OUT" sanitize && rm -rf "$OUT/sanitize"
