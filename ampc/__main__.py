@@ -61,7 +61,8 @@ def main(argv=None):
     demo.add_argument("--compare-torch", action="store_true", help="add torch's AMP rows, measured in this run")
     demo.add_argument("--distributed", action="store_true",
                       help="under mpirun -n N (MPI, the CPU) or torchrun --nproc_per_node=N (NCCL on the GPUs): "
-                           "the MLP data-parallel, the ranks' agreement and speed-up")
+                           "the model data-parallel, the ranks' agreement and speed-up (resnet50, gpt2: with "
+                           "--compare-torch, torch's DistributedDataParallel in the same run)")
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--nan-at", type=_at_least(0), metavar="STEP",
                       help="mlp: a NaN in this step's batch, in every run: the GradScaler skips that step, "

@@ -224,17 +224,29 @@ def synthetic_batch(kind, batch_size, index, image_size=224, seq_len=1024, seed=
     return ampc._C._to_device(inputs, index), ampc._C._to_device(labels, index)
 
 
+def synthetic_model(kind, index, seq_len=1024, channels_last=False):
+    """(model, optimizer) of kind on device index, from ampc's current seed: ResNet-50 with SGD
+    (momentum 0.9), or GPT-2 small for seq_len tokens with AdamW."""
+    model = ampc.models.resnet50() if kind == "resnet50" else ampc.models.gpt(block_size=max(seq_len, 1))
+    model.to("cpu" if index < 0 else f"cuda:{index}", memory_format="channels_last" if channels_last else None)
+    params = list(model.parameters())
+    optimizer = (ampc.optim.SGD(params, lr=0.1, momentum=0.9) if kind == "resnet50"
+                 else ampc.optim.AdamW(params, lr=3e-4))
+    return model, optimizer
+
+
+def synthetic_loss(kind, model, x, y):
+    """The training loss of kind's model on a synthetic batch."""
+    return F.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)[1]
+
+
 def train_synthetic(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024,
                     channels_last=False):
     """Time ampc's training step of kind (resnet50: SGD momentum 0.9; gpt2: AdamW) under recipe on
     device index: a dict of the median step time and peak GPU memory, skipped steps, scale."""
     name, dtype, scaled = recipe
     ampc.manual_seed(0)
-    model = ampc.models.resnet50() if kind == "resnet50" else ampc.models.gpt(block_size=max(seq_len, 1))
-    model.to("cpu" if index < 0 else f"cuda:{index}", memory_format="channels_last" if channels_last else None)
-    params = list(model.parameters())
-    optimizer = (ampc.optim.SGD(params, lr=0.1, momentum=0.9) if kind == "resnet50"
-                 else ampc.optim.AdamW(params, lr=3e-4))
+    model, optimizer = synthetic_model(kind, index, seq_len, channels_last)
     device_type = "cpu" if index < 0 else "cuda"
     scaler = ampc.GradScaler(device_type, enabled=scaled)
     x, y = synthetic_batch(kind, batch_size, index, image_size, seq_len, channels_last=channels_last)
@@ -248,8 +260,7 @@ def train_synthetic(kind, recipe, index, batch_size, steps=9, warmup=3, image_si
             warmup_peak = ampc.cuda.max_memory_allocated(index)
             ampc.cuda.reset_peak_memory_stats(index)
         began = time.perf_counter()
-        loss = training_step(lambda: F.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)[1],
-                             optimizer, scaler, device_type, dtype)
+        loss = training_step(lambda: synthetic_loss(kind, model, x, y), optimizer, scaler, device_type, dtype)
         _synchronize(index)
         if step >= warmup:
             times.append(time.perf_counter() - began)

@@ -57,6 +57,28 @@ def _torch_gpt(torch, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768
     return model
 
 
+def torch_model(torch, kind, device, seq_len=1024, channels_last=False):
+    """(model, optimizer) of kind on device, ampc's synthetic_model in torch (torchvision's ResNet-50, a
+    nanoGPT GPT-2), from torch's current seed; None (with a note printed) without torchvision."""
+    if kind == "resnet50":
+        try:
+            import torchvision
+        except ImportError:
+            print("--compare-torch: torchvision is not installed: no torch rows for ResNet-50")
+            return None
+        model = torchvision.models.resnet50().to(device)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model = _torch_gpt(torch, block=max(seq_len, 1)).to(device)
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+
+
+def torch_loss(torch, kind, model, x, y):
+    """torch's synthetic_loss."""
+    return torch.nn.functional.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)
+
+
 def _import_torch():
     try:
         import torch
@@ -148,19 +170,10 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
-    if kind == "resnet50":
-        try:
-            import torchvision
-        except ImportError:
-            print("--compare-torch: torchvision is not installed: no torch rows for ResNet-50")
-            return None
-        model = torchvision.models.resnet50().to(device)
-        if channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    else:
-        model = _torch_gpt(torch, block=max(seq_len, 1)).to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    made = torch_model(torch, kind, device, seq_len, channels_last)
+    if made is None:
+        return None
+    model, optimizer = made
     x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(kind, batch_size, index, image_size, seq_len,
                                                                   channels_last=channels_last))
     torch_dtype = _torch_dtype(torch, dtype)
@@ -176,7 +189,7 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
         began = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch_dtype, enabled=dtype is not None):
-            loss = torch.nn.functional.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)
+            loss = torch_loss(torch, kind, model, x, y)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()

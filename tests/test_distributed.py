@@ -95,3 +95,20 @@ def test_the_distributed_demo():
     assert {tuple(c.strip() for c in r[1:]) for r in rows[1:]} == {tuple(c.strip() for c in rows[1][1:])}
     assert rows[1][2].strip() == "1"  # the one injected overflow, skipped on every rank
     assert "ranks agree: yes" in run.stdout
+
+
+def test_the_distributed_demo_of_gpt2():
+    """--model gpt2 under mpirun: GPT-2 small data-parallel on one rank, then two, the second rank's
+    loss an inf at the first step: both ranks skip it and end with the same parameters (the table's
+    last column and the exit status), the scale halved once per skipped step."""
+    run = launch(None, 2, command=["-m", "ampc", "demo", "--distributed", "--model", "gpt2", "--batch-size", "1",
+                                   "--seq-len", "8", "--warmup", "0", "--steps", "1"], timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in run.stdout.splitlines()
+            if line.startswith("| ampc ")]
+    assert [r[:2] for r in rows] == [["ampc", "1"], ["ampc", "2"]], run.stdout
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+    assert float(rows[1][4]) == pytest.approx(float(rows[0][2]) / float(rows[1][2]), rel=1e-2)
+    skipped, scale = int(rows[1][5]), float(rows[1][6])
+    assert skipped >= 1 and scale == 65536.0 / 2**skipped
+    assert rows[1][7] == "yes"

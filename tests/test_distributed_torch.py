@@ -101,15 +101,22 @@ def test_one_gpu_nccl():
         dist.destroy_process_group()
 
 
-def torchrun_demo(ranks, *extra):
-    """python -m ampc demo --distributed under torchrun (standalone: its own rendezvous)."""
+def torchrun(ranks, *arguments):
+    """python -m ampc demo --distributed arguments under torchrun (standalone: its own rendezvous):
+    its output, once it returned 0."""
     root = os.path.dirname(os.path.dirname(ampc.__file__))
     env = dict(os.environ, AMPC_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NCCL_NVLS_ENABLE="0",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-                          "-m", "ampc", "demo", "--distributed", "--epochs", "1", *extra],
+                          "-m", "ampc", "demo", "--distributed", *arguments],
                          capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
+def torchrun_demo(ranks, *extra):
+    """The MLP's distributed demo under torchrun: its table's ranks agree."""
+    run = torchrun(ranks, "--epochs", "1", *extra)
     rows = [line.split("|")[1:-1] for line in run.stdout.splitlines() if line.startswith("| ") and "---" not in line]
     assert [r[0].strip() for r in rows] == ["rank"] + [str(r) for r in range(ranks)], run.stdout
     assert {tuple(c.strip() for c in r[1:]) for r in rows[1:]} == {tuple(c.strip() for c in rows[1][1:])}
@@ -125,3 +132,22 @@ def test_the_distributed_demo_under_torchrun_on_the_cpu():
 @pytest.mark.gpu
 def test_the_distributed_demo_under_torchrun_on_a_gpu():
     assert "over NCCL" in torchrun_demo(1)
+
+
+@pytest.mark.gpu
+def test_the_distributed_gpt2_demo_against_torch_ddp_on_a_gpu():
+    """--model gpt2 --compare-torch under torchrun on one GPU: ampc's DataParallel and torch's
+    DistributedDataParallel over NCCL, each alone and then with the world (one rank here), the inf at
+    the first step skipped by both, the scale halved once per skipped step."""
+    out = torchrun(1, "--model", "gpt2", "--batch-size", "1", "--seq-len", "64", "--warmup", "1", "--steps", "2",
+                   "--compare-torch").stdout
+    assert "over NCCL" in out
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in out.splitlines()
+            if line.startswith(("| ampc ", "| torch DDP "))]
+    assert [r[:2] for r in rows] == [["ampc", "1"], ["ampc", "1"], ["torch DDP", "1"], ["torch DDP", "1"]], out
+    for single, together in (rows[0], rows[1]), (rows[2], rows[3]):
+        assert float(single[2]) > 0 and float(together[2]) > 0
+        skipped, scale = int(together[5]), float(together[6])
+        assert skipped >= 1 and scale == 65536.0 / 2**skipped
+        assert together[7] == "yes"
+    assert "torch's step time / ampc's" in out
