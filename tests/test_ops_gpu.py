@@ -530,10 +530,12 @@ def test_linear(xshape, features, bias, dtype):
 def test_untuned_products_never_wait(monkeypatch):
     """AMPC_GEMM_TUNING=0: a shape's first product takes cuBLASLt's heuristic first and only enqueues;
     by default that first call times the heuristic's candidates, and so waits for the GPU. Shapes no
-    other test takes, so that each call makes its plan."""
+    other test takes, so that each call makes its plan; a product of 8 rows fewer first, so that the
+    kernels it takes are loaded (lazy loading may wait for the GPU when it loads one)."""
     def first_product_waited(m, k, n, tuning):
         monkeypatch.setenv("AMPC_GEMM_TUNING", tuning)
         a, b = randn(m, k, dtype=torch.float16), randn(k, n, dtype=torch.float16)
+        F.matmul(a[8:], b)
         torch.cuda.synchronize()
         torch.cuda._sleep(50_000_000)  # tens of milliseconds of GPU work
         start = torch.cuda.Event()
