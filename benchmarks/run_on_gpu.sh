@@ -113,7 +113,7 @@ if [ -n "${SANITIZE_TESTS:-}${SANITIZE_PLAN:-}" ]; then
     mkdir -p "$OUT/sanitize"
     shards=${SANITIZE_SHARDS:-1}
     if [ -n "${SANITIZE_PLAN:-}" ]; then
-        grep -v '^ *$' "$SANITIZE_PLAN"
+        grep -Ev '^ *(#|$)' "$SANITIZE_PLAN"  # blank lines and comments left out
     else
         for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
             for file in $SANITIZE_TESTS; do
