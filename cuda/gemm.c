@@ -12,9 +12,9 @@
  * made once and kept; the plan's first call times them and keeps the
  * fastest (what torch.backends.cudnn.benchmark does for cuDNN; with
  * AMPC_GEMM_TUNING=0 the heuristic's first, untimed, as torch's cuBLASLt
- * calls take it); a call then sets the bias pointer and enqueues. linear's backward takes
- * its bias gradient from the weight gradient's product (the BGRADB
- * epilogue) where cuBLASLt has an algorithm for it. The handle is one per
+ * calls take it); a call then sets the bias pointer and enqueues.
+ * linear's backward takes its bias gradient from the weight gradient's
+ * product (the BGRADB epilogue) where cuBLASLt has an algorithm for it. The handle is one per
  * device; the workspace comes from ampc's pool on the call's stream.
  */
 #include "common.h"
