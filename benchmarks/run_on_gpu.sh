@@ -74,9 +74,11 @@ done
 # (cub's scans, direct copies) ran to 565,000 a shard of test_layers_gpu and hid the rest past the
 # default limit of 100. cuBLASLt's splitKreduce_kernel reads the partial sums its TMA kernels wrote:
 # 4,608-15,616 reports a shard of test_ops_gpu and test_attention_gpu, every one in that kernel
-# (H100, 2026-12-06, twenty-first session); hence cublasLt among the libraries. Logs past 20 MB keep
-# their first 20 MB.
-LIBRARY_KERNELS="nvjet|cudnn|cublasLt|xmma|cutlass|at6native|at::native|at_cuda_detail|sm90_|sm80_"
+# (H100, 2026-12-06, twenty-first session); hence cublasLt among the libraries. JAX's kernels, in
+# test_autocast_gpu's interop tests, are XLA's: its autotuner's output comparisons
+# (stream_executor::gpu::xla_fp_comparison) and its fusions (wrapped_compare: XLA names a one-op
+# fusion wrapped_<op>). Logs past 20 MB keep their first 20 MB.
+LIBRARY_KERNELS="nvjet|cudnn|cublasLt|xmma|cutlass|at6native|at::native|at_cuda_detail|sm90_|sm80_|stream_executor|wrapped_"
 # racecheck and initcheck take cuDNN's convolution ranking untimed (AMPC_CUDNN_BENCHMARK=0): timing a
 # shape's candidates (FindEx's algorithms, then the fastest again, then the graph API's engines) ran
 # dozens of instrumented cuDNN kernels a pass and took minutes a convolution test, and
