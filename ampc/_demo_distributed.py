@@ -89,20 +89,6 @@ def _launched_by_torchrun():
     return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
-def _alone_then_together(args, world, alone, index=-1):
-    """Rank 0 trains on its own (in `alone`, a group of rank 0 only; None elsewhere) for the baseline,
-    then every rank of `world` together, an inf injected into the last rank's loss at step 3: (the
-    baseline's seconds, 0 on other ranks; the seconds together; this rank's final (scale, skipped
-    steps, checksum))."""
-    data, batch, rank, size = digits_split(args.seed), args.batch_size or 64, world.rank(), world.size()
-    baseline = 0.0
-    if rank == 0:
-        baseline, _ = _train(data, args.epochs, batch, 0, 1, alone, args.seed, None, index)
-    world.barrier()
-    seconds, final = _train(data, args.epochs, batch, rank, size, world, args.seed, 3, index)
-    return baseline, seconds, final
-
-
 def _report(finals, size, engine, args, baseline, seconds):
     """Rank 0's table: each rank's (scale, skipped steps, checksum), whether they agree, the speed-up;
     the exit status (1 when the ranks disagree)."""
@@ -208,13 +194,13 @@ def _batch(args):
     return args.batch_size or (64 if args.model == "resnet50" else 8)
 
 
-def _alone_then_together_steps(steps_of, world, alone):
+def _alone_then_together_steps(steps_of, world, alone, inject_at=0):
     """steps_of(group, inject_at) on rank 0 alone (alone: a group of rank 0 only, None elsewhere;
-    nothing injected), then on every rank of world with the inf at the first step: (one rank's step
+    nothing injected), then on every rank of world with the inf at step inject_at: (one rank's
     seconds, N ranks' (the slowest rank's), every rank's final (scale, skipped, checksum))."""
     single = steps_of(alone, None)[0] if world.rank() == 0 else 0.0
     world.barrier()
-    seconds, final = steps_of(world, 0)
+    seconds, final = steps_of(world, inject_at)
     timing = np.array([single, seconds])
     world.all_reduce(timing, "max")
     return timing[0], timing[1], _each_rank(world, final)
@@ -311,8 +297,12 @@ def run(args):
     try:
         if args.model != "mlp":
             return _run_synthetic(args, world, alone, index, engine, torch_alone)
-        baseline, seconds, final = _alone_then_together(args, world, alone, index)
-        finals = _each_rank(world, final)
+        data, batch = digits_split(args.seed), args.batch_size or 64
+
+        def mlp_epochs(group, inject_at):
+            return _train(data, args.epochs, batch, group.rank(), group.size(), group, args.seed, inject_at, index)
+
+        baseline, seconds, finals = _alone_then_together_steps(mlp_epochs, world, alone, inject_at=3)
         return _report(finals, world.size(), engine, args, baseline, seconds) if world.rank() == 0 else 0
     finally:
         dist.destroy_process_group()
