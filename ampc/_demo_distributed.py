@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import ampc
-from ampc import _demo
+from ampc import _demo, _demo_torch
 from ampc import distributed as dist
 from ampc._demo import RECIPES, digits_split, mlp, training_step
 
@@ -158,8 +158,6 @@ def _torch_data_parallel_steps(torch, kind, args, group, index, inject_at):
     world) and torch's GradScaler, on the GPU index. Skipped steps are counted where the scale fell."""
     import torch.distributed as td
 
-    from ampc import _demo_torch
-
     rank, size = td.get_rank(group), td.get_world_size(group)
     device = torch.device("cuda", index)
     torch.manual_seed(args.seed + rank)  # DistributedDataParallel broadcasts rank 0's
@@ -241,6 +239,9 @@ def _run_synthetic(args, world, alone, index, engine, torch_alone):
     if args.compare_torch and (torch_alone is False or index < 0):
         if world.rank() == 0:
             print("--compare-torch: torch's DistributedDataParallel rows are measured under torchrun on GPUs")
+    elif args.compare_torch and (why := _demo_torch.no_torch_model(args.model)) is not None:
+        if world.rank() == 0:  # the same answer on every rank: none of them starts torch's rows
+            print(why)
     elif args.compare_torch:
         import torch
 

@@ -2,6 +2,7 @@
 the same way in the same process. torch's float32 runs without TF32, as ampc's always do (torch's
 convolutions default to TF32: the anchors' 117.7 ms float32 step is TF32)."""
 
+import importlib.util
 import math
 import time
 
@@ -57,15 +58,24 @@ def _torch_gpt(torch, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768
     return model
 
 
+def no_torch_model(kind):
+    """Why torch has no model of kind here (ResNet-50 needs torchvision), or None."""
+    if kind == "resnet50" and importlib.util.find_spec("torchvision") is None:
+        return "--compare-torch: torchvision is not installed: no torch rows for ResNet-50"
+    return None
+
+
 def torch_model(torch, kind, device, seq_len=1024, channels_last=False):
     """(model, optimizer) of kind on device, ampc's synthetic_model in torch (torchvision's ResNet-50, a
-    nanoGPT GPT-2), from torch's current seed; None (with a note printed) without torchvision."""
+    nanoGPT GPT-2), from torch's current seed; None (with no_torch_model's note printed) without
+    torchvision."""
+    why = no_torch_model(kind)
+    if why is not None:
+        print(why)
+        return None
     if kind == "resnet50":
-        try:
-            import torchvision
-        except ImportError:
-            print("--compare-torch: torchvision is not installed: no torch rows for ResNet-50")
-            return None
+        import torchvision
+
         model = torchvision.models.resnet50().to(device)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)

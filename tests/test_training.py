@@ -2,6 +2,7 @@
 (AMP reaching float32's accuracy, the GradScaler skipping an overflowed step), state dicts with
 torch's keys and texts, and `python -m ampc demo` itself."""
 
+import importlib.util
 import sys
 
 import ml_dtypes
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 import ampc
-from ampc import _demo, nn
+from ampc import _demo, _demo_torch, nn
 from ampc.__main__ import main
 
 F = nn.functional
@@ -91,6 +92,21 @@ def test_the_demo_without_torch_says_so_and_keeps_its_own_rows(capsys, monkeypat
     assert "--compare-torch: torch is not installed" in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert [row.split("|")[1].strip() for row in rows] == ["run", "fp32", "AMP bf16", "AMP fp16"]
+
+
+def test_torch_has_no_resnet50_without_torchvision(monkeypatch):
+    """What keeps --compare-torch's ResNet-50 rows out, single-process and distributed alike: a note,
+    not a crash, where torchvision is missing; GPT-2 needs torch alone."""
+    assert _demo_torch.no_torch_model("gpt2") is None
+    find_spec = importlib.util.find_spec
+
+    def without_torchvision(name, package=None):
+        return None if name == "torchvision" else find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_torchvision)
+    note = "--compare-torch: torchvision is not installed: no torch rows for ResNet-50"
+    assert _demo_torch.no_torch_model("resnet50") == note
+    assert _demo_torch.torch_model(None, "resnet50", None) is None  # torch itself is never touched
 
 
 def model():
