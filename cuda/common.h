@@ -42,6 +42,11 @@ int ampc_cuda_launched(const char *what);
 int ampc_cuda_time_candidates(void *stream, int n, int rounds, int (*launch)(const void *ctx, int i),
                               const void *ctx, float *best_ms);
 
+/* Declare `count` runs of `run` bytes, `step` bytes apart from p on, written
+ * by the work queued on stream so far (initcheck.c: for the libraries'
+ * kernels whose stores compute-sanitizer's initcheck does not see). */
+void ampc_mark_written(void *stream, const void *p, int64_t count, int64_t run, int64_t step);
+
 typedef struct {
     int previous;
     int changed;

@@ -442,6 +442,34 @@ static int plan_get(cudnnHandle_t handle, int device, void *stream, const conv_k
     return AMPC_OK;
 }
 
+/* The pass's output declared written for initcheck (initcheck.c): some of
+ * cuDNN's Hopper convolutions store through the TMA, and initcheck reported
+ * every read of their outputs (cuDNN's own layout transposes, torch's copy,
+ * ampc's batch norm; H200, 2026-12-06). The whole span of the output, which
+ * for the dense arrays ampc hands cuDNN is the output itself. */
+static void mark_output(void *stream, const ampc_conv *c)
+{
+    const int64_t *dims, *strides;
+    const ampc_buf *out;
+    const int64_t y_dims[4] = {c->n, c->k, c->p, c->q}, x_dims[4] = {c->n, c->c, c->h, c->w};
+    const int64_t w_dims[4] = {c->k, c->c / c->groups, c->r, c->s};
+    switch (c->pass) {
+    case AMPC_CONV_FORWARD:
+        dims = y_dims, strides = c->y_strides, out = &c->y;
+        break;
+    case AMPC_CONV_BACKWARD_DATA:
+        dims = x_dims, strides = c->x_strides, out = &c->x;
+        break;
+    default:
+        dims = w_dims, strides = c->w_strides, out = &c->weight;
+        break;
+    }
+    int64_t last = 0;  /* the offset of the span's last element */
+    for (int i = 0; i < 4; i++)
+        last += (dims[i] - 1) * strides[i];
+    ampc_mark_written(stream, out->data, 1, (last + 1) * ampc_dtype_size(out->dtype), 0);
+}
+
 static int conv_locked(cudnnHandle_t handle, int device, void *stream, const ampc_conv *c, const conv_key *key)
 {
     conv_plan *p = NULL;
@@ -454,6 +482,8 @@ static int conv_locked(cudnnHandle_t handle, int device, void *stream, const amp
         rc = ampc_cuda_alloc(device, p->workspace, stream, &ws);
     if (rc == AMPC_OK)
         rc = run(handle, p, c, ws);
+    if (rc == AMPC_OK)
+        mark_output(stream, c);
     if (ws != NULL) {
         const int freed = ampc_cuda_free(device, ws, p->workspace, stream);
         if (rc == AMPC_OK)

@@ -25,12 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cublasLt.h>
-#if defined(__has_include)
-#if __has_include(<nvtx3/nvToolsExtMemCudaRt.h>)
-#include <nvtx3/nvToolsExtMemCudaRt.h>
-#define HAVE_NVTX_MEM 1
-#endif
-#endif
 
 /* Defined in memory.c. */
 int ampc_cuda_alloc(int device, size_t nbytes, void *stream, void **ptr);
@@ -259,58 +253,21 @@ static int matmul(int device, void *stream, const ampc_gemm *g, const plan *p, c
     return AMPC_OK;
 }
 
-#ifdef HAVE_NVTX_MEM
-/* Marks `count` runs of `run` bytes, `step` bytes apart from p on, as written. */
-static void mark_runs(nvtxDomainHandle_t domain, void *stream, const char *p, int64_t count, int64_t run,
-                      int64_t step)
-{
-    enum { CHUNK = 64 };
-    nvtxMemVirtualRangeDesc_t ranges[CHUNK];
-    for (int64_t first = 0; first < count; first += CHUNK) {
-        const int64_t k = count - first < CHUNK ? count - first : CHUNK;
-        for (int64_t i = 0; i < k; i++) {
-            ranges[i].size = (size_t)run;
-            ranges[i].ptr = p + (first + i) * step;
-        }
-        const nvtxMemMarkInitializedBatch_t batch = {NVTX_EXT_COMPATID_MEM, sizeof batch,
-                                                     NVTX_MEM_TYPE_VIRTUAL_ADDRESS, (size_t)k, sizeof ranges[0],
-                                                     ranges};
-        nvtxMemCudaMarkInitialized(domain, (cudaStream_t)stream, 0, &batch);
-    }
-}
-#endif
-
-/* compute-sanitizer's initcheck does not see what Hopper's 16-bit
- * cuBLASLt kernels store (through the TMA): every later read of the
- * product is reported as a read of memory never written (torch's own
- * float16 matmul too). So D (and the bias gradient) are declared written
- * through NVTX's memory API, element for element, gaps between rows left
- * out. No tool attached, each call returns at once. Under the gemm lock.
- * nvtxDomainCreateA returns NULL under compute-sanitizer too, and the marks
- * then go to NVTX's default domain: a NULL domain does not mean that no
- * tool is attached (skipping the marks on NULL brought the tour's initcheck
- * reports back, H200, 2026-12-06). */
+/* D (and the bias gradient) declared written for initcheck (initcheck.c),
+ * element for element, gaps between rows left out. */
 static void mark_written(void *stream, const ampc_gemm *g)
 {
-#ifdef HAVE_NVTX_MEM
-    static nvtxDomainHandle_t domain;
-    if (domain == NULL)
-        domain = nvtxDomainCreateA("ampc");
     const int64_t size = ampc_dtype_size(g->d.dtype);
     if (g->ldd != g->n && g->m > 1)  /* rows with gaps between them */
         for (int64_t b = 0; b < g->batch; b++)
-            mark_runs(domain, stream, (const char *)g->d.data + b * g->stride_d * size, g->m, g->n * size,
-                      g->ldd * size);
+            ampc_mark_written(stream, (const char *)g->d.data + b * g->stride_d * size, g->m, g->n * size,
+                              g->ldd * size);
     else if (g->batch > 1 && g->stride_d != g->m * g->n)  /* matrices with gaps between them */
-        mark_runs(domain, stream, g->d.data, g->batch, g->m * g->n * size, g->stride_d * size);
+        ampc_mark_written(stream, g->d.data, g->batch, g->m * g->n * size, g->stride_d * size);
     else
-        mark_runs(domain, stream, g->d.data, 1, g->batch * g->m * g->n * size, 0);
+        ampc_mark_written(stream, g->d.data, 1, g->batch * g->m * g->n * size, 0);
     if (g->bias_grad.data != NULL)
-        mark_runs(domain, stream, g->bias_grad.data, 1, g->m * ampc_dtype_size(g->bias_grad.dtype), 0);
-#else
-    (void)stream;
-    (void)g;
-#endif
+        ampc_mark_written(stream, g->bias_grad.data, 1, g->m * ampc_dtype_size(g->bias_grad.dtype), 0);
 }
 
 typedef struct {
