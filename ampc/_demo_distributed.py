@@ -168,18 +168,16 @@ def _torch_data_parallel_steps(torch, kind, args, group, index, inject_at):
         kind, _batch(args), index, args.image_size, args.seq_len, seed=args.seed + 1 + rank,
         channels_last=args.channels_last))
     times, skipped = [], 0
+
+    def loss_of():
+        loss = _demo_torch.torch_loss(torch, kind, model, x, y)
+        return loss * float("inf") if step == inject_at and rank == size - 1 else loss
+
     for step in range(args.warmup + args.steps):
         before = scaler.get_scale()  # read outside the timed step: it waits for the GPU
         torch.cuda.synchronize(device)
         began = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.float16):
-            loss = _demo_torch.torch_loss(torch, kind, model, x, y)
-            if step == inject_at and rank == size - 1:
-                loss = loss * float("inf")
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        _demo_torch.torch_training_step(torch, loss_of, optimizer, scaler, "cuda", np.float16)
         torch.cuda.synchronize(device)
         if step >= args.warmup:
             times.append(time.perf_counter() - began)

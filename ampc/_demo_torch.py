@@ -104,6 +104,19 @@ def _torch_dtype(torch, dtype):
         None if dtype is None else np.dtype(dtype).name]
 
 
+def torch_training_step(torch, loss_of, optimizer, scaler, device_type, dtype):
+    """One step of torch's AMP, the twin of _demo.training_step: zero the gradients, loss_of() under
+    torch.autocast in the recipe's dtype (None: autocast off, float32), the scaled backward, then the
+    scaler's step and update. Returns the loss."""
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
+        loss = loss_of()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
 def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, index=-1, nan_at=None):
     """torch's row for the digits MLP (_demo.train's model, batches, optimizer and recipe, in torch's
     AMP, timed the same way), or None with a note printed when torch is missing or lacks the
@@ -118,10 +131,9 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
     torch.manual_seed(seed)
     model = _demo.mlp(nn=torch.nn).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    autocast_dtype = _torch_dtype(torch, dtype)
     try:
         scaler = torch.amp.GradScaler(device.type, enabled=scaled)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=dtype is not None):
+        with torch.autocast(device.type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
             model(torch.zeros(1, 64, device=device))
     except (AttributeError, RuntimeError) as e:
         print(f"--compare-torch: torch {torch.__version__} cannot run {name} on {device.type}: {e}")
@@ -132,15 +144,11 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
     losses, scales, step_times, skipped = [], [], [], 0
     for x, y in _demo.batches(x_train, y_train, epochs, batch_size, seed, nan_at):
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+        scale = scaler.get_scale() if scaled else 1.0  # read outside the timed step: it waits for the GPU
         _synchronize(torch, index)
         began = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=dtype is not None):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scale = scaler.get_scale() if scaled else 1.0
-        scaler.update()
+        loss = torch_training_step(torch, lambda: torch.nn.functional.cross_entropy(model(x), y), optimizer,
+                                   scaler, device.type, dtype)
         _synchronize(torch, index)
         step_times.append(time.perf_counter() - began)
         if scaled and scaler.get_scale() < scale:  # a step with inf or NaN gradients backs the scale off
@@ -186,7 +194,6 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
     model, optimizer = made
     x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(kind, batch_size, index, image_size, seq_len,
                                                                   channels_last=channels_last))
-    torch_dtype = _torch_dtype(torch, dtype)
     scaler = torch.amp.GradScaler("cuda", enabled=scaled)
     torch.cuda.reset_peak_memory_stats(device)
     times, losses, warmup_peak = [], [], None
@@ -197,12 +204,8 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
             warmup_peak = torch.cuda.max_memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
         began = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch_dtype, enabled=dtype is not None):
-            loss = torch_loss(torch, kind, model, x, y)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        loss = torch_training_step(torch, lambda: torch_loss(torch, kind, model, x, y), optimizer, scaler, "cuda",
+                                   dtype)
         torch.cuda.synchronize(device)
         if step >= warmup:
             times.append(time.perf_counter() - began)
