@@ -177,7 +177,7 @@ def _torch_data_parallel_steps(torch, kind, args, group, index, inject_at):
         before = scaler.get_scale()  # read outside the timed step: it waits for the GPU
         torch.cuda.synchronize(device)
         began = time.perf_counter()
-        _demo_torch.torch_training_step(torch, loss_of, optimizer, scaler, "cuda", np.float16)
+        _demo_torch.torch_training_step(torch, loss_of, optimizer, scaler, "cuda", torch.float16)
         torch.cuda.synchronize(device)
         if step >= args.warmup:
             times.append(time.perf_counter() - began)

@@ -99,17 +99,17 @@ def _import_torch():
 
 
 def _torch_dtype(torch, dtype):
-    """torch's autocast dtype for an ampc recipe's (None, float32: autocast off)."""
-    return {None: torch.float16, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-        None if dtype is None else np.dtype(dtype).name]
+    """torch's autocast dtype for an ampc recipe's, or None (autocast off, float32) for None."""
+    return None if dtype is None else {"float16": torch.float16, "bfloat16": torch.bfloat16}[np.dtype(dtype).name]
 
 
-def torch_training_step(torch, loss_of, optimizer, scaler, device_type, dtype):
+def torch_training_step(torch, loss_of, optimizer, scaler, device_type, autocast_dtype):
     """One step of torch's AMP, the twin of _demo.training_step: zero the gradients, loss_of() under
-    torch.autocast in the recipe's dtype (None: autocast off, float32), the scaled backward, then the
-    scaler's step and update. Returns the loss."""
+    torch.autocast in autocast_dtype (a torch dtype, resolved once by the caller with _torch_dtype, not
+    every timed step; None: autocast off, float32), the scaled backward, then the scaler's step and
+    update. Returns the loss."""
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
+    with torch.autocast(device_type, dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None):
         loss = loss_of()
     scaler.scale(loss).backward()
     scaler.step(optimizer)
@@ -125,6 +125,7 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
     if torch is None:
         return None
     name, dtype, scaled = recipe
+    autocast_dtype = _torch_dtype(torch, dtype)
     x_train, y_train, x_test, y_test = data
     device = torch.device("cpu") if index < 0 else torch.device("cuda", index)
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -133,7 +134,7 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     try:
         scaler = torch.amp.GradScaler(device.type, enabled=scaled)
-        with torch.autocast(device.type, dtype=_torch_dtype(torch, dtype), enabled=dtype is not None):
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None):
             model(torch.zeros(1, 64, device=device))
     except (AttributeError, RuntimeError) as e:
         print(f"--compare-torch: torch {torch.__version__} cannot run {name} on {device.type}: {e}")
@@ -148,7 +149,7 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
         _synchronize(torch, index)
         began = time.perf_counter()
         loss = torch_training_step(torch, lambda: torch.nn.functional.cross_entropy(model(x), y), optimizer,
-                                   scaler, device.type, dtype)
+                                   scaler, device.type, autocast_dtype)
         _synchronize(torch, index)
         step_times.append(time.perf_counter() - began)
         if scaled and scaler.get_scale() < scale:  # a step with inf or NaN gradients backs the scale off
@@ -183,6 +184,7 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
         print("--compare-torch: torch's rows are measured on a GPU only")
         return None
     name, dtype, scaled = recipe
+    autocast_dtype = _torch_dtype(torch, dtype)
     device = torch.device("cuda", index)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False
@@ -205,7 +207,7 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
             torch.cuda.reset_peak_memory_stats(device)
         began = time.perf_counter()
         loss = torch_training_step(torch, lambda: torch_loss(torch, kind, model, x, y), optimizer, scaler, "cuda",
-                                   dtype)
+                                   autocast_dtype)
         torch.cuda.synchronize(device)
         if step >= warmup:
             times.append(time.perf_counter() - began)
