@@ -79,6 +79,13 @@ done
 # (stream_executor::gpu::xla_fp_comparison) and its fusions (wrapped_compare: XLA names a one-op
 # fusion wrapped_<op>). Logs past 20 MB keep their first 20 MB.
 LIBRARY_KERNELS="nvjet|cudnn|cublasLt|xmma|cutlass|at6native|at::native|at_cuda_detail|sm90_|sm80_|stream_executor|wrapped_"
+# memcheck also reports each CUDA call that returned an error ("Program hit ... on CUDA API call to"),
+# and those count in its ERROR SUMMARY: the table names the library that made the call, the first host
+# frame past the CUDA driver and runtime. NCCL's start-up asks cudaFuncGetAttributes of each of its
+# kernels and passes over those built for other GPUs (cudaErrorNoKernelImageForDevice): 24-40 a process
+# of test_distributed_torch, the whole of its memcheck errors (H100, 2026-12-07); ampc's calls would name
+# ampc's _cuda module.
+LIBRARY_CALLERS="libnccl|libcudnn|libcublas|libtorch|libc10|jaxlib|libxla|cupy"
 # racecheck and initcheck take cuDNN's convolution ranking untimed (AMPC_CUDNN_BENCHMARK=0): timing a
 # shape's candidates (FindEx's algorithms, then the fastest again, then the graph API's engines) ran
 # dozens of instrumented cuDNN kernels a pass and took minutes a convolution test, and
@@ -104,14 +111,19 @@ sanitize_one() {  # tool file shard [from [-k expression]]
     local outside=$(echo "$kernels" | grep -vE "$LIBRARY_KERNELS")
     local ours=$(echo "$outside" | awk '{n += $1} END {print n + 0}')
     local ours_where=$(echo "$outside" | head -1 | awk 'NF {print "(most in " $2 ", " $1 ")"}')
+    local callers=$(awk '/Program hit/ {want = 1; next} /^=+ *$/ {want = 0}
+        want && /Host Frame:/ && !/ in libcuda(rt)?\.so/ {print $NF; want = 0}' "$log" | sort | uniq -c | sort -rn)
+    local api=$(echo "$callers" | awk '{n += $1} END {print n + 0}')
+    local api_ours=$(echo "$callers" | grep -vE "$LIBRARY_CALLERS" | awk '{n += $1} END {print n + 0}')
     echo "$1 $2 $3 from=$from${k:+ -k '$k'} rc=$rc $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)" \
-        "reports outside the libraries: $ours ${ours_where} ${where}"
+        "reports outside the libraries: $ours ${ours_where} ${where}" \
+        "${callers:+API errors: $api, outside the libraries: $api_ours (most from $(echo "$callers" | awk 'NR == 1 {print $2}'))}"
     if [ "$(stat -c %s "$log")" -gt 20000000 ]; then truncate -s 20000000 "$log"; fi
 }
 if [ -n "${SANITIZE_TESTS:-}${SANITIZE_PLAN:-}" ]; then
     step "sanitizers over ${SANITIZE_PLAN:-${SANITIZE_TESTS}}"
     export -f sanitize_one
-    export OUT SANITIZE_TIMEOUT SANITIZE_FLAGS SANITIZE_K LIBRARY_KERNELS
+    export OUT SANITIZE_TIMEOUT SANITIZE_FLAGS SANITIZE_K LIBRARY_KERNELS LIBRARY_CALLERS
     mkdir -p "$OUT/sanitize"
     shards=${SANITIZE_SHARDS:-1}
     if [ -n "${SANITIZE_PLAN:-}" ]; then
