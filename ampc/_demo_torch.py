@@ -103,13 +103,18 @@ def _torch_dtype(torch, dtype):
     return None if dtype is None else {"float16": torch.float16, "bfloat16": torch.bfloat16}[np.dtype(dtype).name]
 
 
+def _autocast(torch, device_type, autocast_dtype):
+    """torch.autocast in autocast_dtype (a torch dtype; None: off, float32)."""
+    return torch.autocast(device_type, dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None)
+
+
 def torch_training_step(torch, loss_of, optimizer, scaler, device_type, autocast_dtype):
     """One step of torch's AMP, the twin of _demo.training_step: zero the gradients, loss_of() under
     torch.autocast in autocast_dtype (a torch dtype, resolved once by the caller with _torch_dtype, not
     every timed step; None: autocast off, float32), the scaled backward, then the scaler's step and
     update. Returns the loss."""
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type, dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None):
+    with _autocast(torch, device_type, autocast_dtype):
         loss = loss_of()
     scaler.scale(loss).backward()
     scaler.step(optimizer)
@@ -134,7 +139,7 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     try:
         scaler = torch.amp.GradScaler(device.type, enabled=scaled)
-        with torch.autocast(device.type, dtype=autocast_dtype or torch.float16, enabled=autocast_dtype is not None):
+        with _autocast(torch, device.type, autocast_dtype):
             model(torch.zeros(1, 64, device=device))
     except (AttributeError, RuntimeError) as e:
         print(f"--compare-torch: torch {torch.__version__} cannot run {name} on {device.type}: {e}")
