@@ -92,6 +92,22 @@ LIBRARY_CALLERS="libnccl|libcudnn|libcublas|libtorch|libc10|jaxlib|libxla|cupy"
 # ampc's own kernels, the verdict, run the same either way; memcheck times them as users do.
 # Likewise cuBLASLt's heuristic untimed (AMPC_GEMM_TUNING=0): test_ops_gpu's products, each shape's
 # first call timing four algorithms three times, ran 5 tests a process in 320 s under racecheck.
+# The most resident memory (kB) that process $1 and its descendants held at once, sampled every 2 s until
+# it ends. racecheck's own bookkeeping grew to 110 GB of the host's 128 GB within two minutes over
+# test_attention_gpu's GPT-2 demo test, and the kernel's OOM killer ended the process (rc 9, no pytest
+# summary; H100, 2026-12-07): the table prints the peak so that such an end is told from a crash.
+peak_tree_rss() {
+    local root=$1 peak=0 now state
+    while state=$(ps -o stat= -p "$root") && [ "${state:0:1}" != Z ]; do  # ended: gone, or a zombie until waited for
+        now=$(ps -eo pid=,ppid=,rss= | awk -v root="$root" '{parent[$1] = $2; rss[$1] = $3}
+            END {for (p in parent) {q = p; while (q != "" && q != root && q > 1) q = parent[q]
+                                    if (q == root) n += rss[p]}
+                 print n + 0}')
+        [ "$now" -gt "$peak" ] && peak=$now
+        sleep 2
+    done
+    echo "$peak"
+}
 sanitize_one() {  # tool file shard [from [-k expression]]
     local from=${4:-${AMPC_TEST_FROM:-0}} k="${*:5}" flags="" timed=1
     k=${k:-${SANITIZE_K:-}}
@@ -101,7 +117,10 @@ sanitize_one() {  # tool file shard [from [-k expression]]
     AMPC_CUDNN_BENCHMARK=$timed AMPC_GEMM_TUNING=$timed AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 \
         AMPC_TEST_FROM=$from PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-540}" \
         compute-sanitizer --tool "$1" --error-exitcode 99 $flags ${SANITIZE_FLAGS:-} \
-        python3 -m pytest -q -x -p no:cacheprovider --require-gpu ${k:+-k "$k"} "$2" >"$log" 2>&1
+        python3 -m pytest -q -x -p no:cacheprovider --require-gpu ${k:+-k "$k"} "$2" >"$log" 2>&1 &
+    local pid=$!
+    local peak_gb=$(peak_tree_rss $pid | awk '{printf "%.1f", $1 / 1048576}')
+    wait $pid
     local rc=$?
     # the kernels the reports name, so that the table says where even when the logs are lost
     # (a template's return type, "T1", skipped; an anonymous namespace kept)
@@ -117,12 +136,12 @@ sanitize_one() {  # tool file shard [from [-k expression]]
     local api_ours=$(echo "$callers" | grep -vE "$LIBRARY_CALLERS" | awk '{n += $1} END {print n + 0}')
     echo "$1 $2 $3 from=$from${k:+ -k '$k'} rc=$rc $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1) $(grep -E 'passed|failed' "$log" | tail -1)" \
         "reports outside the libraries: $ours ${ours_where} ${where}" \
-        "${callers:+API errors: $api, outside the libraries: $api_ours (most from $(echo "$callers" | awk 'NR == 1 {print $2}'))}"
+        "${callers:+API errors: $api, outside the libraries: $api_ours (most from $(echo "$callers" | awk 'NR == 1 {print $2}')) }peak host memory ${peak_gb} GB"
     if [ "$(stat -c %s "$log")" -gt 20000000 ]; then truncate -s 20000000 "$log"; fi
 }
 if [ -n "${SANITIZE_TESTS:-}${SANITIZE_PLAN:-}" ]; then
     step "sanitizers over ${SANITIZE_PLAN:-${SANITIZE_TESTS}}"
-    export -f sanitize_one
+    export -f sanitize_one peak_tree_rss
     export OUT SANITIZE_TIMEOUT SANITIZE_FLAGS SANITIZE_K LIBRARY_KERNELS LIBRARY_CALLERS
     mkdir -p "$OUT/sanitize"
     shards=${SANITIZE_SHARDS:-1}
