@@ -60,7 +60,7 @@ done
 # The GPU test files themselves under the sanitizer, each in SANITIZE_SHARDS parts (tests/conftest.py's
 # AMPC_TEST_SHARD), SANITIZE_JOBS processes at once (slow: every launch is checked), a line each in
 # sanitize_table.txt: tool, file, shard, exit status, the sanitizer's summary and pytest's. Tests that
-# prove a call never waited for the GPU skip there (AMPC_UNDER_SANITIZER).
+# prove a call never waited for the GPU skip there (AMPC_UNDER_SANITIZER, the tool's name).
 # cuBLAS's Hopper kernels (nvjet_sm90_*) and cuDNN's generated ones copy through the tensor memory
 # accelerator, which racecheck does not follow: every report it printed over test_layers_gpu and
 # test_ops_gpu was in an nvjet kernel (H100, 2026-12-06). Left out of the instrumentation
@@ -114,7 +114,7 @@ sanitize_one() {  # tool file shard [from [-k expression]]
     local log="$OUT/sanitize/$1_$(basename "$2" .py)_${3/\//of}_from${from}$(echo "${k:+_$k}" | tr -c 'A-Za-z0-9_\n' -).log"
     [ "$1" = racecheck ] && flags="--kernel-name-exclude kns=at6native --print-limit 100000" timed=0
     [ "$1" = initcheck ] && flags="--print-limit 100000000 --show-backtrace no" timed=0
-    AMPC_CUDNN_BENCHMARK=$timed AMPC_GEMM_TUNING=$timed AMPC_UNDER_SANITIZER=1 AMPC_TEST_SHARD=$3 \
+    AMPC_CUDNN_BENCHMARK=$timed AMPC_GEMM_TUNING=$timed AMPC_UNDER_SANITIZER=$1 AMPC_TEST_SHARD=$3 \
         AMPC_TEST_FROM=$from PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-540}" \
         compute-sanitizer --tool "$1" --error-exitcode 99 $flags ${SANITIZE_FLAGS:-} \
         python3 -m pytest -q -x -p no:cacheprovider --require-gpu ${k:+-k "$k"} "$2" >"$log" 2>&1 &
