@@ -86,15 +86,9 @@ LIBRARY_KERNELS="nvjet|cudnn|cublasLt|xmma|cutlass|at6native|at::native|at_cuda_
 # of test_distributed_torch, the whole of its memcheck errors (H100, 2026-12-07); ampc's calls would name
 # ampc's _cuda module.
 LIBRARY_CALLERS="libnccl|libcudnn|libcublas|libtorch|libc10|jaxlib|libxla|cupy"
-# racecheck and initcheck take cuDNN's convolution ranking untimed (AMPC_CUDNN_BENCHMARK=0): timing a
-# shape's candidates (FindEx's algorithms, then the fastest again, then the graph API's engines) ran
-# dozens of instrumented cuDNN kernels a pass and took minutes a convolution test, and
-# ampc's own kernels, the verdict, run the same either way; memcheck times them as users do.
-# Likewise cuBLASLt's heuristic untimed (AMPC_GEMM_TUNING=0): test_ops_gpu's products, each shape's
-# first call timing four algorithms three times, ran 5 tests a process in 320 s under racecheck.
 # The most resident memory (kB) that process $1 and its descendants held at once, sampled every 2 s until
-# it ends. racecheck's own bookkeeping grew to 110 GB of the host's 128 GB within two minutes over
-# test_attention_gpu's GPT-2 demo test, and the kernel's OOM killer ended the process (rc 9, no pytest
+# it ends. Under racecheck, test_attention_gpu's GPT-2 demo test grew to 110 GB of the host's 128 GB
+# within two minutes (under memcheck it passes in 18 s), and the OOM killer ended it (rc 9, no pytest
 # summary; H100, 2026-12-07): the table prints the peak so that such an end is told from a crash.
 peak_tree_rss() {
     local root=$1 peak=0 now state
@@ -108,6 +102,12 @@ peak_tree_rss() {
     done
     echo "$peak"
 }
+# racecheck and initcheck take cuDNN's convolution ranking untimed (AMPC_CUDNN_BENCHMARK=0): timing a
+# shape's candidates (FindEx's algorithms, then the fastest again, then the graph API's engines) ran
+# dozens of instrumented cuDNN kernels a pass and took minutes a convolution test, and
+# ampc's own kernels, the verdict, run the same either way; memcheck times them as users do.
+# Likewise cuBLASLt's heuristic untimed (AMPC_GEMM_TUNING=0): test_ops_gpu's products, each shape's
+# first call timing four algorithms three times, ran 5 tests a process in 320 s under racecheck.
 sanitize_one() {  # tool file shard [from [-k expression]]
     local from=${4:-${AMPC_TEST_FROM:-0}} k="${*:5}" flags="" timed=1
     k=${k:-${SANITIZE_K:-}}
