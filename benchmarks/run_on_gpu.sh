@@ -67,7 +67,10 @@ done
 # (--kernel-name-exclude), they made racecheck stop at their first launch instead ("failed to handle a
 # hardware exception", an illegal address; H200, the same day), so racecheck instruments them, and the
 # table counts the reports in other kernels: ampc's, the verdict. torch's own elementwise kernels
-# (at::native, no such copies) stay out, which saves their instrumentation.
+# (at::native, no such copies) stay out, which saves their instrumentation. racecheck synchronizes after
+# every launch (--force-synchronization-limit 1): left to queue launches, its record of test_attention_gpu's
+# GPT-2 demo test grew to 110 GB of the host's 128 GB within two minutes and the OOM killer ended it;
+# synchronized, the test peaked at 4.4 GB and passed in 232-318 s (H100, 2026-12-07).
 # initcheck instruments every kernel: what a kernel left out writes, the next kernel reads as never
 # written (with torch's kernels left out, ampc's embedding read torch.randint's indices so; H100,
 # 2026-12-06). It prints every report without backtraces, which the table counts by kernel: torch's own
@@ -87,9 +90,9 @@ LIBRARY_KERNELS="nvjet|cudnn|cublasLt|xmma|cutlass|at6native|at::native|at_cuda_
 # ampc's _cuda module.
 LIBRARY_CALLERS="libnccl|libcudnn|libcublas|libtorch|libc10|jaxlib|libxla|cupy"
 # The most resident memory (kB) that process $1 and its descendants held at once, sampled every 2 s until
-# it ends. Under racecheck, test_attention_gpu's GPT-2 demo test grew to 110 GB of the host's 128 GB
-# within two minutes (under memcheck it passes in 18 s), and the OOM killer ended it (rc 9, no pytest
-# summary; H100, 2026-12-07): the table prints the peak so that such an end is told from a crash.
+# it ends. Under racecheck, before its launches were synchronized (above), test_attention_gpu's GPT-2 demo
+# test grew to 110 GB of the host's 128 GB within two minutes, and the OOM killer ended it (rc 9, no
+# pytest summary; H100, 2026-12-07): the table prints the peak so that such an end is told from a crash.
 peak_tree_rss() {
     local root=$1 peak=0 now state
     while state=$(ps -o stat= -p "$root") && [ "${state:0:1}" != Z ]; do  # ended: gone, or a zombie until waited for
@@ -112,7 +115,7 @@ sanitize_one() {  # tool file shard [from [-k expression]]
     local from=${4:-${AMPC_TEST_FROM:-0}} k="${*:5}" flags="" timed=1
     k=${k:-${SANITIZE_K:-}}
     local log="$OUT/sanitize/$1_$(basename "$2" .py)_${3/\//of}_from${from}$(echo "${k:+_$k}" | tr -c 'A-Za-z0-9_\n' -).log"
-    [ "$1" = racecheck ] && flags="--kernel-name-exclude kns=at6native --print-limit 100000" timed=0
+    [ "$1" = racecheck ] && flags="--kernel-name-exclude kns=at6native --force-synchronization-limit 1 --print-limit 100000" timed=0
     [ "$1" = initcheck ] && flags="--print-limit 100000000 --show-backtrace no" timed=0
     AMPC_CUDNN_BENCHMARK=$timed AMPC_GEMM_TUNING=$timed AMPC_UNDER_SANITIZER=$1 AMPC_TEST_SHARD=$3 \
         AMPC_TEST_FROM=$from PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${SANITIZE_TIMEOUT:-540}" \
