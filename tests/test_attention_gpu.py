@@ -287,7 +287,6 @@ def test_gpt_trains_the_same_on_the_fused_kernels(dtype, monkeypatch):
         np.testing.assert_allclose(fused[name], want, rtol=0.1, atol=0.05 * np.abs(want).max() + 1e-6, err_msg=name)
 
 
-@pytest.mark.outgrows_racecheck  # each kernel it runs is racechecked in its op's own tests
 def test_the_gpt2_demo_says_how_attention_runs(capsys):
     """The GPT-2 table names the attention it was measured with, and the run trains all three rows."""
     from ampc.__main__ import main

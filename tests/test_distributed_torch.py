@@ -135,7 +135,8 @@ def test_the_distributed_demo_under_torchrun_on_a_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.outgrows_racecheck  # the GPT-2 demo for three steps and torch's rows: more than test_attention_gpu's
+# its kernels are checked under those tools in test_attention_gpu's GPT-2 demo test and this file's other tests
+@pytest.mark.outlasts_racecheck_and_initcheck
 def test_the_distributed_gpt2_demo_against_torch_ddp_on_a_gpu():
     """--model gpt2 --compare-torch under torchrun on one GPU: ampc's DataParallel and torch's
     DistributedDataParallel over NCCL, each alone and then with the world (one rank here), the inf at

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 
-@pytest.mark.outgrows_racecheck
-def test_probe_outgrows_racecheck():
-    """Runs wherever racecheck is not the tool: the subprocesses below count its outcomes."""
-    assert os.environ.get("AMPC_UNDER_SANITIZER") != "racecheck"
+@pytest.mark.outlasts_racecheck_and_initcheck
+def test_probe_outlasts_racecheck_and_initcheck():
+    """Runs wherever neither racecheck nor initcheck is the tool: the subprocesses below count its outcomes."""
+    assert os.environ.get("AMPC_UNDER_SANITIZER") not in ("racecheck", "initcheck")
 
 
 @pytest.mark.never_waits
@@ -25,13 +25,15 @@ def test_probe_never_waits():
 def outcomes(tool):
     env = dict(os.environ, AMPC_UNDER_SANITIZER=tool)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                           f"{__file__}::test_probe_outgrows_racecheck", f"{__file__}::test_probe_never_waits"],
+                           f"{__file__}::test_probe_outlasts_racecheck_and_initcheck",
+                           f"{__file__}::test_probe_never_waits"],
                           env=env, capture_output=True, text=True, timeout=120)
     return done.stdout
 
 
 @pytest.mark.parametrize("tool,summary", [
-    ("racecheck", "2 skipped"),  # outgrows_racecheck and never_waits
+    ("racecheck", "2 skipped"),  # outlasts_racecheck_and_initcheck and never_waits
+    ("initcheck", "2 skipped"),
     ("memcheck", "1 passed, 1 skipped"),  # never_waits alone
     ("", "2 passed"),  # no sanitizer
 ])
