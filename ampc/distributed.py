@@ -23,7 +23,7 @@ import numpy as np
 
 from ampc import _C, autograd
 from ampc.amp import GradScaler
-from ampc.nn.modules import Module, _array_device
+from ampc.nn.modules import Module
 
 __all__ = ["DataParallel", "ProcessGroup", "ShardedGradScaler", "TorchProcessGroup", "all_reduce", "barrier", "broadcast",
            "destroy_process_group", "get_rank", "get_world_size", "init_process_group", "is_initialized"]
@@ -383,16 +383,17 @@ class ShardedGradScaler(GradScaler):
             raise NotImplementedError("ShardedGradScaler.unscale_: clipping needs the norm over every shard; clip "
                                       "after unscale_ with the norm all-reduced")
         result = super().unscale_(optimizer)
+        checked = optimizer
         found = self._found_inf_per_device(optimizer)
         if not found:  # no gradients on this rank: still take part
             if self._probe is None:
                 self._probe = _Probe()
-            super().unscale_(self._probe)
-            found = self._found_inf_per_device(self._probe)
+            checked = self._probe
+            super().unscale_(checked)
+            found = self._found_inf_per_device(checked)
         flag = np.array([max(_read_flag(v) for v in found.values())], np.float32)
         _group(self._process_group).all_reduce(flag, "max")
-        for v in found.values():
-            _set_flag(v, float(flag[0]))
+        self._set_found_inf(checked, float(flag[0]))  # found holds copies: the flags are written in the scaler
         self._unscaled[id(optimizer)] = optimizer
         return result
 
@@ -413,10 +414,4 @@ class ShardedGradScaler(GradScaler):
 def _read_flag(view):
     return float(np.asarray(view if isinstance(view, np.ndarray) else _C._to_device(view, -1)))
 
-
-def _set_flag(view, value):
-    if isinstance(view, np.ndarray):
-        view[...] = value
-    else:
-        _C.cast(_C._to_device(np.array(value, np.float32), _array_device(view)), out=view)
 

@@ -60,21 +60,28 @@ typedef struct {
     } found[AMPC_GRADS_MAX_DEVICES];
 } opt_state;
 
+/* What defines a scaler: its options, and the state its next block starts
+ * from (the block, once created, holds the live scale and counters). One
+ * validating path (check_config) guards every way in: the constructor, the
+ * setters, load_state_dict and unpickling. */
 typedef struct {
-    PyObject_HEAD
     int enabled;
     int cuda;                   /* the `device` argument is "cuda" (else "cpu") */
-    double init_scale;
     double growth_factor;
     double backoff_factor;
     int64_t growth_interval;
-    int64_t init_growth_tracker;
     double min_scale;           /* 0: none */
     double max_scale;           /* inf: none */
-    int hysteresis;
-    /* carried over by pickling into the next lazily created block */
-    int init_hysteresis_left;
-    int64_t init_steps, init_skipped;
+    int64_t hysteresis;
+    double scale;
+    int64_t growth_tracker;
+    int64_t hysteresis_left;
+    int64_t steps, skipped;
+} scaler_config;
+
+typedef struct {
+    PyObject_HEAD
+    scaler_config cfg;
     ampc_grads scratch;         /* the gradient list, its memory reused step after step */
     int nmemory;                /* 0 until the first scale() */
     scaler_memory memory[AMPC_GRADS_MAX_DEVICES];  /* [0]: the scale's own device */
@@ -82,6 +89,11 @@ typedef struct {
     PyThread_type_lock lock;    /* held by the thread running a method */
     unsigned long owner;        /* that thread's ident (read and written with the GIL held) */
     int depth;                  /* its calls in progress */
+    /* The method that is running the caller's code (param_groups, .grad,
+     * __dlpack__, __float__, ...) while it holds pointers into this object;
+     * NULL when none. Meanwhile a re-entered method that would change the
+     * scaler is refused (scaler_enter). */
+    const char *busy;
 } ScalerObject;
 
 #define SCALER(o) ((ScalerObject *)(o))
@@ -98,8 +110,8 @@ static int same_device(ampc_device a, ampc_device b) { return a.type == b.type &
 
 static ampc_scale_rule rule_of(const ScalerObject *s)
 {
-    ampc_scale_rule r = {s->growth_factor, s->backoff_factor, s->min_scale, s->max_scale,
-                         s->growth_interval, s->hysteresis};
+    ampc_scale_rule r = {s->cfg.growth_factor, s->cfg.backoff_factor, s->cfg.min_scale, s->cfg.max_scale,
+                         s->cfg.growth_interval, (int32_t)s->cfg.hysteresis};
     return r;
 }
 
@@ -139,14 +151,21 @@ static int write_header(ampc_state *st, ScalerObject *self, ampc_scaler_block *i
     return block_copy(st, &self->memory[0], in, self->memory[0].block, HEADER_BYTES, 0);
 }
 
-/* A new block on `device`; the scale's own (master) block when master. */
+/* A new block on `device`; the scale's own (master) block when master.
+ * 1 (nothing added) when the blocks changed while it was allocated: the
+ * allocation may collect garbage, whose finalizers may call the scaler. */
 static int add_memory(ampc_state *st, ScalerObject *self, ampc_device device, int master)
 {
+    const int before = self->nmemory;
     const int64_t shape[1] = {(int64_t)sizeof(ampc_scaler_block)};
     ampc_view v;
     PyObject *owner = ampc_array_empty(st, device, AMPC_UINT8, 1, shape, NULL, &v);
     if (owner == NULL)
         return -1;
+    if (self->nmemory != before) {
+        Py_DECREF(owner);
+        return 1;
+    }
     scaler_memory *m = &self->memory[self->nmemory];
     m->device = device;
     m->owner = owner;
@@ -155,12 +174,12 @@ static int add_memory(ampc_state *st, ScalerObject *self, ampc_device device, in
     m->nflags = 0;
     ampc_scaler_block init;
     memset(&init, 0, sizeof init);
-    if (master) {
-        init.scale = (float)self->init_scale;
-        init.growth_tracker = (int32_t)self->init_growth_tracker;
-        init.hysteresis_left = self->init_hysteresis_left;
-        init.steps = self->init_steps;
-        init.skipped = self->init_skipped;
+    if (master) {  /* checked by check_config: each value fits its field */
+        init.scale = (float)self->cfg.scale;
+        init.growth_tracker = (int32_t)self->cfg.growth_tracker;
+        init.hysteresis_left = (int32_t)self->cfg.hysteresis_left;
+        init.steps = self->cfg.steps;
+        init.skipped = self->cfg.skipped;
     }
     self->nmemory++;
     if (block_copy(st, m, &init, m->block, sizeof init, 0) < 0) {
@@ -178,25 +197,32 @@ static void drop_memory(ScalerObject *self)
     self->nmemory = 0;
 }
 
-/* The block for gradients on `device`, creating a second block if needed;
- * -1 with ValueError when the devices cannot be combined. */
+/* The block for arrays on `device`: the master block, created on the
+ * first device seen, or a second block, created if needed. -1 with
+ * ValueError when the devices cannot be combined. */
 static int memory_for(ampc_state *st, ScalerObject *self, ampc_device device)
 {
-    for (int i = 0; i < self->nmemory; i++)
-        if (same_device(self->memory[i].device, device))
-            return i;
-    const ampc_device master = self->memory[0].device;
-    if (self->nmemory == AMPC_GRADS_MAX_DEVICES ||
-        (master.type == AMPC_DEVICE_CUDA && device.type == AMPC_DEVICE_CUDA)) {
-        char a[32], b[32];
-        PyErr_Format(PyExc_ValueError, "GradScaler: gradients on %s cannot be combined with the scale "
-                     "on %s (ampc combines the CPU and one GPU)",
-                     ampc_device_str(device, a, sizeof a), ampc_device_str(master, b, sizeof b));
-        return -1;
+    for (;;) {
+        for (int i = 0; i < self->nmemory; i++)
+            if (same_device(self->memory[i].device, device))
+                return i;
+        if (self->nmemory > 0) {
+            const ampc_device master = self->memory[0].device;
+            if (self->nmemory == AMPC_GRADS_MAX_DEVICES ||
+                (master.type == AMPC_DEVICE_CUDA && device.type == AMPC_DEVICE_CUDA)) {
+                char a[32], b[32];
+                PyErr_Format(PyExc_ValueError, "GradScaler: gradients on %s cannot be combined with the scale "
+                             "on %s (ampc combines the CPU and one GPU)",
+                             ampc_device_str(device, a, sizeof a), ampc_device_str(master, b, sizeof b));
+                return -1;
+            }
+        }
+        const int rc = add_memory(st, self, device, self->nmemory == 0);
+        if (rc < 0)
+            return -1;
+        if (rc == 0)
+            return self->nmemory - 1;
     }
-    if (add_memory(st, self, device, 0) < 0)
-        return -1;
-    return self->nmemory - 1;
 }
 
 /* Copy the master scale into a second block before its kernels read it. */
@@ -221,35 +247,38 @@ static void opt_state_free(PyObject *capsule)
     PyMem_Free(s);
 }
 
-/* The optimizer's state, created READY when `create`; NULL without an
- * exception when absent and not created. */
-static opt_state *get_opt_state(ScalerObject *self, PyObject *optimizer, int create)
+/* The optimizer's state, created READY when `create`: a new reference to
+ * its capsule, which the caller holds while it runs Python (an optimizer
+ * whose step() calls update() drops the scaler's reference meanwhile; the
+ * state then outlives it, as torch's per-optimizer dict does), and the state
+ * in *out. NULL without an exception when absent and not created. */
+static PyObject *get_opt_state(ScalerObject *self, PyObject *optimizer, int create, opt_state **out)
 {
+    *out = NULL;
     PyObject *key = PyLong_FromVoidPtr(optimizer);
     if (key == NULL)
         return NULL;
-    PyObject *capsule = PyDict_GetItemWithError(self->states, key);
-    opt_state *s = NULL;
+    PyObject *capsule = PyDict_GetItemWithError(self->states, key);  /* int keys: runs no Python */
     if (capsule != NULL) {
-        s = PyCapsule_GetPointer(capsule, OPT_STATE_CAPSULE);
+        Py_INCREF(capsule);
     }
     else if (!PyErr_Occurred() && create) {
-        s = PyMem_Calloc(1, sizeof *s);
+        opt_state *s = PyMem_Calloc(1, sizeof *s);
         if (s == NULL) {
             PyErr_NoMemory();
         }
         else {
             capsule = PyCapsule_New(s, OPT_STATE_CAPSULE, opt_state_free);
-            if (capsule == NULL || PyDict_SetItem(self->states, key, capsule) < 0) {
-                if (capsule == NULL)
-                    PyMem_Free(s);
-                s = NULL;
-            }
-            Py_XDECREF(capsule);
+            if (capsule == NULL)
+                PyMem_Free(s);
+            else if (PyDict_SetItem(self->states, key, capsule) < 0)
+                Py_CLEAR(capsule);
         }
     }
     Py_DECREF(key);
-    return s;
+    if (capsule != NULL)
+        *out = PyCapsule_GetPointer(capsule, OPT_STATE_CAPSULE);
+    return capsule;
 }
 
 static int check_scale(ScalerObject *self, const char *funcname)
@@ -507,31 +536,43 @@ static int read_flag(ampc_state *st, ScalerObject *self, int m, int slot, float 
     return block_copy(st, mem, out, &mem->block->flags[slot], sizeof *out, 1);
 }
 
-/* A 0-d float32 array over one float of a block, as the type `like` (NULL:
- * ndarray / ampc.Array). */
-static PyObject *float_view(ampc_state *st, ScalerObject *self, int m, float *addr, PyTypeObject *like)
+/* A new 0-d float32 array (an ndarray or an ampc.Array) holding one float
+ * of a block (the scale or a flag). A copy, never a
+ * view: what the caller keeps must not change when the scaler's memory does
+ * (a found_inf kept across steps, a scale torch's autograd saves for
+ * backward). On a GPU the copy is queued on the block's stream. */
+static PyObject *float_copy(ampc_state *st, ScalerObject *self, int m, const float *addr)
 {
     scaler_memory *mem = &self->memory[m];
-    ampc_view v = {0};
-    v.data = (char *)addr;
-    v.dtype = AMPC_FLOAT32;
-    v.numel = 1;
-    v.device = mem->device;
-    v.stream = mem->stream;
-    PyObject *out;
+    ampc_view v;
+    PyObject *out = ampc_array_empty(st, mem->device, AMPC_FLOAT32, 0, NULL, NULL, &v);
+    if (out == NULL)
+        return NULL;
     if (mem->device.type == AMPC_DEVICE_CPU) {
-        Py_INCREF(st->descr[AMPC_FLOAT32]);
-        out = PyArray_NewFromDescr(&PyArray_Type, st->descr[AMPC_FLOAT32], 0, NULL, NULL, addr,
-                                   NPY_ARRAY_WRITEABLE, NULL);
-        if (out != NULL && PyArray_SetBaseObject((PyArrayObject *)out, Py_NewRef(mem->owner)) < 0)
-            Py_CLEAR(out);
+        memcpy(v.data, addr, sizeof *addr);
     }
     else {
-        out = ampc_array_view_into(st, mem->owner, &v);
+        void *stream = stream_for(mem);
+        int status = v.stream != stream ? st->cuda->stream_wait(mem->device.index, stream, v.stream) : AMPC_OK;
+        if (status == AMPC_OK)
+            status = st->cuda->copy(mem->device.index, v.data, mem->device.index, addr, sizeof *addr, stream);
+        if (status == AMPC_OK && v.stream != stream)
+            status = st->cuda->stream_wait(mem->device.index, v.stream, stream);
+        if (status != AMPC_OK) {
+            Py_DECREF(out);
+            return ampc_cuda_raise(st, status, "GradScaler"), NULL;
+        }
     }
-    if (out == NULL || like == NULL)
-        return out;
-    return ampc_return_as(st, out, like);
+    return out;
+}
+
+/* `array` (stolen) as the type `like` (a new reference, also stolen; NULL:
+ * as it is). */
+static PyObject *as_like(ampc_state *st, PyObject *array, PyTypeObject *like)
+{
+    PyObject *out = like != NULL && array != NULL ? ampc_return_as(st, array, like) : array;
+    Py_XDECREF(like);
+    return out;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -540,19 +581,19 @@ static PyObject *float_view(ampc_state *st, ScalerObject *self, int m, float *ad
 
 static void set_defaults(ScalerObject *self)
 {
-    self->enabled = 1;
-    self->cuda = 1;
-    self->init_scale = 65536.0;
-    self->growth_factor = 2.0;
-    self->backoff_factor = 0.5;
-    self->growth_interval = 2000;
-    self->init_growth_tracker = 0;
-    self->min_scale = 0.0;
-    self->max_scale = INFINITY;
-    self->hysteresis = 1;
-    self->init_hysteresis_left = 1;
-    self->init_steps = 0;
-    self->init_skipped = 0;
+    self->cfg.enabled = 1;
+    self->cfg.cuda = 1;
+    self->cfg.scale = 65536.0;
+    self->cfg.growth_factor = 2.0;
+    self->cfg.backoff_factor = 0.5;
+    self->cfg.growth_interval = 2000;
+    self->cfg.growth_tracker = 0;
+    self->cfg.min_scale = 0.0;
+    self->cfg.max_scale = INFINITY;
+    self->cfg.hysteresis = 1;
+    self->cfg.hysteresis_left = 1;
+    self->cfg.steps = 0;
+    self->cfg.skipped = 0;
 }
 
 static PyObject *Scaler_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwargs))
@@ -572,7 +613,9 @@ static PyObject *Scaler_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObj
     return (PyObject *)self;
 }
 
-/* A Python number as a double; TypeError naming `name` otherwise. */
+/* A Python number (int or float, not bool) as a double; TypeError naming
+ * `name` otherwise. The value is checked by check_config, never converted
+ * to an integer. */
 static int as_double(PyObject *obj, const char *name, double *out)
 {
     if (!PyNumber_Check(obj) || PyBool_Check(obj) || PyComplex_Check(obj)) {
@@ -584,15 +627,24 @@ static int as_double(PyObject *obj, const char *name, double *out)
     return (*out == -1.0 && PyErr_Occurred()) ? -1 : 0;
 }
 
+/* A Python int (or an integer type with __index__, such as NumPy's; not a
+ * float, not bool) as an int64; TypeError or ValueError naming `name`. */
 static int as_int64(PyObject *obj, const char *name, int64_t *out)
 {
-    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+    if (!PyIndex_Check(obj) || PyBool_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "GradScaler: %s must be an int, got %.200s", name,
                      Py_TYPE(obj)->tp_name);
         return -1;
     }
-    long long v = PyLong_AsLongLong(obj);
-    if (v == -1 && PyErr_Occurred())
+    PyObject *index = PyNumber_Index(obj);
+    if (index == NULL)
+        return -1;
+    int overflow;
+    const long long v = PyLong_AsLongLongAndOverflow(index, &overflow);
+    if (overflow != 0)
+        PyErr_Format(PyExc_ValueError, "GradScaler: %s is out of range, got %S", name, index);
+    Py_DECREF(index);
+    if (overflow != 0 || (v == -1 && PyErr_Occurred()))
         return -1;
     *out = v;
     return 0;
@@ -610,49 +662,110 @@ static void value_error(const char *fmt, ...)
     PyErr_SetString(PyExc_ValueError, msg);
 }
 
-/* Checks of the hyperparameters shared by the constructor, pickling and
- * load_state_dict. The two of torch's own are assertions there, so their
- * error is both an AssertionError and a ValueError (and survives python -O). */
-static int check_config(ampc_state *st, double init_scale, double growth_factor, double backoff_factor,
-                        int64_t growth_interval, double min_scale, double max_scale, int64_t hysteresis)
+/* The growth and backoff factors as the setters take them: what torch's
+ * setters and load_state_dict accept that has a meaning, 1.0 included (it
+ * holds the scale where it is), nothing that would make it zero, negative,
+ * inf or NaN. */
+static int check_growth_factor(double v)
 {
-    if (!(growth_factor > 1.0)) {
+    if (isfinite(v) && v >= 1.0)
+        return 0;
+    value_error("GradScaler: growth_factor must be a finite number >= 1.0 (1.0 never grows the scale), got %g", v);
+    return -1;
+}
+
+static int check_backoff_factor(double v)
+{
+    if (v > 0.0 && v <= 1.0)
+        return 0;
+    value_error("GradScaler: backoff_factor must be in (0, 1] (1.0 never backs the scale off), got %g", v);
+    return -1;
+}
+
+static int check_growth_interval(int64_t v)
+{
+    if (v >= 0)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "GradScaler: growth_interval must be >= 0 (0 never grows the scale), got %lld",
+                 (long long)v);
+    return -1;
+}
+
+/* Whether an integer field lies in [lo, hi]; ValueError naming it if not. */
+static int check_range(const char *name, int64_t v, int64_t lo, int64_t hi)
+{
+    if (v >= lo && v <= hi)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "GradScaler: %s must be in %lld .. %lld, got %lld", name, (long long)lo,
+                 (long long)hi, (long long)v);
+    return -1;
+}
+
+/* Every way into a scaler's configuration checks it here, before anything
+ * is changed. A disabled scaler has no options to check (torch keeps none).
+ * `constructor`: torch's two assertions too, which its setters and
+ * load_state_dict do not make; their error is both an AssertionError and a
+ * ValueError (and survives python -O). */
+static int check_config(ampc_state *st, const scaler_config *c, int constructor)
+{
+    if (!c->enabled)
+        return 0;
+    if (constructor && !(c->growth_factor > 1.0)) {
         PyErr_SetString(st->argument_error, "The growth factor must be > 1.0.");
         return -1;
     }
-    if (!(backoff_factor < 1.0)) {
+    if (constructor && !(c->backoff_factor < 1.0)) {
         PyErr_SetString(st->argument_error, "The backoff factor must be < 1.0.");
         return -1;
     }
-    if (!(backoff_factor > 0.0) || !isfinite(growth_factor)) {
-        value_error("GradScaler: growth_factor must be finite and backoff_factor positive, got %g and %g",
-                    growth_factor, backoff_factor);
+    if (check_growth_factor(c->growth_factor) < 0 || check_backoff_factor(c->backoff_factor) < 0 ||
+        check_growth_interval(c->growth_interval) < 0)
+        return -1;
+    /* In float32, as the scale is held: 1e-50 would round to 0. */
+    if (!(c->scale > 0.0 && c->scale <= FLT_MAX && (float)c->scale > 0.0f)) {
+        value_error("GradScaler: the scale must be a positive finite float32, got %g", c->scale);
         return -1;
     }
-    if (!(init_scale > 0.0) || !isfinite(init_scale) || init_scale > FLT_MAX) {
-        value_error("GradScaler: the scale must be a positive finite float32, got %g", init_scale);
+    if (!(c->min_scale >= 0.0 && isfinite(c->min_scale) && c->max_scale >= c->min_scale)) {
+        value_error("GradScaler: need 0 <= min_scale <= max_scale, got %g and %g", c->min_scale, c->max_scale);
         return -1;
     }
-    if (growth_interval < 1) {
-        PyErr_Format(PyExc_ValueError, "GradScaler: growth_interval must be at least 1, got %lld",
-                     (long long)growth_interval);
+    if (c->scale < c->min_scale || c->scale > c->max_scale) {
+        value_error("GradScaler: the scale %g is outside [min_scale, max_scale] = [%g, %g]", c->scale, c->min_scale,
+                    c->max_scale);
         return -1;
     }
-    if (!(min_scale >= 0.0) || !(max_scale >= min_scale) || isnan(max_scale)) {
-        value_error("GradScaler: need 0 <= min_scale <= max_scale, got %g and %g", min_scale, max_scale);
-        return -1;
-    }
-    if (init_scale < min_scale || init_scale > max_scale) {
-        value_error("GradScaler: the scale %g is outside [min_scale, max_scale] = [%g, %g]", init_scale, min_scale,
-                    max_scale);
-        return -1;
-    }
-    if (hysteresis < 1 || hysteresis > INT32_MAX) {
+    if (c->hysteresis < 1 || c->hysteresis > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "GradScaler: hysteresis must be at least 1, got %lld",
-                     (long long)hysteresis);
+                     (long long)c->hysteresis);
         return -1;
     }
-    return 0;
+    return check_range("_growth_tracker", c->growth_tracker, 0, INT32_MAX) < 0 ||
+                   check_range("hysteresis_left", c->hysteresis_left, 0, c->hysteresis) < 0 ||
+                   check_range("steps", c->steps, 0, INT64_MAX) < 0 ||
+                   check_range("skipped_steps", c->skipped, 0, c->steps) < 0
+               ? -1 : 0;
+}
+
+/* Make `c` (checked) the scaler's configuration, its memory and
+ * per-optimizer states dropped: the next scale() starts from it. */
+static void reset_to(ScalerObject *self, const scaler_config *c)
+{
+    drop_memory(self);
+    PyDict_Clear(self->states);  /* int keys and ampc's capsules: runs no Python */
+    self->cfg = *c;
+}
+
+static int cuda_available(int *available)
+{
+    PyObject *cuda = PyImport_ImportModule("ampc.cuda");
+    PyObject *avail = cuda ? PyObject_CallMethod(cuda, "is_available", NULL) : NULL;
+    Py_XDECREF(cuda);
+    if (avail == NULL)
+        return -1;
+    *available = PyObject_IsTrue(avail);
+    Py_DECREF(avail);
+    return *available < 0 ? -1 : 0;
 }
 
 static int Scaler_init(PyObject *op, PyObject *args, PyObject *kwargs)
@@ -668,8 +781,9 @@ static int Scaler_init(PyObject *op, PyObject *args, PyObject *kwargs)
                                      &growth, &backoff, &interval, &enabled, &min_scale, &max_scale,
                                      &hysteresis))
         return -1;
-    ScalerObject c = *self;  /* parsed into a copy: a failure leaves self as it was */
-    set_defaults(&c);
+    ScalerObject defaults;  /* parsed into a copy: a failure leaves self as it was */
+    set_defaults(&defaults);
+    scaler_config c = defaults.cfg;
     if (device != NULL) {
         if (!PyUnicode_Check(device)) {
             PyErr_Format(PyExc_TypeError, "GradScaler: device must be a str such as 'cuda' or 'cpu', got "
@@ -682,27 +796,19 @@ static int Scaler_init(PyObject *op, PyObject *args, PyObject *kwargs)
             return ampc_raise_with_repr(PyExc_ValueError, "%s: device must be 'cuda' or 'cpu', got %U", "GradScaler",
                                         device);
     }
-    if ((init_scale && as_double(init_scale, "init_scale", &c.init_scale) < 0) ||
+    if ((init_scale && as_double(init_scale, "init_scale", &c.scale) < 0) ||
         (growth && as_double(growth, "growth_factor", &c.growth_factor) < 0) ||
         (backoff && as_double(backoff, "backoff_factor", &c.backoff_factor) < 0) ||
         (interval && as_int64(interval, "growth_interval", &c.growth_interval) < 0) ||
         (min_scale != Py_None && as_double(min_scale, "min_scale", &c.min_scale) < 0) ||
-        (max_scale != Py_None && as_double(max_scale, "max_scale", &c.max_scale) < 0))
+        (max_scale != Py_None && as_double(max_scale, "max_scale", &c.max_scale) < 0) ||
+        (hysteresis && as_int64(hysteresis, "hysteresis", &c.hysteresis) < 0))
         return -1;
-    int64_t hyst = 1;
-    if (hysteresis && as_int64(hysteresis, "hysteresis", &hyst) < 0)
-        return -1;
-    c.hysteresis = (int)(hyst > 0 && hyst <= INT32_MAX ? hyst : 1);
-    c.init_hysteresis_left = c.hysteresis;
     c.enabled = enabled;
     if (c.enabled && c.cuda) {
-        PyObject *cuda = PyImport_ImportModule("ampc.cuda");
-        PyObject *avail = cuda ? PyObject_CallMethod(cuda, "is_available", NULL) : NULL;
-        Py_XDECREF(cuda);
-        if (avail == NULL)
+        int available;
+        if (cuda_available(&available) < 0)
             return -1;
-        const int available = PyObject_IsTrue(avail);
-        Py_DECREF(avail);
         if (!available) {
             if (PyErr_WarnEx(PyExc_UserWarning, "ampc.GradScaler is enabled, but CUDA is not available.  "
                              "Disabling.", 1) < 0)
@@ -710,23 +816,10 @@ static int Scaler_init(PyObject *op, PyObject *args, PyObject *kwargs)
             c.enabled = 0;
         }
     }
-    if (c.enabled && check_config(st, c.init_scale, c.growth_factor, c.backoff_factor, c.growth_interval,
-                                  c.min_scale, c.max_scale, hyst) < 0)
+    c.hysteresis_left = c.hysteresis;
+    if (check_config(st, &c, 1) < 0)
         return -1;
-    drop_memory(self);
-    PyDict_Clear(self->states);
-    self->enabled = c.enabled;
-    self->cuda = c.cuda;
-    self->init_scale = c.init_scale;
-    self->growth_factor = c.growth_factor;
-    self->backoff_factor = c.backoff_factor;
-    self->growth_interval = c.growth_interval;
-    self->init_growth_tracker = 0;
-    self->min_scale = c.min_scale;
-    self->max_scale = c.max_scale;
-    self->hysteresis = c.hysteresis;
-    self->init_hysteresis_left = c.hysteresis;
-    self->init_steps = self->init_skipped = 0;
+    reset_to(self, &c);
     return 0;
 }
 
@@ -818,14 +911,13 @@ static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs
     ampc_device dev;
     if (array_device(st, outputs, &dev) < 0)
         return NULL;
-    if (self->nmemory == 0 && add_memory(st, self, dev, 1) < 0)
-        return NULL;
     const int m = memory_for(st, self, dev);
     if (m < 0 || refresh_scale(st, self, m) < 0)
         return NULL;
     float *scale_addr = &self->memory[m].block->scale;
     if (is_torch(outputs)) {
-        PyObject *scale = float_view(st, self, m, scale_addr, Py_TYPE(outputs));
+        PyObject *scale = as_like(st, float_copy(st, self, m, scale_addr),
+                                  (PyTypeObject *)Py_NewRef(Py_TYPE(outputs)));
         if (scale == NULL)
             return NULL;
         PyObject *r = PyNumber_Multiply(outputs, scale);
@@ -873,34 +965,53 @@ done:
     return result;
 }
 
+static PyObject *scale_nested(ampc_state *st, PyObject *op, PyObject *outputs);
+
+/* A list or tuple rebuilt as the same type, each item scaled. The items are
+ * held in a tuple of their own first: scaling runs the caller's code
+ * (__dlpack__, torch's multiply), which may change a list while it is read. */
+static PyObject *scale_sequence(ampc_state *st, PyObject *op, PyObject *outputs)
+{
+    PyObject *items = PySequence_Tuple(outputs);
+    if (items == NULL)
+        return NULL;
+    const Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *scaled = PyList_New(n);
+    for (Py_ssize_t i = 0; scaled != NULL && i < n; i++) {
+        PyObject *v = scale_nested(st, op, PyTuple_GET_ITEM(items, i));
+        if (v == NULL)
+            Py_CLEAR(scaled);
+        else
+            PyList_SET_ITEM(scaled, i, v);
+    }
+    Py_DECREF(items);
+    if (scaled == NULL || PyList_Check(outputs))
+        return scaled;
+    PyObject *t = PyList_AsTuple(scaled);
+    Py_DECREF(scaled);
+    return t;
+}
+
 static PyObject *scale_nested(ampc_state *st, PyObject *op, PyObject *outputs)
 {
     ScalerObject *self = SCALER(op);
     if (is_array(st, outputs))
         return scale_one(st, self, outputs);
     if (PyList_Check(outputs) || PyTuple_Check(outputs)) {
-        const Py_ssize_t n = PySequence_Fast_GET_SIZE(outputs);
-        PyObject *items = PyList_New(n);
-        if (items == NULL)
+        /* A list that holds itself, or a million nested tuples: RecursionError, as torch's walk
+         * raises, not the C stack's end. */
+        if (Py_EnterRecursiveCall(" in GradScaler.scale"))
             return NULL;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *v = scale_nested(st, op, PySequence_Fast_GET_ITEM(outputs, i));
-            if (v == NULL) {
-                Py_DECREF(items);
-                return NULL;
-            }
-            PyList_SET_ITEM(items, i, v);
-        }
-        if (PyList_Check(outputs))
-            return items;
-        PyObject *t = PyList_AsTuple(items);
-        Py_DECREF(items);
-        return t;
+        PyObject *r = scale_sequence(st, op, outputs);
+        Py_LeaveRecursiveCall();
+        return r;
     }
     /* Any other iterable comes back as a lazy map, as in torch; not a string, whose characters are
      * strings again (torch's map recurses until a RecursionError when it is read). */
     PyObject *iter = PyUnicode_Check(outputs) || PyBytes_Check(outputs) ? NULL : PyObject_GetIter(outputs);
     if (iter == NULL) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError))
+            return NULL;  /* the object's own __iter__ raised: its error, not ours */
         PyErr_Clear();
         PyErr_SetString(PyExc_ValueError, "outputs must be a Tensor or an iterable of Tensors");
         return NULL;
@@ -916,7 +1027,7 @@ static PyObject *scale_nested(ampc_state *st, PyObject *op, PyObject *outputs)
 
 static PyObject *Scaler_scale(PyObject *op, PyObject *outputs)
 {
-    if (!SCALER(op)->enabled)
+    if (!SCALER(op)->cfg.enabled)
         return Py_NewRef(outputs);
     return scale_nested(state_of(op), op, outputs);
 }
@@ -990,47 +1101,50 @@ static PyObject *Scaler_unscale_(PyObject *op, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     clip_request clip = {max_norm, norm_type, defer, NULL, NULL};
-    if (!self->enabled) {
+    if (!self->cfg.enabled) {
         if (max_norm == 0)
             Py_RETURN_NONE;
         /* Disabled, the gradients are not scaled, but clipping still clips:
          * the same user code runs with and without mixed precision. */
         norm = clip_unscaled(st, optimizer, &clip);
-        PyTypeObject *like = norm ? param_type(st, optimizer) : NULL;
-        return like ? ampc_return_as(st, norm, like) : norm;
+        return as_like(st, norm, norm ? param_type(st, optimizer) : NULL);
     }
     if (check_scale(self, "unscale_") < 0)
         return NULL;
-    opt_state *os = get_opt_state(self, optimizer, 1);
-    if (os == NULL)
+    opt_state *os;
+    PyObject *held = get_opt_state(self, optimizer, 1, &os);
+    if (held == NULL)
         return NULL;
     if (os->stage == UNSCALED) {
         PyErr_SetString(PyExc_RuntimeError, "unscale_() has already been called on this optimizer since the "
                         "last update().");
-        return NULL;
+        goto fail;
     }
     if (os->stage == STEPPED) {
         PyErr_SetString(PyExc_RuntimeError, "unscale_() is being called after step().");
-        return NULL;
+        goto fail;
     }
     if (defer) {
         /* Only an optimizer that divides by grad_scale itself can take the
          * division over; for any other, clip now. */
         const int kind = amp_kind(optimizer);
         if (kind < 0)
-            return NULL;
+            goto fail;
         clip.deferred = kind == AMP_FUSED;
     }
     if (unscale_grads(st, self, optimizer, os, 0, 0, max_norm > 0 ? &clip : NULL) < 0)
-        return NULL;
+        goto fail;
     os->stage = UNSCALED;
     Py_XSETREF(os->divisor, clip.divisor);
+    Py_DECREF(held);
     norm = clip.norm;
     if (norm == NULL)
         Py_RETURN_NONE;
     /* The norm comes back as the gradients' own array type, as clip_grad_norm_'s does. */
-    PyTypeObject *like = param_type(st, optimizer);
-    return like ? ampc_return_as(st, norm, like) : norm;
+    return as_like(st, norm, param_type(st, optimizer));
+fail:
+    Py_DECREF(held);
+    return NULL;
 }
 
 /* Whether any inf check recorded for this optimizer found an inf or NaN
@@ -1048,7 +1162,8 @@ static int any_found(ampc_state *st, ScalerObject *self, const opt_state *os, in
     return 0;
 }
 
-/* The optimizer's first parameter's array type: grad_scale and found_inf are
+/* The optimizer's first parameter's array type (a new reference, or NULL
+ * without an exception where there is none): grad_scale and found_inf are
  * handed over in its library's array type (torch for torch optimizers; an
  * ampc.Parameter's, the type of the array it holds). */
 static PyTypeObject *param_type(ampc_state *st, PyObject *optimizer)
@@ -1064,7 +1179,7 @@ static PyTypeObject *param_type(ampc_state *st, PyObject *optimizer)
             PyObject *data = ampc_is_parameter(st, p) ? Py_NewRef(((ampc_parameter *)p)->data)
                              : PyObject_HasAttrString(p, "__dlpack__") ? Py_NewRef(p) : PyObject_GetAttrString(p, "data");
             if (data != NULL) {
-                type = Py_TYPE(data);
+                type = (PyTypeObject *)Py_NewRef(Py_TYPE(data));  /* held: `data` may be its last instance */
                 Py_DECREF(data);
             }
         }
@@ -1077,20 +1192,16 @@ static PyTypeObject *param_type(ampc_state *st, PyObject *optimizer)
     return type;
 }
 
-/* found_inf for an optimizer that takes it: one 0-d float32 on the scale's
- * device holding the sum of its checks (or the int 0 without any). */
-static PyObject *combined_found(ampc_state *st, ScalerObject *self, const opt_state *os, PyTypeObject *like)
+/* found_inf for an optimizer that takes it: a new 0-d float32 on the
+ * scale's device holding the sum of its checks (or the int 0 without any),
+ * as torch's sum of the per-device flags is. */
+static PyObject *combined_found(ampc_state *st, ScalerObject *self, const opt_state *os)
 {
     if (os->nfound == 0)
         return PyLong_FromLong(0);
-    if (os->nfound == 1 && os->found[0].memory == 0)
-        return float_view(st, self, 0, &self->memory[0].block->flags[os->found[0].slot], like);
-    /* Several devices: gather the flags into fresh master slots and sum them there. */
-    scaler_memory *master = &self->memory[0];
-    if (master->nflags + os->nfound + 1 > AMPC_SCALER_MAX_FLAGS) {
-        PyErr_SetString(PyExc_RuntimeError, "GradScaler: too many inf checks since the last update()");
-        return NULL;
-    }
+    if (os->nfound == 1 && os->found[0].memory == 0)  /* the common case: copied on the device, no wait */
+        return float_copy(st, self, 0, &self->memory[0].block->flags[os->found[0].slot]);
+    /* Several devices: summed on the host (a wait). */
     float sum = 0;
     for (int i = 0; i < os->nfound; i++) {
         float f;
@@ -1098,10 +1209,7 @@ static PyObject *combined_found(ampc_state *st, ScalerObject *self, const opt_st
             return NULL;
         sum += f;
     }
-    const int out = master->nflags++;
-    if (block_copy(st, master, &sum, &master->block->flags[out], sizeof sum, 0) < 0)
-        return NULL;
-    return float_view(st, self, 0, &master->block->flags[out], like);
+    return float32_scalar(st, self->memory[0].device, sum);
 }
 
 static PyObject *call_step(PyObject *optimizer, PyObject *args, PyObject *kwargs)
@@ -1111,6 +1219,20 @@ static PyObject *call_step(PyObject *optimizer, PyObject *args, PyObject *kwargs
         return NULL;
     PyObject *r = PyObject_Call(step, args, kwargs);
     Py_DECREF(step);
+    return r;
+}
+
+/* optimizer.step(), with the scaler open to any call from it: the scaler's
+ * part of step() is done by then, and what it does after holds only its own
+ * references (the optimizer's state, found_inf). torch's legacy fused
+ * optimizers call back into the scaler from their step, and an optimizer
+ * may well call update() there. */
+static PyObject *step_unguarded(ScalerObject *self, PyObject *optimizer, PyObject *args, PyObject *kwargs)
+{
+    const char *busy = self->busy;
+    self->busy = NULL;
+    PyObject *r = call_step(optimizer, args, kwargs);
+    self->busy = busy;
     return r;
 }
 
@@ -1127,7 +1249,8 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
 {
     ScalerObject *self = SCALER(op);
     ampc_state *st = state_of(op);
-    PyObject *optimizer, *rest = NULL, *kw = NULL, *retval = NULL, *result = NULL, *found = NULL;
+    PyObject *optimizer, *rest = NULL, *kw = NULL, *retval = NULL, *result = NULL, *found = NULL, *held = NULL;
+    PyTypeObject *like = NULL;
     if (PyTuple_GET_SIZE(args) < 1) {
         PyErr_SetString(PyExc_TypeError, "step() missing required argument: 'optimizer'");
         return NULL;
@@ -1144,7 +1267,7 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
         if (return_found_inf < 0 || PyDict_DelItemString(kw, "return_found_inf") < 0)
             goto done;
     }
-    if (!self->enabled) {
+    if (!self->cfg.enabled) {
         result = with_found(call_step(optimizer, rest, kw), return_found_inf, Py_False);
         goto done;
     }
@@ -1154,8 +1277,9 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
     }
     if (check_scale(self, "step") < 0)
         goto done;
-    opt_state *os = get_opt_state(self, optimizer, 1);
-    if (os == NULL)
+    opt_state *os;
+    held = get_opt_state(self, optimizer, 1, &os);
+    if (held == NULL)
         goto done;
     if (os->stage == STEPPED) {
         PyErr_SetString(PyExc_RuntimeError, "step() has already been called since the last update().");
@@ -1165,25 +1289,27 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
     const int kind = amp_kind(optimizer);
     if (kind < 0)
         goto done;
-    if (kind != AMP_PLAIN) {
-        if (kind == AMP_LEGACY) {
-            if (PyErr_WarnEx(PyExc_FutureWarning,
-                             "GradScaler is going to stop passing itself as a keyword argument to the passed "
-                             "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
-                             "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
-                             "directly.", 1) < 0 ||
-                PyDict_SetItemString(kw, "grad_scaler", op) < 0)
-                goto done;
-            retval = call_step(optimizer, rest, kw);
-            if (retval != NULL)
-                os->stage = STEPPED;
-            result = with_found(retval, return_found_inf, Py_False);
+    if (kind == AMP_LEGACY) {
+        if (PyErr_WarnEx(PyExc_FutureWarning,
+                         "GradScaler is going to stop passing itself as a keyword argument to the passed "
+                         "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                         "`found_inf: Tensor` to the passed optimizer and let the optimizer use them "
+                         "directly.", 1) < 0 ||
+            PyDict_SetItemString(kw, "grad_scaler", op) < 0)
             goto done;
-        }
+        retval = step_unguarded(self, optimizer, rest, kw);
+        if (retval != NULL)
+            os->stage = STEPPED;
+        result = with_found(retval, return_found_inf, Py_False);
+        goto done;
+    }
+    if (kind == AMP_FUSED) {
         if (os->stage == READY && unscale_grads(st, self, optimizer, os, 1, 1, NULL) < 0)
             goto done;
-        PyTypeObject *like = param_type(st, optimizer);
-        found = combined_found(st, self, os, like);
+        like = param_type(st, optimizer);
+        found = combined_found(st, self, os);
+        if (found != NULL && like != NULL && !PyLong_Check(found))
+            found = as_like(st, found, (PyTypeObject *)Py_NewRef(like));
         if (found == NULL)
             goto done;
         PyObject *grad_scale;
@@ -1195,10 +1321,9 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
         else {
             /* Still scaled: the scale, or after a deferred clip the scale
              * over the clipping coefficient. */
-            if (os->divisor != NULL)
-                grad_scale = like ? ampc_return_as(st, Py_NewRef(os->divisor), like) : Py_NewRef(os->divisor);
-            else
-                grad_scale = float_view(st, self, 0, &self->memory[0].block->scale, like);
+            grad_scale = os->divisor != NULL ? Py_NewRef(os->divisor)
+                                             : float_copy(st, self, 0, &self->memory[0].block->scale);
+            grad_scale = as_like(st, grad_scale, like ? (PyTypeObject *)Py_NewRef(like) : NULL);
             if (grad_scale != NULL && PyObject_HasAttrString(optimizer, "grad_scale")) {
                 PyObject *user = PyObject_GetAttrString(optimizer, "grad_scale");
                 PyObject *product = user ? PyNumber_Multiply(grad_scale, user) : NULL;
@@ -1213,7 +1338,7 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
         Py_DECREF(grad_scale);
         if (!set)
             goto done;
-        retval = call_step(optimizer, rest, kw);
+        retval = step_unguarded(self, optimizer, rest, kw);
         /* Whatever step() did, take the attributes back off. */
         PyObject *exc = retval ? NULL : ampc_take_exception();
         if (PyObject_DelAttrString(optimizer, "grad_scale") < 0 || PyObject_DelAttrString(optimizer, "found_inf") < 0)
@@ -1239,12 +1364,14 @@ static PyObject *Scaler_step(PyObject *op, PyObject *args, PyObject *kwargs)
     int any;
     if (any_found(st, self, os, &any) < 0)
         goto done;
-    retval = any ? Py_NewRef(Py_None) : call_step(optimizer, rest, kw);
+    retval = any ? Py_NewRef(Py_None) : step_unguarded(self, optimizer, rest, kw);
     if (retval == NULL)
         goto done;
     os->stage = STEPPED;
     result = with_found(retval, return_found_inf, any ? Py_True : Py_False);
 done:
+    Py_XDECREF(like);
+    Py_XDECREF(held);
     Py_XDECREF(found);
     Py_XDECREF(rest);
     Py_XDECREF(kw);
@@ -1279,7 +1406,7 @@ static int set_scale_from(ampc_state *st, ScalerObject *self, PyObject *new_scal
         const int requires_grad = rg != NULL && PyObject_IsTrue(rg) == 1;
         Py_XDECREF(rg);
         PyErr_Clear();
-        if ((dev.type == AMPC_DEVICE_CUDA) != self->cuda || requires_grad) {
+        if ((dev.type == AMPC_DEVICE_CUDA) != self->cfg.cuda || requires_grad) {
             PyErr_SetString(PyExc_AssertionError, NEW_SCALE);
             return -1;
         }
@@ -1347,7 +1474,7 @@ static PyObject *Scaler_update(PyObject *op, PyObject *args, PyObject *kwargs)
     PyObject *new_scale = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:update", kwlist, &new_scale))
         return NULL;
-    if (!self->enabled)
+    if (!self->cfg.enabled)
         Py_RETURN_NONE;
     if (check_scale(self, "update") < 0)
         return NULL;
@@ -1403,64 +1530,91 @@ static PyObject *Scaler_update(PyObject *op, PyObject *args, PyObject *kwargs)
 /* Getters, setters, state                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* The configuration with the live state in it: the block's scale and
+ * counters once it exists. */
+static int config_now(ampc_state *st, ScalerObject *self, scaler_config *c)
+{
+    *c = self->cfg;
+    if (self->nmemory == 0)
+        return 0;
+    ampc_scaler_block h;
+    if (read_header(st, self, &h) < 0)
+        return -1;
+    c->scale = h.scale;
+    c->growth_tracker = h.growth_tracker;
+    c->hysteresis_left = h.hysteresis_left;
+    c->steps = h.steps;
+    c->skipped = h.skipped;
+    return 0;
+}
+
 static PyObject *Scaler_get_scale(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     ScalerObject *self = SCALER(op);
-    if (!self->enabled)
+    scaler_config c;
+    if (!self->cfg.enabled)
         return PyFloat_FromDouble(1.0);
-    if (self->nmemory == 0)
-        return PyFloat_FromDouble(self->init_scale);
-    ampc_scaler_block h;
-    if (read_header(state_of(op), self, &h) < 0)
-        return NULL;
-    return PyFloat_FromDouble(h.scale);
+    return config_now(state_of(op), self, &c) < 0 ? NULL : PyFloat_FromDouble(c.scale);
 }
 
 static PyObject *Scaler_get_growth_tracker(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     ScalerObject *self = SCALER(op);
-    if (!self->enabled)
+    scaler_config c;
+    if (!self->cfg.enabled)
         return PyLong_FromLong(0);
-    if (self->nmemory == 0)
-        return PyLong_FromLongLong(self->init_growth_tracker);
-    ampc_scaler_block h;
-    if (read_header(state_of(op), self, &h) < 0)
-        return NULL;
-    return PyLong_FromLong(h.growth_tracker);
+    return config_now(state_of(op), self, &c) < 0 ? NULL : PyLong_FromLongLong(c.growth_tracker);
 }
 
 static PyObject *Scaler_is_enabled(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
-    return PyBool_FromLong(SCALER(op)->enabled);
+    return PyBool_FromLong(SCALER(op)->cfg.enabled);
 }
 
-#define GETTER_SETTER(NAME, FIELD, KIND)                                                        \
-    static PyObject *Scaler_get_##NAME(PyObject *op, PyObject *Py_UNUSED(ignored))             \
-    {                                                                                           \
-        return KIND == 'f' ? PyFloat_FromDouble((double)SCALER(op)->FIELD)                    \
-                           : PyLong_FromLongLong((long long)SCALER(op)->FIELD);               \
-    }                                                                                           \
-    static PyObject *Scaler_set_##NAME(PyObject *op, PyObject *value)                          \
-    {                                                                                           \
-        if (KIND == 'f') {                                                                      \
-            double v;                                                                           \
-            if (as_double(value, #NAME, &v) < 0)                                                \
-                return NULL;                                                                    \
-            SCALER(op)->FIELD = v;                                                              \
-        }                                                                                       \
-        else {                                                                                  \
-            int64_t v;                                                                          \
-            if (as_int64(value, #NAME, &v) < 0)                                                 \
-                return NULL;                                                                    \
-            SCALER(op)->FIELD = v;                                                              \
-        }                                                                                       \
-        Py_RETURN_NONE;                                                                         \
-    }
-/* Plain attribute writes, unchecked, as in torch. */
-GETTER_SETTER(growth_factor, growth_factor, 'f')
-GETTER_SETTER(backoff_factor, backoff_factor, 'f')
-GETTER_SETTER(growth_interval, growth_interval, 'i')
-#undef GETTER_SETTER
+/* The option setters: plain attribute writes in torch; here checked as
+ * load_state_dict checks the same values (check_config), so that whatever
+ * a setter takes, the scaler's own state_dict() gives back loadable. */
+static PyObject *Scaler_get_growth_factor(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    return PyFloat_FromDouble(SCALER(op)->cfg.growth_factor);
+}
+
+static PyObject *Scaler_set_growth_factor(PyObject *op, PyObject *value)
+{
+    double v;
+    if (as_double(value, "growth_factor", &v) < 0 || check_growth_factor(v) < 0)
+        return NULL;
+    SCALER(op)->cfg.growth_factor = v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Scaler_get_backoff_factor(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    return PyFloat_FromDouble(SCALER(op)->cfg.backoff_factor);
+}
+
+static PyObject *Scaler_set_backoff_factor(PyObject *op, PyObject *value)
+{
+    double v;
+    if (as_double(value, "backoff_factor", &v) < 0 || check_backoff_factor(v) < 0)
+        return NULL;
+    SCALER(op)->cfg.backoff_factor = v;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Scaler_get_growth_interval(PyObject *op, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromLongLong(SCALER(op)->cfg.growth_interval);
+}
+
+static PyObject *Scaler_set_growth_interval(PyObject *op, PyObject *value)
+{
+    int64_t v;
+    if (as_int64(value, "growth_interval", &v) < 0 || check_growth_interval(v) < 0)
+        return NULL;
+    SCALER(op)->cfg.growth_interval = v;
+    Py_RETURN_NONE;
+}
 
 /* d[key] = value, stealing value. */
 static int set_item(PyObject *d, const char *key, PyObject *value)
@@ -1475,56 +1629,134 @@ static int set_item(PyObject *d, const char *key, PyObject *value)
 static PyObject *Scaler_state_dict(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     ScalerObject *self = SCALER(op);
-    if (!self->enabled)
+    scaler_config c;
+    if (!self->cfg.enabled)
         return PyDict_New();
-    PyObject *scale = Scaler_get_scale(op, NULL);
-    PyObject *tracker = scale ? Scaler_get_growth_tracker(op, NULL) : NULL;
-    PyObject *d = tracker ? Py_BuildValue("{s:O,s:d,s:d,s:L,s:O}", "scale", scale, "growth_factor",
-                                          self->growth_factor, "backoff_factor", self->backoff_factor,
-                                          "growth_interval", (long long)self->growth_interval,
-                                          "_growth_tracker", tracker)
-                          : NULL;
-    Py_XDECREF(scale);
-    Py_XDECREF(tracker);
+    if (config_now(state_of(op), self, &c) < 0)
+        return NULL;
+    PyObject *d = Py_BuildValue("{s:d,s:d,s:d,s:L,s:L}", "scale", c.scale, "growth_factor", c.growth_factor,
+                                "backoff_factor", c.backoff_factor, "growth_interval", (long long)c.growth_interval,
+                                "_growth_tracker", (long long)c.growth_tracker);
     if (d == NULL)
         return NULL;
     /* ampc's own options appear only when used, so a default scaler's state
      * dict is exactly torch's. */
-    if ((self->min_scale > 0 && set_item(d, "min_scale", PyFloat_FromDouble(self->min_scale)) < 0) ||
-        (isfinite(self->max_scale) && set_item(d, "max_scale", PyFloat_FromDouble(self->max_scale)) < 0) ||
-        (self->hysteresis != 1 && set_item(d, "hysteresis", PyLong_FromLong(self->hysteresis)) < 0))
+    if ((c.min_scale > 0 && set_item(d, "min_scale", PyFloat_FromDouble(c.min_scale)) < 0) ||
+        (isfinite(c.max_scale) && set_item(d, "max_scale", PyFloat_FromDouble(c.max_scale)) < 0) ||
+        (c.hysteresis != 1 && set_item(d, "hysteresis", PyLong_FromLongLong(c.hysteresis)) < 0))
         Py_CLEAR(d);
     return d;
 }
 
-/* A number under `key`: into *f (a float) or *i (an int), whichever is
- * given. 1 if read, 0 if absent and optional, -1 with an exception
- * (StateDictError, a KeyError as torch's, when absent and required). */
-static int read_number(ampc_state *st, PyObject *sd, const char *key, int required, double *f, int64_t *i)
+/* One entry of a state: a number, an int, a bool or a str. */
+enum { FIELD_NUMBER, FIELD_INT, FIELD_BOOL, FIELD_DEVICE };
+
+typedef struct {
+    const char *key;
+    int kind;
+    size_t offset;              /* into scaler_config */
+    int required;
+} state_field;
+
+#define FIELD(key, kind, member, required) {key, kind, offsetof(scaler_config, member), required}
+
+/* torch's five keys, then ampc's options (present only when used). */
+static const state_field STATE_DICT_FIELDS[] = {
+    FIELD("scale", FIELD_NUMBER, scale, 1),
+    FIELD("growth_factor", FIELD_NUMBER, growth_factor, 1),
+    FIELD("backoff_factor", FIELD_NUMBER, backoff_factor, 1),
+    FIELD("growth_interval", FIELD_INT, growth_interval, 1),
+    FIELD("_growth_tracker", FIELD_INT, growth_tracker, 1),
+    FIELD("min_scale", FIELD_NUMBER, min_scale, 0),
+    FIELD("max_scale", FIELD_NUMBER, max_scale, 0),
+    FIELD("hysteresis", FIELD_INT, hysteresis, 0),
+    {NULL, 0, 0, 0},
+};
+
+/* What __getstate__ writes, all of it read back. */
+static const state_field PICKLE_FIELDS[] = {
+    FIELD("enabled", FIELD_BOOL, enabled, 1),
+    FIELD("device", FIELD_DEVICE, cuda, 1),
+    FIELD("init_scale", FIELD_NUMBER, scale, 1),
+    FIELD("growth_factor", FIELD_NUMBER, growth_factor, 1),
+    FIELD("backoff_factor", FIELD_NUMBER, backoff_factor, 1),
+    FIELD("growth_interval", FIELD_INT, growth_interval, 1),
+    FIELD("init_growth_tracker", FIELD_INT, growth_tracker, 1),
+    FIELD("min_scale", FIELD_NUMBER, min_scale, 1),
+    FIELD("max_scale", FIELD_NUMBER, max_scale, 1),
+    FIELD("hysteresis", FIELD_INT, hysteresis, 1),
+    FIELD("hysteresis_left", FIELD_INT, hysteresis_left, 1),
+    FIELD("steps", FIELD_INT, steps, 1),
+    FIELD("skipped_steps", FIELD_INT, skipped, 1),
+    {NULL, 0, 0, 0},
+};
+
+#undef FIELD
+
+/* Read `fields` from the mapping `src` into `c` (which holds the values
+ * of the fields that are absent and optional). A missing required entry
+ * raises StateDictError (a KeyError, as torch's, and a ValueError) naming
+ * it; a value of the wrong type, TypeError naming it. Nothing is checked
+ * for range here: check_config does that, on the whole. */
+static int read_fields(ampc_state *st, PyObject *src, const state_field *fields, scaler_config *c)
 {
-    PyObject *v = PyMapping_GetItemString(sd, key);
-    if (v == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_KeyError))
+    for (const state_field *f = fields; f->key != NULL; f++) {
+        PyObject *v = PyMapping_GetItemString(src, f->key);
+        if (v == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError))
+                return -1;
+            PyErr_Clear();
+            if (!f->required)
+                continue;
+            PyObject *name = PyUnicode_FromString(f->key);
+            if (name != NULL)
+                PyErr_SetObject(st->state_dict_error, name);  /* str() quotes it, as KeyError's */
+            Py_XDECREF(name);
             return -1;
-        PyErr_Clear();
-        if (!required)
-            return 0;
-        PyObject *name = PyUnicode_FromString(key);
-        if (name != NULL)
-            PyErr_SetObject(st->state_dict_error, name);  /* str() quotes it, as KeyError's */
-        Py_XDECREF(name);
-        return -1;
+        }
+        char *field = (char *)c + f->offset;
+        int rc = 0;
+        switch (f->kind) {
+        case FIELD_NUMBER:
+            rc = as_double(v, f->key, (double *)field);
+            break;
+        case FIELD_INT:
+            rc = as_int64(v, f->key, (int64_t *)field);
+            break;
+        case FIELD_BOOL:
+            if (!PyBool_Check(v)) {
+                PyErr_Format(PyExc_TypeError, "GradScaler: %s must be a bool, got %.200s", f->key,
+                             Py_TYPE(v)->tp_name);
+                rc = -1;
+            }
+            *(int *)field = v == Py_True;
+            break;
+        case FIELD_DEVICE:
+            if (PyUnicode_Check(v) && PyUnicode_CompareWithASCIIString(v, "cuda") == 0) {
+                *(int *)field = 1;
+            }
+            else if (PyUnicode_Check(v) && PyUnicode_CompareWithASCIIString(v, "cpu") == 0) {
+                *(int *)field = 0;
+            }
+            else {
+                PyErr_Format(PyExc_ValueError, "GradScaler: %s must be 'cuda' or 'cpu', got a %.200s", f->key,
+                             Py_TYPE(v)->tp_name);
+                rc = -1;
+            }
+            break;
+        }
+        Py_DECREF(v);
+        if (rc < 0)
+            return -1;
     }
-    const int rc = f ? as_double(v, key, f) : as_int64(v, key, i);
-    Py_DECREF(v);
-    return rc < 0 ? -1 : 1;
+    return 0;
 }
 
 static PyObject *Scaler_load_state_dict(PyObject *op, PyObject *sd)
 {
     ScalerObject *self = SCALER(op);
     ampc_state *st = state_of(op);
-    if (!self->enabled)
+    if (!self->cfg.enabled)
         Py_RETURN_NONE;
     if (!PyMapping_Check(sd)) {
         PyErr_Format(PyExc_TypeError, "load_state_dict: expected a dict, got %.200s", Py_TYPE(sd)->tp_name);
@@ -1538,113 +1770,121 @@ static PyObject *Scaler_load_state_dict(PyObject *op, PyObject *sd)
                         "disabled instance of GradScaler.");
         return NULL;
     }
-    /* Everything is read and checked first: a bad dict changes nothing. */
-    double scale, growth, backoff, min_scale = self->min_scale, max_scale = self->max_scale, hyst_d = self->hysteresis;
-    int64_t interval, tracker;
-    if (read_number(st, sd, "scale", 1, &scale, NULL) < 0 ||
-        read_number(st, sd, "growth_factor", 1, &growth, NULL) < 0 ||
-        read_number(st, sd, "backoff_factor", 1, &backoff, NULL) < 0 ||
-        read_number(st, sd, "growth_interval", 1, NULL, &interval) < 0 ||
-        read_number(st, sd, "_growth_tracker", 1, NULL, &tracker) < 0 ||
-        read_number(st, sd, "min_scale", 0, &min_scale, NULL) < 0 ||
-        read_number(st, sd, "max_scale", 0, &max_scale, NULL) < 0 ||
-        read_number(st, sd, "hysteresis", 0, &hyst_d, NULL) < 0)
+    /* Everything is read and checked first: a bad dict changes nothing. The
+     * options it lacks (a torch checkpoint lacks ampc's) stay as they are. */
+    scaler_config c;
+    if (config_now(st, self, &c) < 0 || read_fields(st, sd, STATE_DICT_FIELDS, &c) < 0)
         return NULL;
-    if (check_config(st, scale, growth, backoff, interval, min_scale, max_scale, (int64_t)hyst_d) < 0)
+    c.hysteresis_left = c.hysteresis;
+    if (check_config(st, &c, 0) < 0)
         return NULL;
-    if (tracker < 0 || tracker > INT32_MAX || hyst_d != floor(hyst_d)) {
-        PyErr_Format(PyExc_ValueError, "load_state_dict: _growth_tracker must be in 0 .. 2**31 - 1, got %lld",
-                     (long long)tracker);
-        return NULL;
-    }
     if (self->nmemory > 0) {
         ampc_scaler_block h;
         if (read_header(st, self, &h) < 0)
             return NULL;
-        h.scale = (float)scale;
-        h.growth_tracker = (int32_t)tracker;
-        h.hysteresis_left = (int32_t)hyst_d;
+        h.scale = (float)c.scale;
+        h.growth_tracker = (int32_t)c.growth_tracker;
+        h.hysteresis_left = (int32_t)c.hysteresis_left;
         if (write_header(st, self, &h) < 0)
             return NULL;
     }
-    self->init_scale = scale;
-    self->growth_factor = growth;
-    self->backoff_factor = backoff;
-    self->growth_interval = interval;
-    self->init_growth_tracker = tracker;
-    self->min_scale = min_scale;
-    self->max_scale = max_scale;
-    self->hysteresis = (int)hyst_d;
-    self->init_hysteresis_left = (int)hyst_d;
+    self->cfg = c;
     Py_RETURN_NONE;
+}
+
+/* A subclass's own attributes (ampc.distributed.ShardedGradScaler's, a
+ * user's): a new reference to the instance's __dict__, or NULL without an
+ * exception where it has none (ampc.GradScaler's __slots__). */
+static PyObject *instance_dict(PyObject *op)
+{
+    PyObject *d = PyObject_GenericGetDict(op, NULL);
+    if (d == NULL && PyErr_ExceptionMatches(PyExc_AttributeError))
+        PyErr_Clear();
+    return d;
 }
 
 static PyObject *Scaler_getstate(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     ScalerObject *self = SCALER(op);
-    ampc_state *st = state_of(op);
-    if (self->enabled && PyDict_Size(self->states) > 0) {
+    if (self->cfg.enabled && PyDict_Size(self->states) > 0) {
         PyErr_SetString(PyExc_AssertionError, "A GradScaler instance may only be pickled at the beginning of an "
                         "iteration, or at the end after scaler.update().");
         return NULL;
     }
-    ampc_scaler_block h = {0};
-    h.scale = (float)self->init_scale;
-    h.growth_tracker = (int32_t)self->init_growth_tracker;
-    h.hysteresis_left = self->init_hysteresis_left;
-    h.steps = self->init_steps;
-    h.skipped = self->init_skipped;
-    if (self->nmemory > 0 && read_header(st, self, &h) < 0)
-        return NULL;
     /* The scale's memory is not pickled: the copy creates it again on the
      * device of its next scale() call, as torch's does. */
-    return Py_BuildValue("{s:O,s:s,s:d,s:d,s:d,s:L,s:i,s:d,s:d,s:i,s:i,s:L,s:L}", "enabled",
-                         self->enabled ? Py_True : Py_False, "device", self->cuda ? "cuda" : "cpu", "init_scale",
-                         (double)h.scale, "growth_factor", self->growth_factor, "backoff_factor",
-                         self->backoff_factor, "growth_interval", (long long)self->growth_interval,
-                         "init_growth_tracker", (int)h.growth_tracker, "min_scale", self->min_scale, "max_scale",
-                         self->max_scale, "hysteresis", self->hysteresis, "hysteresis_left", (int)h.hysteresis_left,
-                         "steps", (long long)h.steps, "skipped_steps", (long long)h.skipped);
+    scaler_config c;
+    if (config_now(state_of(op), self, &c) < 0)
+        return NULL;
+    PyObject *state = Py_BuildValue("{s:O,s:s,s:d,s:d,s:d,s:L,s:L,s:d,s:d,s:L,s:L,s:L,s:L}", "enabled",
+                                    c.enabled ? Py_True : Py_False, "device", c.cuda ? "cuda" : "cpu", "init_scale",
+                                    c.scale, "growth_factor", c.growth_factor, "backoff_factor", c.backoff_factor,
+                                    "growth_interval", (long long)c.growth_interval, "init_growth_tracker",
+                                    (long long)c.growth_tracker, "min_scale", c.min_scale, "max_scale", c.max_scale,
+                                    "hysteresis", (long long)c.hysteresis, "hysteresis_left",
+                                    (long long)c.hysteresis_left, "steps", (long long)c.steps, "skipped_steps",
+                                    (long long)c.skipped);
+    /* A subclass's attributes go with it, as torch's whole __dict__ does. */
+    PyObject *attributes = state ? instance_dict(op) : NULL;
+    if (attributes != NULL && PyDict_GET_SIZE(attributes) > 0 && set_item(state, "__dict__", PyDict_Copy(attributes)) < 0)
+        Py_CLEAR(state);
+    Py_XDECREF(attributes);
+    if (PyErr_Occurred())
+        Py_CLEAR(state);
+    return state;
 }
 
+/* Unpickling (and copy.copy / deepcopy): the state __getstate__ wrote, every
+ * entry required, each checked as load_state_dict checks it. A state that
+ * fails (truncated, edited, from elsewhere) changes nothing. */
 static PyObject *Scaler_setstate(PyObject *op, PyObject *state)
 {
-    static char *keys[] = {"enabled", "device", "init_scale", "growth_factor", "backoff_factor", "growth_interval",
-                           "init_growth_tracker", "min_scale", "max_scale", "hysteresis", "hysteresis_left",
-                           "steps", "skipped_steps", NULL};
     ScalerObject *self = SCALER(op);
-    PyObject *empty = PyTuple_New(0);
-    if (empty == NULL)
-        return NULL;
-    int enabled, tracker, hysteresis, hysteresis_left;
-    const char *device;
-    double init_scale, growth, backoff, min_scale, max_scale;
-    long long interval, steps, skipped;
-    const int ok = PyDict_Check(state) &&
-                   PyArg_ParseTupleAndKeywords(empty, state, "|$psdddLiddiiLL:__setstate__", keys, &enabled, &device,
-                                               &init_scale, &growth, &backoff, &interval, &tracker, &min_scale,
-                                               &max_scale, &hysteresis, &hysteresis_left, &steps, &skipped);
-    Py_DECREF(empty);
-    if (!ok) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "GradScaler.__setstate__: expected a dict");
+    ampc_state *st = state_of(op);
+    if (!PyDict_Check(state)) {
+        PyErr_Format(PyExc_TypeError, "GradScaler.__setstate__: expected a dict, got %.200s", Py_TYPE(state)->tp_name);
         return NULL;
     }
-    drop_memory(self);
-    PyDict_Clear(self->states);
-    self->enabled = enabled;
-    self->cuda = strcmp(device, "cuda") == 0;
-    self->init_scale = init_scale;
-    self->growth_factor = growth;
-    self->backoff_factor = backoff;
-    self->growth_interval = interval;
-    self->init_growth_tracker = tracker;
-    self->min_scale = min_scale;
-    self->max_scale = max_scale;
-    self->hysteresis = hysteresis;
-    self->init_hysteresis_left = hysteresis_left;
-    self->init_steps = steps;
-    self->init_skipped = skipped;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(state, &pos, &key, &value)) {  /* str keys compared as str: runs no Python */
+        int known = PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, "__dict__") == 0;
+        for (const state_field *f = PICKLE_FIELDS; !known && f->key != NULL && PyUnicode_Check(key); f++)
+            known = PyUnicode_CompareWithASCIIString(key, f->key) == 0;
+        if (!known)
+            return ampc_raise_with_repr(PyExc_ValueError, "%s: unexpected entry %U", "GradScaler.__setstate__", key),
+                   NULL;
+    }
+    scaler_config c = self->cfg;
+    if (read_fields(st, state, PICKLE_FIELDS, &c) < 0 || check_config(st, &c, 0) < 0)
+        return NULL;
+    /* Reading ran the entries' __float__ and __index__: take the attributes only now, each under a
+     * str name (an attribute's name; hashing a str runs no Python, so the update cannot fail midway). */
+    PyObject *attributes = PyDict_GetItemString(state, "__dict__");
+    if (attributes != NULL) {
+        int names_ok = PyDict_Check(attributes);
+        pos = 0;
+        while (names_ok && PyDict_Next(attributes, &pos, &key, &value))
+            names_ok = PyUnicode_CheckExact(key);
+        if (!names_ok) {
+            PyErr_SetString(PyExc_TypeError, "GradScaler.__setstate__: '__dict__' must be a dict of attribute names");
+            return NULL;
+        }
+        PyObject *instance = instance_dict(op);
+        if (instance == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_TypeError, "GradScaler.__setstate__: a %.200s has no attributes to restore",
+                             Py_TYPE(op)->tp_name);
+            return NULL;
+        }
+        Py_INCREF(attributes);
+        const int rc = PyDict_Update(instance, attributes);
+        Py_DECREF(attributes);
+        Py_DECREF(instance);
+        if (rc < 0)
+            return NULL;
+    }
+    reset_to(self, &c);
     Py_RETURN_NONE;
 }
 
@@ -1656,15 +1896,19 @@ static PyObject *Scaler_stats(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
     ScalerObject *self = SCALER(op);
     ampc_scaler_block h = {0};
-    h.scale = self->enabled ? (float)self->init_scale : 1.0f;
-    h.growth_tracker = (int32_t)self->init_growth_tracker;
-    h.hysteresis_left = self->init_hysteresis_left;
-    h.steps = self->init_steps;
-    h.skipped = self->init_skipped;
-    if (self->enabled && self->nmemory > 0 && read_header(state_of(op), self, &h) < 0)
-        return NULL;
+    h.scale = 1.0f;  /* a disabled scaler counts nothing */
+    h.hysteresis_left = 1;
+    if (self->cfg.enabled) {  /* checked: each value fits its field */
+        h.scale = (float)self->cfg.scale;
+        h.growth_tracker = (int32_t)self->cfg.growth_tracker;
+        h.hysteresis_left = (int32_t)self->cfg.hysteresis_left;
+        h.steps = self->cfg.steps;
+        h.skipped = self->cfg.skipped;
+        if (self->nmemory > 0 && read_header(state_of(op), self, &h) < 0)
+            return NULL;
+    }
     PyObject *last = h.steps == 0 ? Py_None : (h.found_inf != 0.0f ? Py_True : Py_False);
-    return Py_BuildValue("{s:O,s:d,s:L,s:L,s:i,s:i,s:O}", "enabled", self->enabled ? Py_True : Py_False, "scale",
+    return Py_BuildValue("{s:O,s:d,s:L,s:L,s:i,s:i,s:O}", "enabled", self->cfg.enabled ? Py_True : Py_False, "scale",
                          (double)h.scale, "steps", (long long)h.steps, "skipped_steps", (long long)h.skipped,
                          "growth_tracker", (int)h.growth_tracker, "hysteresis_left", (int)h.hysteresis_left,
                          "last_step_skipped", last);
@@ -1778,27 +2022,34 @@ done:
 /* torch's internals that its tests use                                      */
 /* ------------------------------------------------------------------------ */
 
+/* {device name: found_inf}, each a copy of the optimizer's flag (torch's
+ * dict holds tensors of its own too). */
 static PyObject *Scaler_found_inf_per_device(PyObject *op, PyObject *optimizer)
 {
     ScalerObject *self = SCALER(op);
     ampc_state *st = state_of(op);
+    PyTypeObject *like = param_type(st, optimizer);  /* runs Python: before the state is looked up */
     PyObject *d = PyDict_New();
-    opt_state *os = d ? get_opt_state(self, optimizer, 0) : NULL;
-    if (d == NULL || (os == NULL && PyErr_Occurred())) {
-        Py_XDECREF(d);
-        return NULL;
-    }
-    PyTypeObject *like = param_type(st, optimizer);
+    opt_state *os = NULL;
+    PyObject *held = d ? get_opt_state(self, optimizer, 0, &os) : NULL;
+    if (d == NULL || PyErr_Occurred())
+        goto fail;
     for (int i = 0; os && i < os->nfound; i++) {
         const int m = os->found[i].memory;
         char name[32];
         ampc_device_str(self->memory[m].device, name, sizeof name);
-        if (set_item(d, name, float_view(st, self, m, &self->memory[m].block->flags[os->found[i].slot], like)) < 0) {
-            Py_DECREF(d);
-            return NULL;
-        }
+        PyObject *flag = float_copy(st, self, m, &self->memory[m].block->flags[os->found[i].slot]);
+        if (set_item(d, name, as_like(st, flag, like ? (PyTypeObject *)Py_NewRef(like) : NULL)) < 0)
+            goto fail;
     }
+    Py_XDECREF(held);
+    Py_XDECREF(like);
     return d;
+fail:
+    Py_XDECREF(held);
+    Py_XDECREF(like);
+    Py_XDECREF(d);
+    return NULL;
 }
 
 static PyObject *Scaler_check_inf_per_device(PyObject *op, PyObject *optimizer)
@@ -1806,22 +2057,71 @@ static PyObject *Scaler_check_inf_per_device(PyObject *op, PyObject *optimizer)
     ScalerObject *self = SCALER(op);
     if (check_scale(self, "_check_inf_per_device") < 0)
         return NULL;
-    opt_state *os = get_opt_state(self, optimizer, 1);
-    if (os == NULL || unscale_grads(state_of(op), self, optimizer, os, 1, 1, NULL) < 0)
+    opt_state *os;
+    PyObject *held = get_opt_state(self, optimizer, 1, &os);
+    const int rc = held == NULL ? -1 : unscale_grads(state_of(op), self, optimizer, os, 1, 1, NULL);
+    Py_XDECREF(held);
+    return rc < 0 ? NULL : Scaler_found_inf_per_device(op, optimizer);
+}
+
+/* _set_found_inf(optimizer, value): write `value` into every inf check
+ * recorded for the optimizer since the last update (what step() and
+ * update() then read). ampc.distributed.ShardedGradScaler writes the flag
+ * its ranks agreed on this way: the dicts _found_inf_per_device returns are
+ * copies. */
+static PyObject *Scaler_set_found_inf(PyObject *op, PyObject *args)
+{
+    ScalerObject *self = SCALER(op);
+    ampc_state *st = state_of(op);
+    PyObject *optimizer, *value_obj;
+    double value;
+    if (!PyArg_ParseTuple(args, "OO:_set_found_inf", &optimizer, &value_obj) ||
+        as_double(value_obj, "found_inf", &value) < 0)
         return NULL;
-    return Scaler_found_inf_per_device(op, optimizer);
+    opt_state *os;
+    PyObject *held = get_opt_state(self, optimizer, 0, &os);
+    if (held == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "_set_found_inf: no inf checks were recorded for this optimizer");
+        return NULL;
+    }
+    const float f = (float)value;
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < os->nfound; i++) {
+        scaler_memory *m = &self->memory[os->found[i].memory];
+        rc = block_copy(st, m, (void *)&f, &m->block->flags[os->found[i].slot], sizeof f, 0);
+    }
+    Py_DECREF(held);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------ */
 /* One method at a time                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* 0 with the lock held, or -1 when a signal handler raised while waiting
- * (Ctrl-C reaches a thread waiting for a long step). */
-static int scaler_enter(ScalerObject *self)
+/* Whether a method changes the scaler (its state, its blocks, the
+ * per-optimizer stages), or only reads it. */
+enum { READS = 0, CHANGES = 1 };
+
+/* 0 with the lock held, or -1 with an exception: a signal handler raised
+ * while waiting (Ctrl-C reaches a thread waiting for a long step), or the
+ * call would change the scaler while one of its own methods, further up
+ * this thread's stack, is running the caller's code and holds pointers into
+ * it (an optimizer's .grad property calling update() from inside unscale_()).
+ * The thread holding the lock may enter again: step() runs the optimizer,
+ * whose code may call the scaler, and a read is always safe. */
+static int scaler_enter(ScalerObject *self, const char *name, int changes)
 {
     const unsigned long me = PyThread_get_thread_ident();
     if (self->depth > 0 && self->owner == me) {
+        if (changes && self->busy != NULL) {
+            PyErr_Format(PyExc_RuntimeError, "GradScaler.%s() was called while GradScaler.%s() was running the "
+                         "caller's code (a property, __dlpack__, __float__ or another callback of the objects "
+                         "given to it); call it after %s() returns", name, self->busy, self->busy);
+            return -1;
+        }
         self->depth++;
         return 0;
     }
@@ -1848,57 +2148,49 @@ static void scaler_leave(ScalerObject *self)
     }
 }
 
-static PyObject *serialised(PyObject *op, PyObject *arg, PyObject *(*method)(PyObject *, PyObject *))
-{
-    if (scaler_enter(SCALER(op)) < 0)
-        return NULL;
-    PyObject *result = method(op, arg);
-    scaler_leave(SCALER(op));
+/* Every method that holds the lock marks the scaler busy while it runs
+ * (step() lifts the mark around the optimizer's own step), and restores the
+ * mark of the call it may be nested in. */
+#define SERIALISED_BODY(name, changes, call, failed)       \
+    ScalerObject *self = SCALER(op);                        \
+    if (scaler_enter(self, name, changes) < 0)              \
+        return failed;                                      \
+    const char *outer = self->busy;                         \
+    self->busy = name;                                      \
+    __typeof__(call) result = call;                         \
+    self->busy = outer;                                     \
+    scaler_leave(self);                                     \
     return result;
-}
-
-static PyObject *serialised_kw(PyObject *op, PyObject *args, PyObject *kwargs,
-                               PyObject *(*method)(PyObject *, PyObject *, PyObject *))
-{
-    if (scaler_enter(SCALER(op)) < 0)
-        return NULL;
-    PyObject *result = method(op, args, kwargs);
-    scaler_leave(SCALER(op));
-    return result;
-}
 
 /* NAME_serialised: NAME holding the scaler's lock (METH_O and METH_NOARGS
  * methods share a signature; SERIALISED_KW for METH_VARARGS | METH_KEYWORDS). */
-#define SERIALISED(name) \
-    static PyObject *name##_serialised(PyObject *op, PyObject *arg) { return serialised(op, arg, name); }
-#define SERIALISED_KW(name)                                                       \
-    static PyObject *name##_serialised(PyObject *op, PyObject *args, PyObject *kwargs) \
-    {                                                                             \
-        return serialised_kw(op, args, kwargs, name);                             \
+#define SERIALISED(fn, name, changes) \
+    static PyObject *fn##_serialised(PyObject *op, PyObject *arg) { SERIALISED_BODY(name, changes, fn(op, arg), NULL) }
+#define SERIALISED_KW(fn, name, changes)                                               \
+    static PyObject *fn##_serialised(PyObject *op, PyObject *args, PyObject *kwargs)   \
+    {                                                                                  \
+        SERIALISED_BODY(name, changes, fn(op, args, kwargs), NULL)                     \
     }
 
-SERIALISED(Scaler_scale)
-SERIALISED_KW(Scaler_unscale_)
-SERIALISED_KW(Scaler_step)
-SERIALISED_KW(Scaler_update)
-SERIALISED(Scaler_get_scale)
-SERIALISED(Scaler_get_growth_tracker)
-SERIALISED(Scaler_state_dict)
-SERIALISED(Scaler_load_state_dict)
-SERIALISED(Scaler_stats)
-SERIALISED_KW(Scaler_overflow_report)
-SERIALISED(Scaler_check_inf_per_device)
-SERIALISED(Scaler_found_inf_per_device)
-SERIALISED(Scaler_getstate)
-SERIALISED(Scaler_setstate)
+SERIALISED(Scaler_scale, "scale", READS)  /* it may create a block, never drops one */
+SERIALISED_KW(Scaler_unscale_, "unscale_", CHANGES)
+SERIALISED_KW(Scaler_step, "step", CHANGES)
+SERIALISED_KW(Scaler_update, "update", CHANGES)
+SERIALISED(Scaler_get_scale, "get_scale", READS)
+SERIALISED(Scaler_get_growth_tracker, "_get_growth_tracker", READS)
+SERIALISED(Scaler_state_dict, "state_dict", READS)
+SERIALISED(Scaler_load_state_dict, "load_state_dict", CHANGES)
+SERIALISED(Scaler_stats, "stats", READS)
+SERIALISED_KW(Scaler_overflow_report, "overflow_report", READS)
+SERIALISED(Scaler_check_inf_per_device, "_check_inf_per_device", CHANGES)
+SERIALISED(Scaler_found_inf_per_device, "_found_inf_per_device", READS)
+SERIALISED(Scaler_set_found_inf, "_set_found_inf", CHANGES)
+SERIALISED(Scaler_getstate, "__getstate__", READS)
+SERIALISED(Scaler_setstate, "__setstate__", CHANGES)
 
 static int Scaler_init_serialised(PyObject *op, PyObject *args, PyObject *kwargs)
 {
-    if (scaler_enter(SCALER(op)) < 0)
-        return -1;
-    const int rc = Scaler_init(op, args, kwargs);
-    scaler_leave(SCALER(op));
-    return rc;
+    SERIALISED_BODY("__init__", CHANGES, Scaler_init(op, args, kwargs), -1)
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1948,6 +2240,7 @@ static PyMethodDef Scaler_methods[] = {
      "model.named_parameters()."},
     {"_check_inf_per_device", Scaler_check_inf_per_device_serialised, METH_O, NULL},
     {"_found_inf_per_device", Scaler_found_inf_per_device_serialised, METH_O, NULL},
+    {"_set_found_inf", Scaler_set_found_inf_serialised, METH_VARARGS, NULL},
     {"__getstate__", Scaler_getstate_serialised, METH_NOARGS, NULL},
     {"__setstate__", Scaler_setstate_serialised, METH_O, NULL},
     {NULL, NULL, 0, NULL},

@@ -1,10 +1,21 @@
-"""ampc.cpu.amp: the legacy torch.cpu.amp name, deprecated in favour of ampc.amp."""
+"""ampc.cpu.amp: the legacy torch.cpu.amp names, deprecated in favour of ampc.amp."""
 
 import warnings
 
 from ampc import _C, amp
 
-__all__ = ["autocast"]
+__all__ = ["GradScaler", "autocast"]
+
+
+class GradScaler(amp.GradScaler):
+    """``ampc.cpu.amp.GradScaler(args...)`` is ``ampc.amp.GradScaler("cpu", args...)``, deprecated as torch's
+    ``torch.cpu.amp.GradScaler`` is."""
+
+    def __init__(self, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 enabled=True, **kwargs):
+        warnings.warn("`ampc.cpu.amp.GradScaler(args...)` is deprecated. Please use `ampc.amp.GradScaler('cpu', "
+                      "args...)` instead.", FutureWarning, stacklevel=2)
+        super().__init__("cpu", init_scale, growth_factor, backoff_factor, growth_interval, enabled, **kwargs)
 
 
 class autocast(amp.autocast):
