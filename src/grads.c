@@ -6,7 +6,8 @@
  * None, a NumPy array, or any DLPack buffer (torch, CuPy, ampc). All of
  * them are read and checked before any kernel runs, so a bad gradient
  * leaves every gradient untouched: wrong dtype (TypeError), float16 where
- * torch refuses it, read-only or self-overlapping (ValueError).
+ * torch refuses it, read-only or self-overlapping (ValueError). A sparse COO
+ * gradient (torch's) is read through its values, as torch unscales them.
  */
 #include "ampc.h"
 
@@ -120,6 +121,51 @@ static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *gr
     return 0;
 }
 
+/* 1 if `grad` is a sparse COO tensor (torch's is_sparse), 0 if not, -1 on error. Arrays of ampc's
+ * and NumPy's are dense without asking. */
+static int is_sparse(ampc_state *st, PyObject *grad)
+{
+    if (PyArray_Check(grad) || ampc_is_array(st, grad))
+        return 0;
+    PyObject *flag = PyObject_GetAttrString(grad, "is_sparse");
+    if (flag == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    const int sparse = PyObject_IsTrue(flag);
+    Py_DECREF(flag);
+    return sparse;
+}
+
+/* What torch unscales of a sparse COO gradient: grad._values(), a dense tensor over its values'
+ * memory (a new reference). A float16 gradient is coalesced first, when float16 is allowed, and
+ * param.grad becomes the coalesced tensor, as torch does: its duplicate indices add up, which can
+ * overflow, so the check must see the sums. Without allow_fp16 the values' dtype is refused with
+ * torch's text afterwards. */
+static PyObject *sparse_values(PyObject *param, PyObject *grad, int allow_fp16)
+{
+    PyObject *dtype = PyObject_GetAttrString(grad, "dtype");
+    PyObject *name = dtype ? PyObject_Str(dtype) : NULL;
+    Py_XDECREF(dtype);
+    if (name == NULL)
+        return NULL;
+    const int half = PyUnicode_CompareWithASCIIString(name, "torch.float16") == 0;
+    Py_DECREF(name);
+    PyObject *source = Py_NewRef(grad);
+    if (half && allow_fp16) {
+        Py_SETREF(source, PyObject_CallMethod(grad, "coalesce", NULL));
+        if (source == NULL || PyObject_SetAttrString(param, "grad", source) < 0) {
+            Py_XDECREF(source);
+            return NULL;
+        }
+    }
+    PyObject *values = PyObject_CallMethod(source, "_values", NULL);
+    Py_DECREF(source);
+    return values;
+}
+
 int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int for_writing, ampc_grads *g)
 {
     PyObject *groups = NULL, *group_iter = NULL, *group = NULL, *params = NULL, *param_iter = NULL,
@@ -163,8 +209,18 @@ int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int 
                 }
                 goto done;
             }
-            if (grad != Py_None && add_grad(st, g, param, grad, gi, pi, allow_fp16, for_writing) < 0)
-                goto done;
+            if (grad != Py_None) {
+                const int sparse = is_sparse(st, grad);
+                if (sparse < 0)
+                    goto done;
+                if (sparse) {
+                    Py_SETREF(grad, sparse_values(param, grad, allow_fp16));
+                    if (grad == NULL)
+                        goto done;
+                }
+                if (add_grad(st, g, param, grad, gi, pi, allow_fp16, for_writing) < 0)
+                    goto done;
+            }
             Py_CLEAR(grad);
             Py_CLEAR(param);
         }

@@ -363,3 +363,49 @@ def test_cpu_amp_grad_scaler_is_deprecated_and_works():
     s.update()
     assert s.get_scale() == 16.0
     np.testing.assert_array_equal(opt.param_groups[0]["params"][0].grad, [2.0])
+
+
+# -- sparse gradients (torch's COO layout, as ampc reads it: is_sparse, dtype, coalesce, _values) ---
+
+class SparseCOO:
+    """The part of a torch sparse COO tensor that GradScaler uses; test_torch_cpu.py has torch's."""
+
+    is_sparse = True
+
+    def __init__(self, indices, values):
+        self.indices, self.values = list(indices), values
+        self.dtype = "torch.float16" if values.dtype == np.float16 else "torch.float32"
+
+    def coalesce(self):
+        keys = sorted(set(self.indices))
+        with np.errstate(over="ignore"):  # float16 sums overflow to inf, as torch's do
+            summed = np.array([self.values[[i for i, k in enumerate(self.indices) if k == key]].sum(dtype=np.float32)
+                               for key in keys], np.float32).astype(self.values.dtype)
+        return SparseCOO(keys, summed)
+
+    def _values(self):
+        return self.values
+
+
+def test_sparse_gradients_are_unscaled_through_their_values():
+    """Before: "Cannot access data pointer..." (ampc asked the sparse tensor itself for its memory)."""
+    s = scaler(init_scale=4.0)
+    grad = SparseCOO([0, 2, 0], np.array([8.0, 4.0, 12.0], np.float32))
+    param = SimpleNamespace(grad=grad)
+    opt = SimpleNamespace(param_groups=[{"params": [param]}], step=lambda: None)
+    s.unscale_(opt)
+    np.testing.assert_array_equal(grad.values, [2.0, 1.0, 3.0])  # duplicates unscaled one by one
+    assert param.grad is grad
+
+
+def test_float16_sparse_gradients_are_coalesced_before_the_check():
+    """torch coalesces a float16 sparse gradient where it is allowed (the inf check of a fused
+    optimizer) and checks the sums: 40000 + 40000 overflows float16."""
+    s = scaler(init_scale=4.0)
+    grad = SparseCOO([1, 1], np.array([40000.0, 40000.0], np.float16))
+    param = SimpleNamespace(grad=grad)
+    opt = SimpleNamespace(param_groups=[{"params": [param]}], step=lambda: None)
+    assert float(s._check_inf_per_device(opt)["cpu"]) == 1.0
+    assert param.grad is not grad and param.grad.indices == [1] and np.isinf(param.grad.values[0])
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients."):
+        s.unscale_(SimpleNamespace(param_groups=[{"params": [SimpleNamespace(grad=grad)]}]))
