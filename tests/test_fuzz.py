@@ -14,6 +14,7 @@ or a TypeError, ValueError or RuntimeError, with the inputs, the model and autoc
 
 import gc
 import os
+import pickle
 import warnings
 
 import ml_dtypes
@@ -160,6 +161,107 @@ def test_scaler_load_state_dict_takes_a_payload_whole_or_not_at_all(sd, with_opt
     again = ampc.GradScaler("cpu")
     again.load_state_dict(loaded)
     assert again.state_dict() == loaded  # what it holds is itself a valid payload
+
+
+# -- GradScaler pickles --------------------------------------------------------------------------
+
+def _pickled_scalers():
+    import ampc.distributed as dist
+
+    plain = ampc.GradScaler("cpu", init_scale=8.0, min_scale=1.0, max_scale=1024.0, hysteresis=2)
+    plain.scale(np.float32(1))
+    sharded = dist.ShardedGradScaler("cpu", init_scale=4.0)
+    return [pickle.dumps(plain, protocol=p) for p in (2, 5)] + [pickle.dumps(sharded)]
+
+
+PICKLES = _pickled_scalers()
+SCALER_STATE = ampc.GradScaler("cpu", init_scale=8.0, hysteresis=2).__getstate__()
+# What unpickling edited bytes may raise before GradScaler.__setstate__ sees anything (pickle's own
+# parsing, a mangled class name), and what __setstate__ raises.
+UNPICKLE_ERRORS = (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, AttributeError, IndexError,
+                   OverflowError, UnicodeDecodeError, ImportError, RuntimeError, AssertionError, MemoryError)
+
+
+def _check_restored(scaler):
+    """A scaler that came out of a pickle: valid through and through."""
+    if not scaler.is_enabled():
+        return
+    sd = scaler.state_dict()
+    assert 0 < sd["scale"] <= 3.4028234663852886e38
+    twin = ampc.GradScaler("cpu")
+    twin.load_state_dict(sd)  # what it holds is itself a valid payload
+    if type(scaler) is not ampc.GradScaler:  # a ShardedGradScaler's step needs its process group
+        return
+    g = np.full(3, 2.0 * sd["scale"], np.float32)
+    opt = _Opt(g)
+    scaler.scale(np.float32(1))
+    scaler.step(opt)
+    scaler.update()
+    np.testing.assert_array_equal(g, np.full(3, 2.0, np.float32))  # unscaled exactly (a power-of-two scale)
+
+
+class _Opt:
+    def __init__(self, grad):
+        from types import SimpleNamespace
+
+        self.param_groups = [{"params": [SimpleNamespace(grad=grad)]}]
+
+    def step(self):
+        pass
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="AMPC_FUZZ_EXAMPLES" not in os.environ)
+@given(st.sampled_from(PICKLES), st.data())
+def test_truncated_and_edited_scaler_pickles(data, draw):
+    """Bytes cut short or changed: unpickling raises, or gives a scaler that is valid whole."""
+    edits = draw.draw(st.lists(st.tuples(st.integers(0, len(data) - 1), st.integers(0, 255)), max_size=3))
+    cut = draw.draw(mostly(len(data), *range(0, len(data), 7)))
+    mutated = bytearray(data[:cut])
+    for at, byte in edits:
+        if at < len(mutated):
+            mutated[at] = byte
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            scaler = pickle.loads(bytes(mutated))
+    except UNPICKLE_ERRORS as error:
+        assert not isinstance(error, SystemError)
+        return
+    if isinstance(scaler, ampc.GradScaler):
+        _check_restored(scaler)
+
+
+@st.composite
+def scaler_states(draw):
+    """The state __getstate__ writes with entries kept, dropped, given any value, or added."""
+    state = {}
+    for key, value in SCALER_STATE.items():
+        fate = draw(mostly("keep", "drop", "replace"))
+        if fate != "drop":
+            state[key] = value if fate == "keep" else draw(ANY_VALUE | st.sampled_from(["cuda", "cpu", True, False]))
+    state.update(draw(st.dictionaries(st.sampled_from(["__dict__", "x", ""]), ANY_VALUE, max_size=1)))
+    return state
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="AMPC_FUZZ_EXAMPLES" not in os.environ)
+@given(scaler_states(), st.booleans())
+def test_scaler_setstate_takes_a_state_whole_or_not_at_all(state, sharded):
+    import ampc.distributed as dist
+
+    s = dist.ShardedGradScaler("cpu", init_scale=4.0) if sharded else ampc.GradScaler("cpu", init_scale=4.0)
+    s.scale(np.float32(1))
+    before = s.__getstate__()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s.__setstate__(state)
+    except (TypeError, ValueError) as error:  # a missing entry: StateDictError, a ValueError
+        assert str(error)
+        assert s.__getstate__() == before
+        return
+    assert {k: v for k, v in s.__getstate__().items() if k != "__dict__"} == \
+        {k: v for k, v in state.items() if k != "__dict__"}  # taken as given
+    _check_restored(s)
 
 
 # -- Module.load_state_dict ----------------------------------------------------------------------
