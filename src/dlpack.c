@@ -117,7 +117,7 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
         return -1;
     }
     if (t->strides == NULL) {
-        int64_t step = itemsize;
+        int64_t step = itemsize;  /* within numel's bound: no wrap */
         for (int d = v->ndim - 1; d >= 0; d--) {
             v->strides[d] = step;
             step *= v->shape[d] ? v->shape[d] : 1;
@@ -125,10 +125,7 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
     }
     else {
         for (int d = 0; d < v->ndim; d++) {
-            int64_t span;
-            if (__builtin_mul_overflow(t->strides[d], itemsize, &v->strides[d]) ||
-                (v->shape[d] > 0 &&
-                 __builtin_mul_overflow(v->strides[d], v->shape[d] - 1, &span))) {
+            if (ampc_size_mul(t->strides[d], itemsize, &v->strides[d]) < 0) {
                 PyErr_Format(PyExc_BufferError, "%s: DLPack stride %lld is too large", argname,
                              (long long)t->strides[d]);
                 return -1;
@@ -147,16 +144,13 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
     }
     if (v->numel > 0) {
         /* The elements must not wrap around the address space either. */
-        int64_t lo = 0, hi = itemsize;
-        for (int d = 0; d < v->ndim; d++) {
-            const int64_t span = (v->shape[d] - 1) * v->strides[d];
-            if (__builtin_add_overflow(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi)) {
-                PyErr_Format(PyExc_BufferError, "%s: DLPack strides span too much memory", argname);
-                return -1;
-            }
+        int64_t lo, hi;
+        if (ampc_layout_extent(v->ndim, v->shape, v->strides, itemsize, &lo, &hi) < 0) {
+            PyErr_Format(PyExc_BufferError, "%s: DLPack strides span too much memory", argname);
+            return -1;
         }
         uintptr_t first, last;
-        if (__builtin_sub_overflow(base, (uintptr_t)(-lo), &first) ||
+        if (__builtin_sub_overflow(base, (uintptr_t)0 - (uintptr_t)lo, &first) ||
             __builtin_add_overflow(base, (uintptr_t)hi, &last)) {
             PyErr_Format(PyExc_BufferError, "%s: DLPack tensor runs past the address space",
                          argname);

@@ -59,6 +59,13 @@ int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname
         v->shape[d] = PyArray_DIM(a, d);
         v->strides[d] = PyArray_STRIDE(a, d);
     }
+    /* NumPy bounds the size, not the strides (as_strided takes any): every view's extent fits in
+     * int64, so that no offset ampc computes over it wraps. */
+    int64_t lo, hi;
+    if (v->numel > 0 && ampc_layout_extent(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype), &lo, &hi) < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: the array's strides span more than 2**63 bytes", argname);
+        return -1;
+    }
     v->device = (ampc_device){AMPC_DEVICE_CPU, 0};
     v->readonly = !PyArray_ISWRITEABLE(a);
     v->stream = NULL;

@@ -1,0 +1,75 @@
+"""The array core under hostile use (issue 50): sizes that wrap int64, DLPack deleters that run
+Python while an error is pending, Python code that changes what ampc is reading, in-place writes
+that autocast's weight-cast cache must see, and refused calls that must change nothing."""
+
+import numpy as np
+import pytest
+
+import ampc
+from dlpack_fakes import FakeTensor
+
+# --------------------------------------------------------------------------------------------
+# Size arithmetic: every product and sum of shapes, strides, itemsizes and offsets checked
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape, strides, offset", [
+    ((5,), (2**62,), 0),           # (5 - 1) * 2**62 wrapped to 0: passed, and np.asarray of it crashed
+    ((3,), (2**62,), 0),           # 2 * 2**62 wraps to -2**63
+    ((2, 2), (2**62, 2**62), 0),   # each span fits, their sum does not
+    ((2,), (-(2**62),), 2**62),    # offset + a negative span
+    ((1,), (4,), 2**63 - 4),       # offset + itemsize
+])
+def test_view_extents_that_wrap_are_refused(shape, strides, offset):
+    a = ampc.from_dlpack(np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="_view"):
+        a._view(shape, strides, offset)
+
+
+def test_view_of_one_element_takes_any_stride():
+    """A size-1 dimension takes no step: its stride (INT64_MIN included) is never multiplied."""
+    x = np.arange(4, dtype=np.float32)
+    v = ampc.from_dlpack(x)._view((1, 2), (-(2**63), 4), 4)
+    np.testing.assert_array_equal(np.asarray(v), [[1.0, 2.0]])
+    np.testing.assert_array_equal(ampc.cast(v, np.float64), [[1.0, 2.0]])
+
+
+def test_view_size_counts_the_itemsize():
+    a = ampc.from_dlpack(np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="_view"):
+        a._view((2**61, 2), (0, 0), 0)  # 2**62 elements of 4 bytes: its nbytes wrapped
+
+
+def test_zero_size_arrays_of_unrepresentable_shape_are_refused():
+    """NumPy's rule: a zero-size array's other dimensions must still multiply to a size (else the
+    strides of a new array like it, computed from them, wrap)."""
+    a = ampc.from_dlpack(np.zeros(4, np.float32))
+    with pytest.raises(ValueError, match="_view"):
+        a._view((0, 2**40, 2**40), (0, 0, 0), 0)
+    f = FakeTensor(data=None, shape=(0, 2**40, 2**40))
+    with pytest.raises(BufferError, match="too large"):
+        ampc.from_dlpack(f.capsule)
+    assert f.deleted == 0  # refused before it was taken: the capsule keeps it
+
+
+def test_dlpack_strides_that_wrap_are_refused():
+    buf = np.zeros(8, np.float32)
+    for strides in ((2**61,), (2**62,), (-(2**61),)):  # times 4 bytes, or times the 4 steps of 5 elements
+        f = FakeTensor(data=buf.ctypes.data, shape=(5,), strides=strides)
+        with pytest.raises(BufferError):
+            ampc.from_dlpack(f.capsule)
+
+
+def test_ndarray_strides_past_int64_are_refused():
+    """as_strided bounds nothing: a view whose last element is 2**64 bytes on is refused, not
+    walked with offsets that wrap."""
+    x = np.zeros(4, np.float32)
+    wild = np.lib.stride_tricks.as_strided(x, shape=(5,), strides=(2**62,))
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        ampc.cast(wild, np.float16)
+
+
+def test_outputs_too_large_are_a_value_error():
+    x = np.zeros(1, np.float32)
+    with pytest.raises(ValueError, match="too large"):
+        ampc._C._ew(0, x, shape=(2**40, 2**40))
