@@ -204,6 +204,12 @@ PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname,
  * Python: 1 when done, 0 when the type has no usable table (nothing set),
  * -1 with an exception. The view's stream is the producer's current one. */
 int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, ampc_view *view);
+/* Call an imported tensor's deleter (DLManagedTensorVersioned when
+ * `versioned`, else DLManagedTensor) with the exception being raised, if
+ * any, set aside: a producer's deleter may run Python (ctypes, pybind11,
+ * Cython), which must not see or clobber it. What the deleter itself raises
+ * is reported as unraisable. */
+void ampc_dlpack_release(void *managed, int versioned);
 /* Build a capsule for `view`; `owner` is kept alive until the consumer's
  * deleter runs. */
 PyObject *ampc_dlpack_export(const ampc_view *view, PyObject *owner, int versioned,

@@ -60,25 +60,11 @@ PyObject *ampc_array_from_ndarray(ampc_state *st, PyArrayObject *ndarray)
     return (PyObject *)self;
 }
 
-static void release_dlpack(void *managed, int versioned)
-{
-    if (versioned) {
-        DLManagedTensorVersioned *m = managed;
-        if (m->deleter)
-            m->deleter(m);
-    }
-    else {
-        DLManagedTensor *m = managed;
-        if (m->deleter)
-            m->deleter(m);
-    }
-}
-
 PyObject *ampc_array_from_dlpack(ampc_state *st, void *managed, int versioned, const ampc_view *view)
 {
     ArrayObject *self = array_alloc(st, view);
     if (self == NULL) {
-        release_dlpack(managed, versioned);
+        ampc_dlpack_release(managed, versioned);
         return NULL;
     }
     self->dl_managed = managed;
@@ -202,7 +188,7 @@ static void Array_dealloc(PyObject *op)
     if (self->weakreflist != NULL)
         PyObject_ClearWeakRefs(op);
     if (self->dl_managed != NULL)
-        release_dlpack(self->dl_managed, self->dl_versioned);
+        ampc_dlpack_release(self->dl_managed, self->dl_versioned);
     if (self->pool_ptr != NULL) {
         /* Nothing can be raised from here; a failure (the CUDA runtime is
          * already unloading at exit) only leaks the block. */

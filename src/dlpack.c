@@ -171,6 +171,25 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
     return 0;
 }
 
+void ampc_dlpack_release(void *managed, int versioned)
+{
+    DLManagedTensorVersioned *mv = versioned ? managed : NULL;
+    DLManagedTensor *ml = versioned ? NULL : managed;
+    if (versioned ? mv->deleter == NULL : ml->deleter == NULL)
+        return;
+    /* a refused call's error is pending here (an Array dropped on the way out): a deleter that
+     * ran Python with it set lost it ("returned NULL without setting an exception") */
+    PyObject *pending = ampc_take_exception();
+    if (versioned)
+        mv->deleter(mv);
+    else
+        ml->deleter(ml);
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(NULL);
+    if (pending != NULL)
+        ampc_restore_exception(pending);
+}
+
 /* Take a capsule (legacy or versioned, unconsumed) and return an ampc.Array
  * that owns its tensor. */
 static PyObject *import_capsule(ampc_state *st, PyObject *capsule, const char *argname,
@@ -301,8 +320,7 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
         if (m->version.major != DLPACK_MAJOR_VERSION || view_from_dltensor(&t, argname, v) < 0) {
             if (!PyErr_Occurred())
                 PyErr_Format(PyExc_BufferError, "%s: DLPack version %u is not supported", argname, m->version.major);
-            if (m->deleter)
-                m->deleter(m);
+            ampc_dlpack_release(m, 1);
             return -1;
         }
         owner = ampc_array_from_dlpack(st, m, 1, v);

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import ampc
-from dlpack_fakes import FakeTensor
+from dlpack_fakes import DELETER, FakeTensor
 
 # --------------------------------------------------------------------------------------------
 # Size arithmetic: every product and sum of shapes, strides, itemsizes and offsets checked
@@ -73,3 +73,39 @@ def test_outputs_too_large_are_a_value_error():
     x = np.zeros(1, np.float32)
     with pytest.raises(ValueError, match="too large"):
         ampc._C._ew(0, x, shape=(2**40, 2**40))
+
+
+# --------------------------------------------------------------------------------------------
+# Pending exceptions: a producer's deleter that runs Python while ampc raises
+# --------------------------------------------------------------------------------------------
+
+
+def test_refused_out_keeps_its_error_through_a_python_deleter():
+    """A legacy capsule is read-only; cast refuses it and drops the imported tensor, whose ctypes
+    deleter runs Python: the ValueError reaches the caller (it was 'SystemError: returned NULL
+    without setting an exception')."""
+    buf = np.zeros(4, np.float32)
+    f = FakeTensor(data=buf.ctypes.data, versioned=False)
+    with pytest.raises(ValueError, match="read-only"):
+        ampc.cast(np.ones(4, np.float32), out=f.capsule)
+    assert f.deleted == 1
+    np.testing.assert_array_equal(buf, 0)
+
+
+def test_a_deleter_that_raises_is_unraisable_and_the_pending_error_stays(monkeypatch):
+    buf = np.zeros(4, np.float32)
+    f = FakeTensor(data=buf.ctypes.data, versioned=False)
+    seen = []
+    monkeypatch.setattr("sys.unraisablehook", lambda u: seen.append(u.exc_type))
+
+    def raising(_):
+        f.deleted += 1
+        raise KeyError("from the deleter")
+
+    f._deleter = DELETER(raising)
+    f.managed.deleter = f._deleter
+    with pytest.raises(ValueError, match="read-only"):
+        ampc.cast(np.ones(4, np.float32), out=f.capsule)
+    assert f.deleted == 1
+    # ctypes reports the callback's own error itself; nothing of it is left set for ampc's caller
+    assert all(t is not ValueError for t in seen)
