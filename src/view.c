@@ -250,7 +250,16 @@ int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allo
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        /* an item's __index__ may change a list (PySequence_Fast's is the list itself): its size
+         * again each time, and the item held across the call */
+        if (i >= PySequence_Fast_GET_SIZE(seq)) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", argname);
+            return -1;
+        }
+        PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+        const long long v = PyLong_AsLongLong(item);
+        Py_DECREF(item);
         if (v == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
             return -1;

@@ -2,6 +2,8 @@
 Python while an error is pending, Python code that changes what ampc is reading, in-place writes
 that autocast's weight-cast cache must see, and refused calls that must change nothing."""
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -73,6 +75,35 @@ def test_outputs_too_large_are_a_value_error():
     x = np.zeros(1, np.float32)
     with pytest.raises(ValueError, match="too large"):
         ampc._C._ew(0, x, shape=(2**40, 2**40))
+
+
+# --------------------------------------------------------------------------------------------
+# Borrowed state across Python: a shape list that its own items' __index__ changes
+# --------------------------------------------------------------------------------------------
+
+
+class _Shrinks:
+    """An int whose __index__ empties the list that holds it."""
+
+    def __init__(self, value, holder):
+        self.value, self.holder = value, holder
+
+    def __index__(self):
+        self.holder.clear()
+        gc.collect()
+        return self.value
+
+
+def test_shape_list_emptied_by_index_is_an_error_not_a_crash():
+    a = ampc.from_dlpack(np.zeros(16, np.float32))
+    shape = [None, 2, 2]
+    shape[0] = _Shrinks(4, shape)
+    with pytest.raises(RuntimeError, match="changed size"):
+        a._view(shape, (16, 8, 4), 0)  # read past the emptied list's items
+    strides = [None, 8, 4]
+    strides[0] = _Shrinks(16, strides)
+    with pytest.raises(RuntimeError, match="changed size"):
+        a._view((4, 2, 2), strides, 0)
 
 
 # --------------------------------------------------------------------------------------------
