@@ -277,6 +277,17 @@ static inline int ampc_is_parameter(ampc_state *st, PyObject *obj)
     return Py_IS_TYPE(obj, st->parameter_type) || PyObject_TypeCheck(obj, st->parameter_type);
 }
 
+/* Count a write ampc made into obj's memory (an out= argument, a statistic
+ * updated in place): a Parameter's version goes up, so that autocast's
+ * weight-cast cache casts it again; anything else is left alone. Called
+ * after the write, so no cast cached in between (Python run while other
+ * arguments were read) survives it. */
+static inline void ampc_count_write(ampc_state *st, PyObject *obj)
+{
+    if (obj != NULL && ampc_is_parameter(st, obj))
+        ((ampc_parameter *)obj)->version++;
+}
+
 int ampc_parameter_type_init(PyObject *module, ampc_state *st);
 extern PyMethodDef ampc_parameter_methods[];
 

@@ -166,7 +166,11 @@ static PyObject *mod_cast(PyObject *module, PyObject *args, PyObject *kwargs)
 
     if (out_obj != Py_None) {
         if (ampc_view_from_object(st, out_obj, "cast: out", AMPC_FOR_WRITING, &out) < 0 ||
-            check_out(&out, &x, have_dtype, dtype) < 0 || ampc_cast_views(st, &out, &x, 0) < 0)
+            check_out(&out, &x, have_dtype, dtype) < 0)
+            goto done;
+        const int rc = ampc_cast_views(st, &out, &x, 0);
+        ampc_count_write(st, out_obj);  /* written (a failed GPU cast may have written part) */
+        if (rc < 0)
             goto done;
         Py_INCREF(out_obj);
         result = out_obj;

@@ -775,11 +775,15 @@ static PyObject *mod_batch_norm(PyObject *module, PyObject *args, PyObject *kwar
         b.save_mean = buf_of(&sm);
         b.save_rstd = buf_of(&sr);
     }
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_batch_norm, batch_norm, &b) < 0)
-        goto done;
-    for (int i = 2; i < 4; i++)
-        if (training && copied[i] && write_back(&a, p[i], *bufs[i]) < 0)
+    const int ran = AMPC_RUN_KERNEL(&a, ampc_cpu_batch_norm, batch_norm, &b);
+    for (int i = 2; i < 4 && training; i++) {
+        const int back = ran == 0 && copied[i] ? write_back(&a, p[i], *bufs[i]) : 0;
+        ampc_count_write(st, objs[i]);  /* the running statistics moved in place */
+        if (back < 0)
             goto done;
+    }
+    if (ran < 0)
+        goto done;
     result = ampc_op_results(&a, (PyObject *[]){y_obj, sm_obj, sr_obj}, 3);
 done:
     ampc_op_args_release(&a);

@@ -140,3 +140,60 @@ def test_a_deleter_that_raises_is_unraisable_and_the_pending_error_stays(monkeyp
     assert f.deleted == 1
     # ctypes reports the callback's own error itself; nothing of it is left set for ampc's caller
     assert all(t is not ValueError for t in seen)
+
+
+# --------------------------------------------------------------------------------------------
+# Version counting: every in-place write ampc makes to a Parameter counts, so autocast's
+# weight-cast cache never hands out the cast of the values before it
+# --------------------------------------------------------------------------------------------
+
+
+def _write_cast(p):
+    ampc.cast(np.full((2, 2), 3.0, np.float32), out=p)
+
+
+def _write_relu(p):
+    ampc.nn.functional.relu(p, inplace=True)
+
+
+def _write_silu(p):
+    ampc.nn.functional.silu(p, inplace=True)
+
+
+def _write_dropout(p):
+    ampc.nn.functional.dropout(p, 0.5, True, inplace=True)
+
+
+@pytest.mark.parametrize("write", [_write_cast, _write_relu, _write_silu, _write_dropout])
+def test_in_place_writes_reach_the_weight_cast_cache(write):
+    F = ampc.nn.functional
+    x = np.eye(2, dtype=np.float32)
+    p = ampc.Parameter(np.array([[-1.0, -2.0], [-3.0, -4.0]], np.float32))
+    with ampc.autocast("cpu"):
+        F.linear(x, p)  # caches p's bfloat16 copy
+        before = p._version
+        with ampc.no_grad():  # in place on a leaf that requires grad is refused, as torch's
+            write(p)
+        again = F.linear(x, p)
+    assert p._version == before + 1
+    want = np.asarray(p).astype(ampc.bfloat16).astype(np.float32).T  # x @ p.T, p as it is now
+    np.testing.assert_array_equal(np.asarray(again, np.float32), want)
+
+
+def test_a_refused_write_counts_nothing():
+    p = ampc.Parameter(np.zeros((2, 2), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        ampc.cast(np.ones((3,), np.float32), out=p)
+    assert p._version == 0
+
+
+def test_batch_norm_running_statistics_count_as_written():
+    F = ampc.nn.functional
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    mean, var = ampc.Parameter(np.zeros(2, np.float32)), ampc.Parameter(np.ones(2, np.float32))
+    with ampc.no_grad():
+        F.batch_norm(x, mean, var, training=True)
+        assert (mean._version, var._version) == (1, 1)
+        np.testing.assert_allclose(np.asarray(mean), 0.1 * x.mean(0), rtol=1e-6)
+        F.batch_norm(x, mean, var, training=False)  # evaluation reads them only
+        assert (mean._version, var._version) == (1, 1)
