@@ -609,8 +609,8 @@ class Embedding(Module):
             raise NotImplementedError("Embedding: sparse gradients are not supported")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
-        if padding_idx is not None and padding_idx < 0:
-            padding_idx += num_embeddings
+        if padding_idx is not None:  # in [-num_embeddings, num_embeddings), as torch asserts
+            padding_idx = _embedding._padding_index("Embedding", padding_idx, num_embeddings)
         self.padding_idx = padding_idx
         weight = _generator().standard_normal((num_embeddings, embedding_dim)).astype(np.float32)
         if padding_idx is not None:
