@@ -197,3 +197,25 @@ def test_batch_norm_running_statistics_count_as_written():
         np.testing.assert_allclose(np.asarray(mean), 0.1 * x.mean(0), rtol=1e-6)
         F.batch_norm(x, mean, var, training=False)  # evaluation reads them only
         assert (mean._version, var._version) == (1, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Refused calls change nothing
+# --------------------------------------------------------------------------------------------
+
+
+def test_load_state_dict_with_a_read_only_target_writes_no_key():
+    """The bias's array is read-only: found with the other checks, before the weight (copied
+    first) is written; its version stays too."""
+    layer = ampc.nn.Linear(3, 2)
+    weight = layer.weight.data.copy()
+    layer.bias.data.flags.writeable = False
+    state = {"weight": np.ones((2, 3), np.float32), "bias": np.ones(2, np.float32)}
+    with pytest.raises(RuntimeError, match='"bias".*read-only'):
+        layer.load_state_dict(state)
+    np.testing.assert_array_equal(layer.weight.data, weight)
+    assert layer.weight._version == 0
+    layer.bias.data.flags.writeable = True
+    layer.load_state_dict(state)
+    np.testing.assert_array_equal(layer.weight.data, 1.0)
+    assert layer.weight._version == 1
