@@ -593,6 +593,13 @@ static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
         swap_last_two(y);
     if (matmul_shape(name, x, y, &s) < 0)
         goto done;
+    if (ampc_layout_numel(s.ondim, s.oshape, 8) < 0) {
+        /* the broadcast batch times m times n: checked before any product of them is taken (the GPU's
+         * batch counts, the expanded operands) */
+        PyErr_Format(PyExc_ValueError, "%s: the output's broadcast batch and matrices are too large (past 2**63 "
+                     "bytes)", name);
+        goto done;
+    }
     if (bias != NULL && !broadcasts_to(bias, s.ondim, s.oshape)) {
         /* torch's linear adds any bias that broadcasts to the output (addmm's and matmul's + bias): (n,),
          * (1, n), (m, n), a number; never one that would grow the output */

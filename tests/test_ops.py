@@ -942,6 +942,16 @@ def test_linear_takes_a_bias_that_broadcasts(rng, xshape, bshape, dtype):
     assert_close(bias.grad, gb, F64, rtol=1e-12)
 
 
+def test_matmul_output_past_int64_is_refused_before_any_product_of_its_sizes():
+    """Broadcast batches whose product with m and n passes 2**63 bytes (the GPU multiplied them into
+    cuBLASLt's batch count first): one ValueError naming the op."""
+    zeros = np.zeros(1, np.float32)
+    a = np.lib.stride_tricks.as_strided(zeros, (2**31, 1, 1, 2), (0, 0, 0, 4))
+    b = np.lib.stride_tricks.as_strided(zeros, (1, 2**31, 2, 1), (0, 0, 0, 4))
+    with pytest.raises(ValueError, match="matmul: the output's broadcast batch and matrices are too large"):
+        F.matmul(a, b)
+
+
 def test_linear_of_torch_autocast_list_under_autocast(rng):
     """torch's autocast test list calls linear(mat0, mat1, mat2) on three square float32 matrices:
     under CPU autocast, bfloat16, the bias added in float32 and rounded once."""
