@@ -171,23 +171,31 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
     return 0;
 }
 
+/* Around a producer's code run on ampc's error paths (a deleter, a capsule's destructor): Python
+ * perhaps (ctypes, pybind11, Cython), which must neither see the exception being raised nor clobber
+ * it ("returned NULL without setting an exception"). What that code raises itself is unraisable. */
+static PyObject *set_error_aside(void) { return ampc_take_exception(); }
+
+static void put_error_back(PyObject *pending)
+{
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(NULL);
+    if (pending != NULL)
+        ampc_restore_exception(pending);
+}
+
 void ampc_dlpack_release(void *managed, int versioned)
 {
     DLManagedTensorVersioned *mv = versioned ? managed : NULL;
     DLManagedTensor *ml = versioned ? NULL : managed;
     if (versioned ? mv->deleter == NULL : ml->deleter == NULL)
         return;
-    /* a refused call's error is pending here (an Array dropped on the way out): a deleter that
-     * ran Python with it set lost it ("returned NULL without setting an exception") */
-    PyObject *pending = ampc_take_exception();
+    PyObject *pending = set_error_aside();  /* a refused call's, as an Array is dropped on the way out */
     if (versioned)
         mv->deleter(mv);
     else
         ml->deleter(ml);
-    if (PyErr_Occurred())
-        PyErr_WriteUnraisable(NULL);
-    if (pending != NULL)
-        ampc_restore_exception(pending);
+    put_error_back(pending);
 }
 
 /* Take a capsule (legacy or versioned, unconsumed) and return an ampc.Array
@@ -452,7 +460,15 @@ PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname,
     result = import_capsule(st, capsule, argname, access, stream);
 done:
     Py_XDECREF(kwargs);
-    Py_XDECREF(capsule);
+    if (result == NULL && capsule != NULL) {
+        /* a refused capsule dies here, and its destructor (the producer's) frees the tensor */
+        PyObject *pending = set_error_aside();
+        Py_DECREF(capsule);
+        put_error_back(pending);
+    }
+    else {
+        Py_XDECREF(capsule);
+    }
     return result;
 }
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ampc
-from dlpack_fakes import DELETER, FakeTensor
+from dlpack_fakes import DELETER, DestroyedCapsule, FakeTensor
 
 # --------------------------------------------------------------------------------------------
 # Size arithmetic: every product and sum of shapes, strides, itemsizes and offsets checked
@@ -140,6 +140,48 @@ def test_a_deleter_that_raises_is_unraisable_and_the_pending_error_stays(monkeyp
     assert f.deleted == 1
     # ctypes reports the callback's own error itself; nothing of it is left set for ampc's caller
     assert all(t is not ValueError for t in seen)
+
+
+def test_a_refused_producers_capsule_dies_without_clobbering_the_error():
+    """__dlpack__ hands a capsule of a DLPack version ampc does not read; ampc refuses it and drops
+    it, and its destructor (the producer's, running Python) must not clobber the BufferError."""
+    buf = np.zeros(4, np.float32)
+
+    class Producer:
+        def __init__(self):
+            self.made = []
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        def __dlpack__(self, **kwargs):
+            self.made.append(DestroyedCapsule(FakeTensor(data=buf.ctypes.data, major=2)))
+            return self.made[-1].capsule()
+
+    producer = Producer()
+    with pytest.raises(BufferError, match="version 2"):
+        ampc.cast(producer, np.float16)
+    assert [c.destroyed for c in producer.made] == [1]
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, MemoryError])
+def test_a_dtype_lookup_keeps_an_interrupt(raised):
+    """NumPy's dtype converter reads an object's .dtype; a Ctrl-C or MemoryError raised there went
+    into "is not a dtype" (TypeError). An ordinary error still does."""
+    class Hostile:
+        @property
+        def dtype(self):
+            raise raised
+
+    class Ordinary:
+        @property
+        def dtype(self):
+            raise RuntimeError("no dtype here")
+
+    with pytest.raises(raised):
+        ampc.as_dtype(Hostile())
+    with pytest.raises(TypeError, match="is not a dtype"):
+        ampc.as_dtype(Ordinary())
 
 
 # --------------------------------------------------------------------------------------------
