@@ -256,8 +256,18 @@ static PyObject *import_capsule(ampc_state *st, PyObject *capsule, const char *a
     }
     if (view_from_dltensor(t, argname, &v) < 0)
         return NULL;
-    if (v.device.type == AMPC_DEVICE_CUDA && ampc_cuda_check_device(st, v.device.index) < 0)
-        return NULL;
+    if (v.device.type == AMPC_DEVICE_CUDA) {
+        if (ampc_cuda_check_device(st, v.device.index) < 0)
+            return NULL;
+        /* that may have imported ampc._cuda, running Python with the GIL let go: a capsule that
+         * another consumer took meanwhile is not taken a second time (two deleter calls) */
+        const char *name = versioned ? DLPACK_VERSIONED_CAPSULE_NAME : DLPACK_CAPSULE_NAME;
+        if (!PyCapsule_IsValid(capsule, name) || PyCapsule_GetPointer(capsule, name) != managed) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_BufferError, "%s: the DLPack capsule was consumed while ampc read it", argname);
+            return NULL;
+        }
+    }
     v.stream = stream;
     if (PyCapsule_SetName(capsule, versioned ? DLPACK_VERSIONED_CAPSULE_USED_NAME
                                              : DLPACK_CAPSULE_USED_NAME) < 0)

@@ -106,6 +106,31 @@ def test_shape_list_emptied_by_index_is_an_error_not_a_crash():
         a._view((4, 2, 2), strides, 0)
 
 
+def test_parameter_of_a_parameter_holds_the_array_through_a_collection():
+    """Parameter(p) took p's array borrowed across its own allocation, whose garbage collection ran
+    a finalizer that assigned p.data: the new Parameter then held the freed array (a segfault)."""
+    p = ampc.Parameter(np.arange(100000, dtype=np.float64))
+
+    class Reassigns:
+        def __del__(self):
+            p.data = np.zeros(3)
+
+    gc.collect()
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        cycle = Reassigns()
+        cycle.me = cycle
+        del cycle
+        q = ampc.Parameter(p)
+    finally:
+        gc.set_threshold(*thresholds)
+    gc.collect()
+    assert q.data.shape in ((100000,), (3,))  # whichever array p held when q took it, alive
+    if q.data.shape == (100000,):
+        np.testing.assert_array_equal(q.data[:5], [0, 1, 2, 3, 4])
+
+
 # --------------------------------------------------------------------------------------------
 # Pending exceptions: a producer's deleter that runs Python while ampc raises
 # --------------------------------------------------------------------------------------------
