@@ -26,6 +26,7 @@
 #include "conv.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,13 @@ static int descriptors(conv_plan *p)
         rc = ampc_dnn_tensor(&p->y, k->dtype, yd, k->y_strides);
     if (rc != AMPC_OK)
         return rc;
+    /* cuDNN's filter and convolution take ints: a stride of 2**32 + 1 would have been 1 */
+    const int64_t ints[] = {k->k, k->c / k->groups, k->r, k->s, k->pad[0], k->pad[1], k->stride[0], k->stride[1],
+                            k->dilation[0], k->dilation[1], k->groups};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
+        if (ints[i] > INT_MAX)
+            return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "a convolution's filter, padding, stride, dilation or groups "
+                                      "of %lld is beyond cuDNN's 32-bit sizes", (long long)ints[i]);
     DNN_TRY(cudnnCreateFilterDescriptor(&p->w), "cudnnCreateFilterDescriptor");
     DNN_TRY(cudnnSetFilter4dDescriptor(p->w, ampc_dnn_type(k->dtype), k->w_nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW,
                                        (int)k->k, (int)(k->c / k->groups), (int)k->r, (int)k->s),

@@ -443,7 +443,10 @@ static int off_vectors(const stored *m)
 
 static int realign_worth_it(const ampc_gemm *g, const stored *mats)
 {
-    if (mats[0].size != 2 || g->batch != 1 || g->c.data != NULL || g->m * g->n * g->k < REALIGN_MIN_MACS)
+    int64_t macs;  /* m * n * k, checked: past int64 it is certainly worth it */
+    const int big = __builtin_mul_overflow(g->m, g->n, &macs) || __builtin_mul_overflow(macs, g->k, &macs) ||
+                    macs >= REALIGN_MIN_MACS;
+    if (mats[0].size != 2 || g->batch != 1 || g->c.data != NULL || !big)
         return 0;
     const sizes p = padded_sizes(g);
     return p.m != g->m || p.n != g->n || p.k != g->k || off_vectors(&mats[0]) || off_vectors(&mats[1]) ||

@@ -204,6 +204,12 @@ PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname,
  * Python: 1 when done, 0 when the type has no usable table (nothing set),
  * -1 with an exception. The view's stream is the producer's current one. */
 int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, ampc_view *view);
+/* Call an imported tensor's deleter (DLManagedTensorVersioned when
+ * `versioned`, else DLManagedTensor) with the exception being raised, if
+ * any, set aside: a producer's deleter may run Python (ctypes, pybind11,
+ * Cython), which must not see or clobber it. What the deleter itself raises
+ * is reported as unraisable. */
+void ampc_dlpack_release(void *managed, int versioned);
 /* Build a capsule for `view`; `owner` is kept alive until the consumer's
  * deleter runs. */
 PyObject *ampc_dlpack_export(const ampc_view *view, PyObject *owner, int versioned,
@@ -269,6 +275,17 @@ typedef struct {
 static inline int ampc_is_parameter(ampc_state *st, PyObject *obj)
 {
     return Py_IS_TYPE(obj, st->parameter_type) || PyObject_TypeCheck(obj, st->parameter_type);
+}
+
+/* Count a write ampc made into obj's memory (an out= argument, a statistic
+ * updated in place): a Parameter's version goes up, so that autocast's
+ * weight-cast cache casts it again; anything else is left alone. Called
+ * after the write, so no cast cached in between (Python run while other
+ * arguments were read) survives it. */
+static inline void ampc_count_write(ampc_state *st, PyObject *obj)
+{
+    if (obj != NULL && ampc_is_parameter(st, obj))
+        ((ampc_parameter *)obj)->version++;
 }
 
 int ampc_parameter_type_init(PyObject *module, ampc_state *st);

@@ -60,25 +60,11 @@ PyObject *ampc_array_from_ndarray(ampc_state *st, PyArrayObject *ndarray)
     return (PyObject *)self;
 }
 
-static void release_dlpack(void *managed, int versioned)
-{
-    if (versioned) {
-        DLManagedTensorVersioned *m = managed;
-        if (m->deleter)
-            m->deleter(m);
-    }
-    else {
-        DLManagedTensor *m = managed;
-        if (m->deleter)
-            m->deleter(m);
-    }
-}
-
 PyObject *ampc_array_from_dlpack(ampc_state *st, void *managed, int versioned, const ampc_view *view)
 {
     ArrayObject *self = array_alloc(st, view);
     if (self == NULL) {
-        release_dlpack(managed, versioned);
+        ampc_dlpack_release(managed, versioned);
         return NULL;
     }
     self->dl_managed = managed;
@@ -88,8 +74,24 @@ PyObject *ampc_array_from_dlpack(ampc_state *st, void *managed, int versioned, c
     return (PyObject *)self;
 }
 
+/* The ValueError for a shape whose size in bytes does not fit in int64 (or has a negative
+ * dimension). Returns NULL. */
+static PyObject *too_large(int ndim, const int64_t *shape, ampc_dtype dtype)
+{
+    ampc_view v = {.ndim = ndim};
+    char buf[256];
+    for (int d = 0; d < ndim; d++)
+        v.shape[d] = shape[d];
+    ampc_shape_str(&v, buf, sizeof buf);
+    PyErr_Format(PyExc_ValueError, "an array of shape %s and dtype %s is too large (more than 2**63 bytes, or a "
+                 "negative dimension)", buf, ampc_dtype_names[dtype]);
+    return NULL;
+}
+
 PyObject *ampc_empty_like(ampc_state *st, const ampc_view *like, ampc_dtype dtype, ampc_view *out)
 {
+    if (ampc_layout_numel(like->ndim, like->shape, ampc_dtype_size(dtype)) < 0)
+        return too_large(like->ndim, like->shape, dtype);
     int64_t strides[AMPC_MAX_NDIM];
     ampc_layout_korder_strides(like->ndim, like->shape, like->strides, ampc_dtype_size(dtype), strides);
     return ampc_array_empty(st, like->device, dtype, like->ndim, like->shape, strides, out);
@@ -104,10 +106,8 @@ PyObject *ampc_array_empty(ampc_state *st, ampc_device device, ampc_dtype dtype,
     v.ndim = ndim;
     v.device = device;
     v.numel = ampc_layout_numel(ndim, shape, itemsize);
-    if (v.numel < 0) {
-        PyErr_SetString(PyExc_ValueError, "array too large");
-        return NULL;
-    }
+    if (v.numel < 0)
+        return too_large(ndim, shape, dtype);
     for (int d = 0; d < ndim; d++)
         v.shape[d] = shape[d];
     if (strides != NULL) {
@@ -188,7 +188,7 @@ static void Array_dealloc(PyObject *op)
     if (self->weakreflist != NULL)
         PyObject_ClearWeakRefs(op);
     if (self->dl_managed != NULL)
-        release_dlpack(self->dl_managed, self->dl_versioned);
+        ampc_dlpack_release(self->dl_managed, self->dl_versioned);
     if (self->pool_ptr != NULL) {
         /* Nothing can be raised from here; a failure (the CUDA runtime is
          * already unloading at exit) only leaks the block. */
@@ -496,7 +496,7 @@ static PyObject *Array_view(PyObject *op, PyObject *args)
         return NULL;
     }
     v.ndim = ndim;
-    v.numel = ampc_layout_numel(ndim, v.shape, 1);
+    v.numel = ampc_layout_numel(ndim, v.shape, itemsize);
     int aligned = offset % itemsize == 0;
     for (int d = 0; d < ndim; d++)
         aligned &= v.strides[d] % itemsize == 0;
@@ -505,11 +505,19 @@ static PyObject *Array_view(PyObject *op, PyObject *args)
         return NULL;
     }
     if (v.numel > 0) {
-        int64_t lo, hi, own_lo = 0, own_hi = 0;
-        ampc_layout_extent(ndim, v.shape, v.strides, itemsize, &lo, &hi);
-        if (self->view.numel > 0)
-            ampc_layout_extent(self->view.ndim, self->view.shape, self->view.strides, itemsize, &own_lo, &own_hi);
-        if (self->view.numel == 0 || offset + lo < own_lo || offset + hi > own_hi) {
+        /* every sum checked: (5 - 1) * 2**62 wrapped to 0 and passed, a view of wild memory */
+        int64_t lo, hi, own_lo = 0, own_hi = 0, first, last;
+        if (ampc_layout_extent(ndim, v.shape, v.strides, itemsize, &lo, &hi) < 0 ||
+            ampc_size_add(offset, lo, &first) < 0 || ampc_size_add(offset, hi, &last) < 0) {
+            PyErr_SetString(PyExc_ValueError, "_view: the view's strides and offset span more than 2**63 bytes");
+            return NULL;
+        }
+        if (self->view.numel > 0 &&
+            ampc_layout_extent(self->view.ndim, self->view.shape, self->view.strides, itemsize, &own_lo, &own_hi) < 0) {
+            PyErr_SetString(PyExc_SystemError, "_view: the array's own layout spans more than 2**63 bytes");
+            return NULL;
+        }
+        if (self->view.numel == 0 || first < own_lo || last > own_hi) {
             PyErr_SetString(PyExc_ValueError, "_view: the view reaches outside the array's memory");
             return NULL;
         }

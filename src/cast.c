@@ -42,8 +42,9 @@ static int overlaps(const ampc_view *a, const ampc_view *b)
             return 0;
     }
     int64_t alo, ahi, blo, bhi;
-    ampc_layout_extent(a->ndim, a->shape, a->strides, ampc_dtype_size(a->dtype), &alo, &ahi);
-    ampc_layout_extent(b->ndim, b->shape, b->strides, ampc_dtype_size(b->dtype), &blo, &bhi);
+    if (ampc_layout_extent(a->ndim, a->shape, a->strides, ampc_dtype_size(a->dtype), &alo, &ahi) < 0 ||
+        ampc_layout_extent(b->ndim, b->shape, b->strides, ampc_dtype_size(b->dtype), &blo, &bhi) < 0)
+        return 1;  /* no view spans that much (view.c, dlpack.c): refused, never guessed */
     const uintptr_t a0 = (uintptr_t)a->data + (uintptr_t)alo, a1 = (uintptr_t)a->data + (uintptr_t)ahi;
     const uintptr_t b0 = (uintptr_t)b->data + (uintptr_t)blo, b1 = (uintptr_t)b->data + (uintptr_t)bhi;
     return a0 < b1 && b0 < a1;
@@ -165,7 +166,11 @@ static PyObject *mod_cast(PyObject *module, PyObject *args, PyObject *kwargs)
 
     if (out_obj != Py_None) {
         if (ampc_view_from_object(st, out_obj, "cast: out", AMPC_FOR_WRITING, &out) < 0 ||
-            check_out(&out, &x, have_dtype, dtype) < 0 || ampc_cast_views(st, &out, &x, 0) < 0)
+            check_out(&out, &x, have_dtype, dtype) < 0)
+            goto done;
+        const int rc = ampc_cast_views(st, &out, &x, 0);
+        ampc_count_write(st, out_obj);  /* written (a failed GPU cast may have written part) */
+        if (rc < 0)
             goto done;
         Py_INCREF(out_obj);
         result = out_obj;

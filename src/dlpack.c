@@ -117,7 +117,7 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
         return -1;
     }
     if (t->strides == NULL) {
-        int64_t step = itemsize;
+        int64_t step = itemsize;  /* within numel's bound: no wrap */
         for (int d = v->ndim - 1; d >= 0; d--) {
             v->strides[d] = step;
             step *= v->shape[d] ? v->shape[d] : 1;
@@ -125,10 +125,7 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
     }
     else {
         for (int d = 0; d < v->ndim; d++) {
-            int64_t span;
-            if (__builtin_mul_overflow(t->strides[d], itemsize, &v->strides[d]) ||
-                (v->shape[d] > 0 &&
-                 __builtin_mul_overflow(v->strides[d], v->shape[d] - 1, &span))) {
+            if (ampc_size_mul(t->strides[d], itemsize, &v->strides[d]) < 0) {
                 PyErr_Format(PyExc_BufferError, "%s: DLPack stride %lld is too large", argname,
                              (long long)t->strides[d]);
                 return -1;
@@ -147,16 +144,13 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
     }
     if (v->numel > 0) {
         /* The elements must not wrap around the address space either. */
-        int64_t lo = 0, hi = itemsize;
-        for (int d = 0; d < v->ndim; d++) {
-            const int64_t span = (v->shape[d] - 1) * v->strides[d];
-            if (__builtin_add_overflow(span < 0 ? lo : hi, span, span < 0 ? &lo : &hi)) {
-                PyErr_Format(PyExc_BufferError, "%s: DLPack strides span too much memory", argname);
-                return -1;
-            }
+        int64_t lo, hi;
+        if (ampc_layout_extent(v->ndim, v->shape, v->strides, itemsize, &lo, &hi) < 0) {
+            PyErr_Format(PyExc_BufferError, "%s: DLPack strides span too much memory", argname);
+            return -1;
         }
         uintptr_t first, last;
-        if (__builtin_sub_overflow(base, (uintptr_t)(-lo), &first) ||
+        if (__builtin_sub_overflow(base, (uintptr_t)0 - (uintptr_t)lo, &first) ||
             __builtin_add_overflow(base, (uintptr_t)hi, &last)) {
             PyErr_Format(PyExc_BufferError, "%s: DLPack tensor runs past the address space",
                          argname);
@@ -175,6 +169,33 @@ static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view 
     }
     v->data = (char *)base;
     return 0;
+}
+
+/* Around a producer's code run on ampc's error paths (a deleter, a capsule's destructor): Python
+ * perhaps (ctypes, pybind11, Cython), which must neither see the exception being raised nor clobber
+ * it ("returned NULL without setting an exception"). What that code raises itself is unraisable. */
+static PyObject *set_error_aside(void) { return ampc_take_exception(); }
+
+static void put_error_back(PyObject *pending)
+{
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable(NULL);
+    if (pending != NULL)
+        ampc_restore_exception(pending);
+}
+
+void ampc_dlpack_release(void *managed, int versioned)
+{
+    DLManagedTensorVersioned *mv = versioned ? managed : NULL;
+    DLManagedTensor *ml = versioned ? NULL : managed;
+    if (versioned ? mv->deleter == NULL : ml->deleter == NULL)
+        return;
+    PyObject *pending = set_error_aside();  /* a refused call's, as an Array is dropped on the way out */
+    if (versioned)
+        mv->deleter(mv);
+    else
+        ml->deleter(ml);
+    put_error_back(pending);
 }
 
 /* Take a capsule (legacy or versioned, unconsumed) and return an ampc.Array
@@ -235,8 +256,18 @@ static PyObject *import_capsule(ampc_state *st, PyObject *capsule, const char *a
     }
     if (view_from_dltensor(t, argname, &v) < 0)
         return NULL;
-    if (v.device.type == AMPC_DEVICE_CUDA && ampc_cuda_check_device(st, v.device.index) < 0)
-        return NULL;
+    if (v.device.type == AMPC_DEVICE_CUDA) {
+        if (ampc_cuda_check_device(st, v.device.index) < 0)
+            return NULL;
+        /* that may have imported ampc._cuda, running Python with the GIL let go: a capsule that
+         * another consumer took meanwhile is not taken a second time (two deleter calls) */
+        const char *name = versioned ? DLPACK_VERSIONED_CAPSULE_NAME : DLPACK_CAPSULE_NAME;
+        if (!PyCapsule_IsValid(capsule, name) || PyCapsule_GetPointer(capsule, name) != managed) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_BufferError, "%s: the DLPack capsule was consumed while ampc read it", argname);
+            return NULL;
+        }
+    }
     v.stream = stream;
     if (PyCapsule_SetName(capsule, versioned ? DLPACK_VERSIONED_CAPSULE_USED_NAME
                                              : DLPACK_CAPSULE_USED_NAME) < 0)
@@ -307,8 +338,7 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
         if (m->version.major != DLPACK_MAJOR_VERSION || view_from_dltensor(&t, argname, v) < 0) {
             if (!PyErr_Occurred())
                 PyErr_Format(PyExc_BufferError, "%s: DLPack version %u is not supported", argname, m->version.major);
-            if (m->deleter)
-                m->deleter(m);
+            ampc_dlpack_release(m, 1);
             return -1;
         }
         owner = ampc_array_from_dlpack(st, m, 1, v);
@@ -440,7 +470,15 @@ PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname,
     result = import_capsule(st, capsule, argname, access, stream);
 done:
     Py_XDECREF(kwargs);
-    Py_XDECREF(capsule);
+    if (result == NULL && capsule != NULL) {
+        /* a refused capsule dies here, and its destructor (the producer's) frees the tensor */
+        PyObject *pending = set_error_aside();
+        Py_DECREF(capsule);
+        put_error_back(pending);
+    }
+    else {
+        Py_XDECREF(capsule);
+    }
     return result;
 }
 

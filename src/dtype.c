@@ -153,6 +153,10 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
     }
     PyArray_Descr *descr = NULL;
     if (PyArray_DescrConverter(obj, &descr) != NPY_SUCCEED) {
+        /* an ordinary failure means "no dtype"; a MemoryError, KeyboardInterrupt or SystemExit raised by
+         * the object's Python (its .dtype) goes on up, not swallowed into a TypeError (ampc_safe_repr's rule) */
+        if (PyErr_ExceptionMatches(PyExc_MemoryError) || !PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
         PyErr_Clear();
         return ampc_raise_with_repr(PyExc_TypeError, "%s: %U is not a dtype; expected a NumPy or torch dtype, or a "
                                     "name such as 'float16', 'bfloat16', 'float32'", argname, obj);

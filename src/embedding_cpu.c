@@ -88,8 +88,9 @@ int ampc_cpu_embedding_backward(const ampc_embedding_backward *e)
 {
     if (e->num * e->dim == 0)
         return 0;
+    /* calloc: the count times the element size is checked, never wrapped */
     int64_t *start = calloc((size_t)(e->num + 1), sizeof *start);
-    int64_t *order = malloc((size_t)(e->count > 0 ? e->count : 1) * sizeof *order);
+    int64_t *order = calloc((size_t)(e->count > 0 ? e->count : 1), sizeof *order);
     if (start == NULL || order == NULL) {
         free(start);
         free(order);
@@ -103,7 +104,7 @@ int ampc_cpu_embedding_backward(const ampc_embedding_backward *e)
     }
     for (int64_t r = 0; r < e->num; r++)
         start[r + 1] += start[r];
-    int64_t *next = malloc((size_t)e->num * sizeof *next);
+    int64_t *next = calloc((size_t)e->num, sizeof *next);
     if (next == NULL) {
         free(start);
         free(order);

@@ -3,41 +3,42 @@
 
 #include <stdlib.h>
 
-static int64_t abs64(int64_t v) { return v < 0 ? -v : v; }
+/* |v| as an unsigned number: INT64_MIN's has no int64 (a stride of a size-1
+ * dimension may be anything). */
+static uint64_t abs64(int64_t v) { return v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v; }
 
 int64_t ampc_layout_numel(int ndim, const int64_t *shape, int64_t itemsize)
 {
-    int64_t n = 1;
+    int64_t n = 1, nbytes;
     int zero = 0;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
             return -1;
         if (shape[i] == 0)
             zero = 1;
-        else if (!zero && __builtin_mul_overflow(n, shape[i], &n))
+        else if (ampc_size_mul(n, shape[i], &n) < 0)
             return -1;
     }
-    if (zero)
-        return 0;
-    int64_t nbytes;
-    if (__builtin_mul_overflow(n, itemsize, &nbytes))
+    if (ampc_size_mul(n, itemsize, &nbytes) < 0)
         return -1;
-    return n;
+    return zero ? 0 : n;
 }
 
-void ampc_layout_extent(int ndim, const int64_t *shape, const int64_t *strides,
-                        int64_t itemsize, int64_t *lo, int64_t *hi)
+int ampc_layout_extent(int ndim, const int64_t *shape, const int64_t *strides,
+                       int64_t itemsize, int64_t *lo, int64_t *hi)
 {
     int64_t low = 0, high = itemsize;
     for (int i = 0; i < ndim; i++) {
-        const int64_t span = (shape[i] - 1) * strides[i];
-        if (span < 0)
-            low += span;
-        else
-            high += span;
+        int64_t span;
+        if (shape[i] <= 1)
+            continue;  /* no step taken: the stride may be anything */
+        if (ampc_size_mul(shape[i] - 1, strides[i], &span) < 0 ||
+            ampc_size_add(span < 0 ? low : high, span, span < 0 ? &low : &high) < 0)
+            return -1;
     }
     *lo = low;
     *hi = high;
+    return 0;
 }
 
 /* ndim is small: insertion sort. */
@@ -64,14 +65,15 @@ int ampc_layout_has_internal_overlap(int ndim, const int64_t *shape, const int64
             return 0;  /* no elements, nothing to share (NumPy gives such arrays zero strides) */
     int perm[AMPC_MAX_NDIM];
     ampc_layout_sort_by_stride(ndim, strides, perm);
-    int64_t extent = itemsize;  /* bytes from the first to past the last element of the inner dimensions */
+    uint64_t extent = (uint64_t)itemsize;  /* bytes from the first to past the last element of the inner dimensions */
     for (int k = ndim - 1; k >= 0; k--) {
         const int d = perm[k];
         if (shape[d] <= 1)
             continue;
-        if (abs64(strides[d]) < extent)
-            return 1;
-        extent += (shape[d] - 1) * abs64(strides[d]);
+        uint64_t span;
+        if (abs64(strides[d]) < extent || __builtin_mul_overflow((uint64_t)(shape[d] - 1), abs64(strides[d]), &span) ||
+            __builtin_add_overflow(extent, span, &extent) || extent > INT64_MAX)
+            return 1;  /* a layout past int64 is no array: refused as if overlapping */
     }
     return 0;
 }
@@ -81,24 +83,24 @@ void ampc_layout_korder_strides(int ndim, const int64_t *shape, const int64_t *s
 {
     int perm[AMPC_MAX_NDIM];
     ampc_layout_sort_by_stride(ndim, strides, perm);
-    int64_t step = itemsize;
+    uint64_t step = (uint64_t)itemsize;  /* unsigned: a shape past int64 wraps without UB, and numel refuses it */
     for (int k = ndim - 1; k >= 0; k--) {
         const int d = perm[k];
-        out_strides[d] = step;
-        step *= shape[d] > 0 ? shape[d] : 1;
+        out_strides[d] = (int64_t)step;
+        step *= shape[d] > 0 ? (uint64_t)shape[d] : 1;
     }
 }
 
 int ampc_layout_is_c_contiguous(int ndim, const int64_t *shape, const int64_t *strides,
                                 int64_t itemsize)
 {
-    int64_t step = itemsize;
+    uint64_t step = (uint64_t)itemsize;
     for (int d = ndim - 1; d >= 0; d--) {
         if (shape[d] == 0)
             return 1;
-        if (shape[d] != 1 && strides[d] != step)
+        if (shape[d] != 1 && (uint64_t)strides[d] != step)
             return 0;
-        step *= shape[d];
+        step *= (uint64_t)shape[d];
     }
     return 1;
 }
@@ -133,6 +135,7 @@ void ampc_loop_init(ampc_loop *loop, int nop, int ndim, const int64_t *shape,
         int all_negative = 1;
         for (int op = 0; op < nop; op++)
             all_negative &= loop->strides[op][d] < 0;
+        /* (shape - 1) * stride and -stride fit: within the operand's extent */
         if (!all_negative)
             continue;
         for (int op = 0; op < nop; op++) {
@@ -147,8 +150,12 @@ void ampc_loop_init(ampc_loop *loop, int nop, int ndim, const int64_t *shape,
     for (int d = 0; d < n; d++) {
         if (m > 0) {
             int mergeable = 1;
-            for (int op = 0; op < nop; op++)
-                mergeable &= loop->strides[op][m - 1] == loop->strides[op][d] * loop->shape[d];
+            for (int op = 0; op < nop; op++) {
+                /* stride * shape may pass int64 where (shape - 1) * stride did not: then no merge */
+                int64_t whole;
+                mergeable &= ampc_size_mul(loop->strides[op][d], loop->shape[d], &whole) == 0 &&
+                             loop->strides[op][m - 1] == whole;
+            }
             if (mergeable) {
                 loop->shape[m - 1] *= loop->shape[d];
                 for (int op = 0; op < nop; op++)

@@ -33,17 +33,35 @@ typedef struct {
     char *data[AMPC_MAX_OPERANDS];
 } ampc_loop;
 
-/* Number of elements, or -1 if a dimension is negative or the product (or
- * product * itemsize) does not fit in int64. */
+/* Size arithmetic on int64: a * b and a + b, 0 with *out set, or -1 when the
+ * result does not fit (*out then meaningless). Every product or sum of
+ * shapes, strides, element sizes and offsets that a caller can make large
+ * goes through these (or ampc_layout_numel / ampc_layout_extent), never a
+ * plain * that would wrap. */
+static inline int ampc_size_mul(int64_t a, int64_t b, int64_t *out)
+{
+    return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+
+static inline int ampc_size_add(int64_t a, int64_t b, int64_t *out)
+{
+    return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+/* Number of elements, or -1 if a dimension is negative or the product of the
+ * nonzero dimensions times itemsize does not fit in int64 (NumPy's rule: a
+ * zero-size array's other dimensions must still be sizes, so that strides and
+ * products over any of its dimensions never wrap). */
 int64_t ampc_layout_numel(int ndim, const int64_t *shape, int64_t itemsize);
 
 /* Lowest and one-past-highest byte, relative to the element [0,...,0], that an
- * array with this layout touches. Not meaningful for zero-size arrays. */
-void ampc_layout_extent(int ndim, const int64_t *shape, const int64_t *strides,
-                        int64_t itemsize, int64_t *lo, int64_t *hi);
+ * array with this layout touches: 0, or -1 (lo and hi unset) when a span or
+ * their sum does not fit in int64. Not meaningful for zero-size arrays. */
+int ampc_layout_extent(int ndim, const int64_t *shape, const int64_t *strides,
+                       int64_t itemsize, int64_t *lo, int64_t *hi);
 
 /* 1 if two distinct indices can share memory (zero strides, overlapping
- * strides). A sufficient test: after sorting by |stride| each dimension must
+ * strides), or if the layout's extent does not fit in int64. A sufficient test: after sorting by |stride| each dimension must
  * step over everything the inner ones span. Exotic non-overlapping layouts
  * that interleave dimensions are reported as overlapping (refused, never
  * silently wrong). */
@@ -57,7 +75,8 @@ void ampc_layout_sort_by_stride(int ndim, const int64_t *strides, int *perm);
 /* Strides of a new dense array that keeps the order of an existing one's
  * dimensions (NumPy's order='K'): dimensions sorted by |stride|, positive
  * strides. A transposed input then gets a transposed, contiguous output and
- * the cast runs as one contiguous pass. */
+ * the cast runs as one contiguous pass. The shape must have passed
+ * ampc_layout_numel with this itemsize (then no stride wraps). */
 void ampc_layout_korder_strides(int ndim, const int64_t *shape, const int64_t *strides,
                                 int64_t itemsize, int64_t *out_strides);
 
@@ -65,7 +84,9 @@ void ampc_layout_korder_strides(int ndim, const int64_t *shape, const int64_t *s
 int ampc_layout_is_c_contiguous(int ndim, const int64_t *shape, const int64_t *strides,
                                 int64_t itemsize);
 
-/* Build the loop for nop operands of one shape. */
+/* Build the loop for nop operands of one shape. Each operand's layout must
+ * have passed ampc_layout_numel and ampc_layout_extent (every ampc_view has):
+ * the offsets the loop computes then stay inside int64. */
 void ampc_loop_init(ampc_loop *loop, int nop, int ndim, const int64_t *shape,
                     char *const *data, const int64_t *const *strides);
 

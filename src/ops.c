@@ -861,7 +861,10 @@ static PyObject *mod_sum(PyObject *module, PyObject *args, PyObject *kwargs)
         if (seq == NULL)
             goto done;
         for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
-            const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            /* held: its __index__ may take it out of the list (the size is read again each time) */
+            PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+            const long long v = PyLong_AsLongLong(item);
+            Py_DECREF(item);
             int64_t d;
             if ((v == -1 && PyErr_Occurred()) || ampc_op_normalize_dim(name, v, x->ndim, &d) < 0) {
                 Py_DECREF(seq);

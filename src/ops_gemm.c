@@ -169,6 +169,20 @@ static int matmul_shape(const char *op, const ampc_view *x, const ampc_view *y, 
     return 0;
 }
 
+/* Whether v broadcasts to (ndim, shape) without growing it: as many dimensions or fewer, each 1 or
+ * equal to the output's, aligned at the last. */
+static int broadcasts_to(const ampc_view *v, int ndim, const int64_t *shape)
+{
+    if (v->ndim > ndim)
+        return 0;
+    for (int d = 0; d < v->ndim; d++) {
+        const int64_t have = v->shape[v->ndim - 1 - d], want = shape[ndim - 1 - d];
+        if (have != 1 && have != want)
+            return 0;
+    }
+    return 1;
+}
+
 /* The epilogue in one elementwise pass: out = alpha * (r + beta/alpha * c)
  * (c broadcast; a bias is c with beta 1), or alpha * r, rounded to out's
  * dtype. As BLAS (and so torch, and the GPU's cuBLASLt): beta 0 reads no c,
@@ -579,9 +593,25 @@ static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
         swap_last_two(y);
     if (matmul_shape(name, x, y, &s) < 0)
         goto done;
-    if (bias != NULL && (bias->ndim != 1 || bias->shape[0] != s.n)) {
-        PyErr_Format(PyExc_ValueError, "%s: bias must have %lld values (one per output feature), got %lld", name,
-                     (long long)s.n, (long long)bias->numel);
+    if (ampc_layout_numel(s.ondim, s.oshape, 8) < 0) {
+        /* the broadcast batch times m times n: checked before any product of them is taken (the GPU's
+         * batch counts, the expanded operands) */
+        PyErr_Format(PyExc_ValueError, "%s: the output's broadcast batch and matrices are too large (past 2**63 "
+                     "bytes)", name);
+        goto done;
+    }
+    if (bias != NULL && !broadcasts_to(bias, s.ondim, s.oshape)) {
+        /* torch's linear adds any bias that broadcasts to the output (addmm's and matmul's + bias): (n,),
+         * (1, n), (m, n), a number; never one that would grow the output */
+        char bs[256], os[256];
+        const ampc_view shown = {.ndim = s.ondim};
+        ampc_shape_str(bias, bs, sizeof bs);
+        ampc_view out_shape = shown;
+        for (int d = 0; d < s.ondim; d++)
+            out_shape.shape[d] = s.oshape[d];
+        ampc_shape_str(&out_shape, os, sizeof os);
+        PyErr_Format(PyExc_ValueError, "%s: bias of shape %s does not broadcast to the output's shape %s (one value "
+                     "per output feature: %lld)", name, bs, os, (long long)s.n);
         goto done;
     }
     if (c != NULL && bias != NULL) {

@@ -224,8 +224,15 @@ static int conv_shapes(const char *op, const ampc_view *x, const ampc_view *wt, 
                      (long long)(wt->shape[1] * groups), (long long)cv->c);
         return -1;
     }
-    const int64_t eh = cv->dilation[0] * (cv->r - 1) + 1, ew = cv->dilation[1] * (cv->s - 1) + 1;
-    const int64_t ph = cv->h + 2 * cv->pad[0], pw = cv->w + 2 * cv->pad[1];
+    /* the kernel's extent and the padded image, checked: a padding or dilation near 2**62 wrapped them */
+    int64_t eh, ew, ph, pw;
+    if (ampc_size_mul(cv->dilation[0], cv->r - 1, &eh) < 0 || ampc_size_add(eh, 1, &eh) < 0 ||
+        ampc_size_mul(cv->dilation[1], cv->s - 1, &ew) < 0 || ampc_size_add(ew, 1, &ew) < 0 ||
+        ampc_size_mul(cv->pad[0], 2, &ph) < 0 || ampc_size_add(ph, cv->h, &ph) < 0 ||
+        ampc_size_mul(cv->pad[1], 2, &pw) < 0 || ampc_size_add(pw, cv->w, &pw) < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: padding, dilation and kernel size too large (past 2**63)", op);
+        return -1;
+    }
     if ((ph < eh || pw < ew) && is_conv1d(op)) {
         PyErr_Format(PyExc_ValueError, "%s: Calculated padded input size per channel: (%lld). Kernel size: (%lld). "
                      "Kernel size can't be greater than actual input size", op, (long long)pw, (long long)ew);
@@ -239,6 +246,16 @@ static int conv_shapes(const char *op, const ampc_view *x, const ampc_view *wt, 
     }
     cv->p = (ph - eh) / cv->stride[0] + 1;
     cv->q = (pw - ew) / cv->stride[1] + 1;
+    /* the CPU's columns of one image, (c / groups) * r * s * p * q * groups values of 8 bytes at most,
+     * must be a size, whatever the batch (an empty one allocates no output to check it) */
+    int64_t columns;
+    if (ampc_size_mul(cv->p, cv->q, &columns) < 0 || ampc_size_mul(columns, cv->c, &columns) < 0 ||
+        ampc_size_mul(columns, cv->r, &columns) < 0 || ampc_size_mul(columns, cv->s, &columns) < 0 ||
+        ampc_size_mul(columns, 8, &columns) < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: an output of %lld x %lld positions is too large", op, (long long)cv->p,
+                     (long long)cv->q);
+        return -1;
+    }
     return 0;
 }
 
@@ -775,11 +792,15 @@ static PyObject *mod_batch_norm(PyObject *module, PyObject *args, PyObject *kwar
         b.save_mean = buf_of(&sm);
         b.save_rstd = buf_of(&sr);
     }
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_batch_norm, batch_norm, &b) < 0)
-        goto done;
-    for (int i = 2; i < 4; i++)
-        if (training && copied[i] && write_back(&a, p[i], *bufs[i]) < 0)
+    const int ran = AMPC_RUN_KERNEL(&a, ampc_cpu_batch_norm, batch_norm, &b);
+    for (int i = 2; i < 4 && training; i++) {
+        const int back = ran == 0 && copied[i] ? write_back(&a, p[i], *bufs[i]) : 0;
+        ampc_count_write(st, objs[i]);  /* the running statistics moved in place */
+        if (back < 0)
             goto done;
+    }
+    if (ran < 0)
+        goto done;
     result = ampc_op_results(&a, (PyObject *[]){y_obj, sm_obj, sr_obj}, 3);
 done:
     ampc_op_args_release(&a);
@@ -858,15 +879,25 @@ done:
 /* Pooling                                                                   */
 /* ------------------------------------------------------------------------ */
 
-/* torch's pooling output size along one axis (0 or less: too small). */
-static int64_t pool_out_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, int ceil_mode)
+/* torch's pooling output size along one axis (0 or less: too small); -1 with a ValueError where the
+ * sizes pass int64 (a window's arithmetic, in + 2 pad + stride + dilation (k - 1), is then checked
+ * once here: ampc_pool_window's sums stay below it). */
+static int pool_out_size(const char *op, int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil,
+                         int ceil_mode, int64_t *out)
 {
-    const int64_t span = in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
-    int64_t out = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;
+    int64_t reach, bound;  /* dil * (k - 1): a window's extent less one */
+    if (ampc_size_mul(dil, k - 1, &reach) < 0 || ampc_size_add(in, 2 * pad, &bound) < 0 ||
+        ampc_size_add(bound, stride, &bound) < 0 || ampc_size_add(bound, reach, &bound) < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: kernel_size, stride, padding and dilation too large (past 2**63)", op);
+        return -1;
+    }
+    const int64_t span = in + 2 * pad - reach - 1 + (ceil_mode ? stride - 1 : 0);
+    int64_t n = (span >= 0 ? span / stride : -((-span + stride - 1) / stride)) + 1;
     /* the last window must start inside the image or its left padding */
-    if (ceil_mode && out > 0 && (out - 1) * stride >= in + pad)
-        out--;
-    return out;
+    if (ceil_mode && n > 0 && (n - 1) * stride >= in + pad)
+        n--;
+    *out = n;
+    return 0;
 }
 
 static const char *const pool_names[] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
@@ -895,6 +926,15 @@ static int pool_parse(ampc_op_args *a, const ampc_view *x, int mode, PyObject *k
             return -1;
         }
         pl->p = out[0], pl->q = out[1];
+        /* ampc_pool_window's (i + 1) * h + p - 1, i < p, and the output's planes * p * q */
+        int64_t bound;
+        if (ampc_size_mul(pl->p, pl->h, &bound) < 0 || ampc_size_add(bound, pl->p, &bound) < 0 ||
+            ampc_size_mul(pl->q, pl->w, &bound) < 0 || ampc_size_add(bound, pl->q, &bound) < 0 ||
+            ampc_size_mul(pl->planes, pl->p, &bound) < 0 || ampc_size_mul(bound, pl->q, &bound) < 0) {
+            PyErr_Format(PyExc_ValueError, "%s: output_size (%lld, %lld) is too large", op, (long long)pl->p,
+                         (long long)pl->q);
+            return -1;
+        }
         return 0;
     }
     if (parse_pair(kernel, op, "kernel_size", 1, pl->kernel) < 0 || parse_pair(stride, op, "stride", 1, pl->stride) < 0 ||
@@ -912,8 +952,9 @@ static int pool_parse(ampc_op_args *a, const ampc_view *x, int mode, PyObject *k
                          "kernel_size=%lld", op, (long long)pl->pad[i], (long long)pl->kernel[i]);
             return -1;
         }
-    pl->p = pool_out_size(pl->h, pl->kernel[0], pl->pad[0], pl->stride[0], pl->dilation[0], ceil_mode);
-    pl->q = pool_out_size(pl->w, pl->kernel[1], pl->pad[1], pl->stride[1], pl->dilation[1], ceil_mode);
+    if (pool_out_size(op, pl->h, pl->kernel[0], pl->pad[0], pl->stride[0], pl->dilation[0], ceil_mode, &pl->p) < 0 ||
+        pool_out_size(op, pl->w, pl->kernel[1], pl->pad[1], pl->stride[1], pl->dilation[1], ceil_mode, &pl->q) < 0)
+        return -1;
     if (pl->p < 1 || pl->q < 1) {
         PyErr_Format(PyExc_ValueError, "%s: Given input size: (%lldx%lld). Calculated output size: (%lldx%lld). "
                      "Output size is too small", op, (long long)pl->h, (long long)pl->w, (long long)pl->p,
@@ -1024,8 +1065,10 @@ static PyObject *mod_pool_backward(PyObject *module, PyObject *args, PyObject *k
                                 output_size, pl) < 0)
         goto done;
     pool_layout(&a, x, pl);
+    int64_t outputs;
     if (dy->ndim != x->ndim || dy->shape[x->ndim - 2] != pl->p || dy->shape[x->ndim - 1] != pl->q ||
-        dy->numel != pl->planes * pl->p * pl->q) {
+        ampc_size_mul(pl->planes, pl->p, &outputs) < 0 || ampc_size_mul(outputs, pl->q, &outputs) < 0 ||
+        dy->numel != outputs) {
         PyErr_Format(PyExc_ValueError, "%s: grad_output must have the pool's output shape (.., %lld, %lld)", name,
                      (long long)pl->p, (long long)pl->q);
         goto done;

@@ -26,14 +26,15 @@ static int check_array(PyObject *value, const char *what)
     return -1;
 }
 
-/* The array a Parameter is to hold: value's own, or for another Parameter (Parameter(p), q.data = p)
- * the array that one holds, shared as torch's nn.Parameter(p) shares p's storage; never a Parameter
- * inside a Parameter. */
+/* The array a Parameter is to hold (a new reference): value's own, or for another Parameter
+ * (Parameter(p), q.data = p) the array that one holds, shared as torch's nn.Parameter(p) shares p's
+ * storage; never a Parameter inside a Parameter. Strong: what runs before it is stored (an
+ * allocation's garbage collection, finalizers) may assign p.data and drop p's array. */
 static PyObject *array_to_hold(ampc_state *st, PyObject *value, const char *what)
 {
     if (ampc_is_parameter(st, value))
-        return PARAM(value)->data;
-    return check_array(value, what) < 0 ? NULL : value;
+        return Py_NewRef(PARAM(value)->data);
+    return check_array(value, what) < 0 ? NULL : Py_NewRef(value);
 }
 
 static PyObject *Parameter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
@@ -45,9 +46,11 @@ static PyObject *Parameter_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         (data = array_to_hold(ampc_state_from_type(type), data, "Parameter: data")) == NULL)
         return NULL;
     ampc_parameter *self = (ampc_parameter *)type->tp_alloc(type, 0);
-    if (self == NULL)
+    if (self == NULL) {
+        Py_DECREF(data);
         return NULL;
-    self->data = Py_NewRef(data);
+    }
+    self->data = data;
     self->grad = Py_NewRef(Py_None);
     self->requires_grad = (char)requires_grad;
     return (PyObject *)self;
@@ -94,7 +97,7 @@ static int Parameter_set_data(PyObject *op, PyObject *value, void *Py_UNUSED(clo
     }
     if ((value = array_to_hold(ampc_state_from_type(Py_TYPE(op)), value, "Parameter.data")) == NULL)
         return -1;
-    Py_SETREF(PARAM(op)->data, Py_NewRef(value));
+    Py_SETREF(PARAM(op)->data, value);
     PARAM(op)->version++;
     return 0;
 }
@@ -129,9 +132,19 @@ static PyObject *Parameter_get_version(PyObject *op, void *Py_UNUSED(closure))
     return PyLong_FromUnsignedLongLong(PARAM(op)->version);
 }
 
+/* data's attribute `name`: data held across the lookup, which runs the array's Python (a property
+ * may assign p.data, dropping the array being asked). */
+static PyObject *data_attribute(PyObject *op, const char *name)
+{
+    PyObject *data = Py_NewRef(PARAM(op)->data);
+    PyObject *value = PyObject_GetAttrString(data, name);
+    Py_DECREF(data);
+    return value;
+}
+
 static PyObject *Parameter_get_shape(PyObject *op, void *Py_UNUSED(closure))
 {
-    PyObject *shape = PyObject_GetAttrString(PARAM(op)->data, "shape");
+    PyObject *shape = data_attribute(op, "shape");
     if (shape == NULL || PyTuple_Check(shape))
         return shape;
     Py_SETREF(shape, PySequence_Tuple(shape));  /* torch.Size and the like */
@@ -140,7 +153,7 @@ static PyObject *Parameter_get_shape(PyObject *op, void *Py_UNUSED(closure))
 
 static PyObject *Parameter_get_dtype(PyObject *op, void *Py_UNUSED(closure))
 {
-    return PyObject_GetAttrString(PARAM(op)->data, "dtype");
+    return data_attribute(op, "dtype");
 }
 
 static PyObject *Parameter_get_ndim(PyObject *op, void *Py_UNUSED(closure))
@@ -233,7 +246,7 @@ static PyObject *Parameter_array(PyObject *op, PyObject *args, PyObject *kwargs)
 
 static PyObject *Parameter_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
 {
-    PyObject *method = PyObject_GetAttrString(PARAM(op)->data, "__dlpack__");
+    PyObject *method = data_attribute(op, "__dlpack__");
     if (method == NULL)
         return NULL;
     PyObject *capsule = PyObject_Call(method, args, kwargs);
@@ -243,7 +256,12 @@ static PyObject *Parameter_dlpack(PyObject *op, PyObject *args, PyObject *kwargs
 
 static PyObject *Parameter_dlpack_device(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
-    return PyObject_CallMethod(PARAM(op)->data, "__dlpack_device__", NULL);
+    PyObject *method = data_attribute(op, "__dlpack_device__");
+    if (method == NULL)
+        return NULL;
+    PyObject *device = PyObject_CallNoArgs(method);
+    Py_DECREF(method);
+    return device;
 }
 
 static PyMethodDef Parameter_methods[] = {

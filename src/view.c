@@ -59,6 +59,13 @@ int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname
         v->shape[d] = PyArray_DIM(a, d);
         v->strides[d] = PyArray_STRIDE(a, d);
     }
+    /* NumPy bounds the size, not the strides (as_strided takes any): every view's extent fits in
+     * int64, so that no offset ampc computes over it wraps. */
+    int64_t lo, hi;
+    if (v->numel > 0 && ampc_layout_extent(v->ndim, v->shape, v->strides, ampc_dtype_size(v->dtype), &lo, &hi) < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: the array's strides span more than 2**63 bytes", argname);
+        return -1;
+    }
     v->device = (ampc_device){AMPC_DEVICE_CPU, 0};
     v->readonly = !PyArray_ISWRITEABLE(a);
     v->stream = NULL;
@@ -243,7 +250,16 @@ int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allo
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        const long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        /* an item's __index__ may change a list (PySequence_Fast's is the list itself): its size
+         * again each time, and the item held across the call */
+        if (i >= PySequence_Fast_GET_SIZE(seq)) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_RuntimeError, "%s changed size while it was read", argname);
+            return -1;
+        }
+        PyObject *item = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+        const long long v = PyLong_AsLongLong(item);
+        Py_DECREF(item);
         if (v == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
             return -1;

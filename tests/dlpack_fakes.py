@@ -91,6 +91,28 @@ class FakeTensor:
         self.deleted += 1
 
 
+CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DestroyedCapsule:
+    """Capsules over `fake`'s tensor (a FakeTensor) whose destructor, as a producer's written with
+    ctypes, Cython or pybind11 would, runs Python when the capsule dies; `destroyed` counts it. The
+    capsule is not kept here: its consumer's reference is the last."""
+
+    def __init__(self, fake):
+        self.destroyed = 0
+        self.fake = fake
+        self._destructor = CAPSULE_DESTRUCTOR(self._count)
+
+    def capsule(self):
+        versioned = isinstance(self.fake.managed, DLManagedTensorVersioned)
+        return _new(ctypes.addressof(self.fake.managed), NAMES[versioned],
+                    ctypes.cast(self._destructor, ctypes.c_void_p))
+
+    def _count(self, _):
+        self.destroyed += 1
+
+
 def exported(capsule):
     """The managed tensor inside one of ampc's capsules (versioned or legacy)."""
     versioned = capsule_name(capsule) == "dltensor_versioned"

@@ -648,3 +648,31 @@ def test_embedding_max_norm(rng, norm_type):
     layer = ampc.nn.Embedding(7, 5, max_norm=1.0)
     layer(np.array([2, 4]))
     assert np.linalg.norm(layer.weight.data[[2, 4]].astype(np.float64), axis=1).max() <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("idx, error, match", [
+    (np.array([0, -1]), ValueError, "index -1"),     # torch's renorm took -1 for row 4: rows 0 and 4 rescaled
+    (np.array([[1], [5]]), ValueError, "index 5"),
+    (np.array([0.0, 1.0]), TypeError, "indices"),    # float indices: NumPy picked rows 0 and 1 first
+    (np.array([0, 1], np.uint16), TypeError, "uint16"),
+])
+def test_embedding_max_norm_refused_changes_no_row(idx, error, match):
+    """A lookup that will be refused renormalises nothing: every check runs before max_norm writes."""
+    w = np.arange(10, dtype=np.float32).reshape(5, 2) + 1  # every row's norm above 1
+    before = w.copy()
+    with pytest.raises(error, match=match):
+        F.embedding(idx, w, max_norm=1.0)
+    np.testing.assert_array_equal(w, before)
+    layer = ampc.nn.Embedding(5, 2, max_norm=1.0)
+    kept = layer.weight.data.copy()
+    with pytest.raises(error, match=match):
+        layer(idx)
+    np.testing.assert_array_equal(layer.weight.data, kept)
+    assert layer.weight._version == 0
+
+
+@pytest.mark.parametrize("padding_idx", [5, -6])
+def test_embedding_layer_padding_idx_outside_the_table(padding_idx):
+    """torch asserts it in the constructor; -6 of 5 rows silently zeroed row 4 (-6 + 5 = -1)."""
+    with pytest.raises(ValueError, match="Padding_idx must be within num_embeddings"):
+        ampc.nn.Embedding(5, 2, padding_idx=padding_idx)

@@ -31,6 +31,20 @@ def bits(t):
         np.ascontiguousarray(t).view(np.uint8))
 
 
+def test_embedding_max_norm_refused_changes_no_row():
+    """An index outside the table is refused before max_norm writes (torch's renorm took -1 for the
+    last row; a GPU lookup gives NaN rather than looking)."""
+    w = torch.arange(10, dtype=torch.float32, device="cuda").reshape(5, 2) + 1
+    before = w.clone()
+    for idx in ([0, -1], [0, 5]):
+        with pytest.raises(ValueError, match="outside the 5 rows"):
+            F.embedding(torch.tensor(idx, device="cuda"), w, max_norm=1.0)
+        assert torch.equal(w, before)
+    y = F.embedding(torch.tensor([1], device="cuda"), w, max_norm=1.0)
+    want = before[1].double() / (before[1].double().norm() + 1e-7)
+    assert torch.allclose(y[0].double(), want, rtol=1e-6) and torch.equal(w[0], before[0])
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
 def test_embedding(dtype):
     w = randn(50, 33, dtype=dtype)

@@ -921,6 +921,49 @@ def test_linear(rng, xshape, bias, dtype):
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("xshape,bshape", [((5, 7), (1, 4)), ((5, 7), (5, 4)), ((5, 7), (5, 1)), ((5, 7), (1,)),
+                                           ((2, 3, 7), (3, 4)), ((2, 3, 7), (2, 1, 4)), ((2, 3, 7), ())], ids=str)
+def test_linear_takes_a_bias_that_broadcasts(rng, xshape, bshape, dtype):
+    """torch's linear adds any bias that broadcasts to its output (torch's own autocast list passes a
+    square matrix): ampc refused all but (out_features,). Forward against float64, backward against
+    finite differences, the bias gradient summed down to the bias's shape."""
+    x, w, b = ref.random(rng, xshape, dtype), ref.random(rng, (4, 7), dtype), ref.random(rng, bshape, dtype)
+    expected = f64(x) @ f64(w).T + f64(b)
+    assert_close(F.linear(x, w, b), expected, dtype, scale=_mm_scale(x, w.T) + np.abs(f64(b)))
+    x, w, b = (rng.standard_normal(s) for s in (xshape, (4, 7), bshape))
+    r = rng.standard_normal(xshape[:-1] + (4,))
+    gi, gw, gb = F.linear_backward(r, x, w, bias_shape=bshape)
+    assert gb.shape == bshape and gb is not r
+    assert_close(gb, numeric_grad(lambda v: F.linear(x, w, v), np.array(b), r), F64, rtol=1e-6)
+    assert_close(gw, numeric_grad(lambda v: F.linear(x, v, b), w.copy(), r), F64, rtol=1e-6)
+    # on the tape: the Parameter's .grad has the bias's shape
+    bias = ampc.Parameter(np.array(b))
+    F.linear(x, w, bias).backward(r)
+    assert_close(bias.grad, gb, F64, rtol=1e-12)
+
+
+def test_matmul_output_past_int64_is_refused_before_any_product_of_its_sizes():
+    """Broadcast batches whose product with m and n passes 2**63 bytes (the GPU multiplied them into
+    cuBLASLt's batch count first): one ValueError naming the op."""
+    zeros = np.zeros(1, np.float32)
+    a = np.lib.stride_tricks.as_strided(zeros, (2**31, 1, 1, 2), (0, 0, 0, 4))
+    b = np.lib.stride_tricks.as_strided(zeros, (1, 2**31, 2, 1), (0, 0, 0, 4))
+    with pytest.raises(ValueError, match="matmul: the output's broadcast batch and matrices are too large"):
+        F.matmul(a, b)
+
+
+def test_linear_of_torch_autocast_list_under_autocast(rng):
+    """torch's autocast test list calls linear(mat0, mat1, mat2) on three square float32 matrices:
+    under CPU autocast, bfloat16, the bias added in float32 and rounded once."""
+    m = [rng.standard_normal((8, 8)).astype(np.float32) for _ in range(3)]
+    with ampc.autocast("cpu"):
+        y = F.linear(*m)
+    assert y.dtype == BF16
+    lo = [f64(v.astype(BF16)) for v in m]
+    assert_close(y, lo[0] @ lo[1].T + lo[2], BF16, scale=np.abs(lo[0]) @ np.abs(lo[1]).T + np.abs(lo[2]))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("ashape,bshape", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)),
                                            ((2, 1, 3, 4), (5, 4, 6)), ((4,), (4, 5)), ((3, 4), (4,)),
                                            ((4,), (4,)), ((2, 3, 4), (4,))], ids=str)
@@ -1013,8 +1056,10 @@ def test_matmul_bad_input():
         F.mm(a, np.ones((4, 2), np.float16))
     with pytest.raises(ValueError, match="2-D"):
         F.mm(a, np.ones(4, np.float32))
-    with pytest.raises(ValueError, match="bias must have 3 values"):
+    with pytest.raises(ValueError, match=r"bias of shape \(2,\) does not broadcast to the output's shape \(3, 3\)"):
         F.linear(a, np.ones((3, 4), np.float32), np.ones(2, np.float32))
+    with pytest.raises(ValueError, match=r"bias of shape \(2, 3, 3\) does not broadcast"):  # it would grow y
+        F.linear(a, np.ones((3, 4), np.float32), np.ones((2, 3, 3), np.float32))
 
 
 # --------------------------------------------------------------------------------------------

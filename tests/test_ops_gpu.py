@@ -526,6 +526,22 @@ def test_linear(xshape, features, bias, dtype):
         close(gb, want[2], dtype, scale=g2.double().abs().sum(0), what="grad bias")
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
+@pytest.mark.parametrize("xshape,bshape", [((5, 7), (1, 4)), ((5, 7), (5, 4)), ((2, 3, 7), (3, 1)), ((5, 7), ())],
+                         ids=str)
+def test_linear_takes_a_bias_that_broadcasts(xshape, bshape, dtype):
+    """A bias broadcast to the output (torch's autocast list passes a square one): copied into the
+    output, which cuBLASLt reads as C; its gradient summed down to its shape."""
+    x, w, b = randn(*xshape, dtype=dtype), randn(4, 7, dtype=dtype), randn(*bshape, dtype=dtype)
+    scale = mm_scale(x, w.t()) + b.double().abs()
+    against(F.linear(x, w, b), TF.linear, [x, w, b], dtype, scale=scale, what="linear, broadcast bias")
+    g = randn(*(xshape[:-1] + (4,)), dtype=dtype)
+    want = autograd(TF.linear, [x, w, b], g)[2]
+    gb = F.linear_backward(g, x, w, bias_shape=bshape)[2]
+    assert tuple(gb.shape) == bshape
+    close(gb, want, dtype, scale=g.double().abs().sum(), what="grad of a broadcast bias")
+
+
 @pytest.mark.never_waits
 def test_untuned_products_never_wait(monkeypatch):
     """AMPC_GEMM_TUNING=0: a shape's first product takes cuBLASLt's heuristic first and only enqueues;

@@ -496,3 +496,22 @@ def test_cudnn_deterministic_switch():
     finally:
         cudnn.deterministic = False
     assert cudnn.deterministic is False
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, w: F.conv2d(x, w, padding=2**62),            # h + 2 pad wrapped: "padded size -9223372036854775804"
+    lambda x, w: F.conv2d(x, w, dilation=(2**62, 1)),      # dilation * (r - 1) wrapped
+    lambda x, w: F.conv2d(x[:0], w, padding=2**40),        # no image: p * q * crs of a column block wrapped
+    lambda x, w: F.max_pool2d(x, 3, dilation=2**62),       # "Calculated output size: (-3074457345618258601x...)"
+    lambda x, w: F.max_pool2d(x, 2**62, padding=2**61, dilation=4),
+    lambda x, w: F.avg_pool2d(x, 3, stride=2**63 - 1, ceil_mode=True),
+    lambda x, w: F.adaptive_avg_pool2d(x, (2**62, 4)),     # a window's (i + 1) * h
+], ids=["conv-padding", "conv-dilation", "conv-empty-batch", "pool-dilation", "pool-kernel", "pool-stride",
+        "adaptive-output"])
+def test_sizes_past_int64_are_a_clear_value_error(call):
+    """Padding, dilation, stride, kernel and output sizes whose arithmetic passes int64 (issue 50's
+    size-arithmetic hunt): one ValueError saying so, never a size that wrapped."""
+    x, w = np.ones((2, 1, 4, 4), F32), np.ones((1, 1, 3, 3), F32)
+    with pytest.raises(ValueError, match="too large") as raised:
+        call(x, w)
+    assert "-" not in str(raised.value).split(":", 1)[1]  # no wrapped (negative) size in the message

@@ -35,8 +35,9 @@ def _plain_forward(op):
 # -- matrix products and convolutions ---------------------------------------------------------
 
 def _linear_backward(a, saved, g, needs):
+    bias = a["bias"]
     return F.linear_backward(g, a["input"], a["weight"], input_grad=needs[0], weight_grad=needs[1],
-                             bias_grad=needs[2])
+                             bias_grad=needs[2], bias_shape=None if bias is None else tuple(bias.shape))
 
 
 def _matmul_backward(a, saved, g, needs):

@@ -37,25 +37,42 @@ def renorm_(weight, input, max_norm, norm_type=2.0):
     torch's CPU kernel). NumPy, CuPy and torch arrays (torch's own kernel for torch's)."""
     data = weight.data if isinstance(weight, _C.Parameter) else weight
     root = library_of(type(data))
+    if root not in ("torch", "numpy", "cupy"):
+        raise NotImplementedError(f"embedding: max_norm takes NumPy, CuPy or torch weights, not {type(data).__name__}")
+    # Everything the lookup checks, before any row is written (a refused call changes nothing): the
+    # lookup of no index checks weight, input's dtype and device; every index is checked below.
+    _C._embedding(weight, input[:0] if len(_shape_of(input, "embedding")) > 0 else input)
     if root == "torch":
         import torch
 
+        _check_rows("embedding", torch.unique(input), data.shape[0])
         with torch.no_grad():
             torch.embedding_renorm_(data, input, max_norm, norm_type)
-    elif root in ("numpy", "cupy"):
+    else:
         import importlib
 
         lib = importlib.import_module(root)
-        rows = lib.unique(lib.asarray(input).ravel())
+        rows = lib.unique(lib.asarray(input).ravel())  # sorted (and on a GPU, on the host once counted)
+        _check_rows("embedding", rows, data.shape[0])
         picked = data[rows].astype(lib.float64)
         norms = lib.linalg.norm(picked, ord=norm_type, axis=1) if norm_type != float("inf") else \
             lib.abs(picked).max(axis=1)
         scale = lib.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
         data[rows] = (picked * scale[:, None]).astype(data.dtype)
-    else:
-        raise NotImplementedError(f"embedding: max_norm takes NumPy, CuPy or torch weights, not {type(data).__name__}")
     if isinstance(weight, _C.Parameter):
         weight.bump_version()  # autocast's cached copies of it are stale
+
+
+def _check_rows(op, rows, num):
+    """The ValueError of the lookup (ops_embedding.c) for sorted unique indices outside [0, num): torch's
+    renorm takes -1 for the last row (it renormalised row 4 of 5, then the lookup refused -1), a GPU
+    would write through any index. The check costs the GPU nothing more: counting the unique indices
+    already waited for it."""
+    if len(rows) == 0:
+        return
+    for bad in (int(rows[0]), int(rows[-1])):
+        if not 0 <= bad < num:
+            raise ValueError(f"{op}: input holds the index {bad}, outside the {num} rows of weight")
 
 
 def embedding_backward(grad_output, input, num_weights, padding_idx=None, scale_grad_by_freq=False):

@@ -92,34 +92,45 @@ def _reduction_grad(grad_output, shape, reduction):
 
 @autocast_op(name="linear")
 def linear(input, weight, bias=None):
-    """y = input @ weight.T + bias (weight: (out_features, in_features), or (in_features,) with a
-    0-d bias for one output feature, the dimension dropped, as torch's)."""
+    """y = input @ weight.T + bias (weight: (out_features, in_features), or (in_features,) for one
+    output feature, the dimension dropped, as torch's). bias: any array that broadcasts to y without
+    growing it, as torch's: (out_features,), (1, out_features), y's own shape, a 0-d array."""
     if len(_shape_of(weight, "linear", "weight")) == 1:
-        y = linear(input, _reshape(weight, (1, -1)), None if bias is None else _reshape(bias, (1,)))
+        b = None if bias is None else _reshape(bias, tuple(_shape_of(bias, "linear", "bias")) + (1,))
+        y = linear(input, _reshape(weight, (1, -1)), b)
         return _reshape(y, tuple(y.shape[:-1]))
     return _C._matmul(input, weight, bias=bias, transpose_b=True, op="linear")
 
 
-def linear_backward(grad_output, input, weight, *, input_grad=True, weight_grad=True, bias_grad=True):
-    """(grad_input, grad_weight, grad_bias) of linear; None for the ones not asked for."""
+def linear_backward(grad_output, input, weight, *, input_grad=True, weight_grad=True, bias_grad=True,
+                    bias_shape=None):
+    """(grad_input, grad_weight, grad_bias) of linear; None for the ones not asked for. bias_shape:
+    the bias's shape where it is not (out_features,) (0-d for a 1-D weight): its gradient is then
+    grad_output summed down to that shape."""
     if len(_shape_of(weight, "linear_backward", "weight")) == 1:  # one output feature, its dimension dropped
+        shape = () if bias_shape is None else tuple(bias_shape)
         gi, gw, gb = linear_backward(_reshape(grad_output, tuple(grad_output.shape) + (1,)), input,
                                      _reshape(weight, (1, -1)), input_grad=input_grad, weight_grad=weight_grad,
-                                     bias_grad=bias_grad)
-        return gi, None if gw is None else _reshape(gw, (-1,)), None if gb is None else _reshape(gb, ())
+                                     bias_grad=bias_grad, bias_shape=shape + (1,))
+        return gi, None if gw is None else _reshape(gw, (-1,)), None if gb is None else _reshape(gb, shape)
+    k = grad_output.shape[-1]
+    broadcast_bias = bias_grad and bias_shape is not None and tuple(bias_shape) != (k,)
     gi = _C._matmul(grad_output, weight, op="linear_backward") if input_grad else None
     gw = gb = None
-    if weight_grad or bias_grad:
-        k = grad_output.shape[-1]
+    if weight_grad or (bias_grad and not broadcast_bias):
         g2 = _reshape(grad_output, (-1, k))
         if weight_grad:
             x2 = _reshape(input, (-1, input.shape[-1]))
             # the bias gradient comes with the weight's product (fused on the GPU where cuBLASLt can)
-            gw = _C._matmul(g2, x2, transpose_a=True, op="linear_backward", bias_grad=bias_grad)
-            if bias_grad:
+            gw = _C._matmul(g2, x2, transpose_a=True, op="linear_backward", bias_grad=bias_grad and not broadcast_bias)
+            if bias_grad and not broadcast_bias:
                 gw, gb = gw
         elif bias_grad:
             gb = _C._sum(g2, (0,))
+    if broadcast_bias:
+        gb = _unbroadcast(grad_output, tuple(bias_shape))
+        if gb is grad_output:  # the bias had the output's shape: its own array, not the caller's
+            gb = _C._ew(_OPS["copy"], grad_output, name="linear_backward", names=("grad_output",))
     return gi, gw, gb
 
 

@@ -335,6 +335,10 @@ class Module:
                 errors.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)} from "
                               f"checkpoint, the shape in current model is {tuple(current.shape)}.")
                 continue
+            if _read_only(current):  # found now: the copy would fail after the keys before it were written
+                errors.append(f'While copying the parameter named "{key}", the array in the current model is '
+                              "read-only.")
+                continue
             arrays[key] = value
         if errors:
             raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(errors))
@@ -428,6 +432,14 @@ def _holds_numbers(value):
     except (TypeError, ValueError, AttributeError):
         return False
     return True
+
+
+def _read_only(array):
+    """Whether ampc may not write into array: a NumPy array not writeable, an ampc.Array marked
+    read-only (a legacy DLPack import); torch's and CuPy's arrays are writeable."""
+    if isinstance(array, np.ndarray):
+        return not array.flags.writeable
+    return isinstance(array, _C.Array) and array.readonly
 
 
 def _copy_into(target, value):
@@ -609,8 +621,8 @@ class Embedding(Module):
             raise NotImplementedError("Embedding: sparse gradients are not supported")
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
-        if padding_idx is not None and padding_idx < 0:
-            padding_idx += num_embeddings
+        if padding_idx is not None:  # in [-num_embeddings, num_embeddings), as torch asserts
+            padding_idx = _embedding._padding_index("Embedding", padding_idx, num_embeddings)
         self.padding_idx = padding_idx
         weight = _generator().standard_normal((num_embeddings, embedding_dim)).astype(np.float32)
         if padding_idx is not None:
