@@ -367,9 +367,9 @@ static PyObject *mod_to_device(PyObject *module, PyObject *args)
     int positive = 1;
     for (int d = 0; d < v.ndim; d++)
         positive &= v.strides[d] > 0 || v.shape[d] <= 1;
-    if (v.numel > 0)
-        ampc_layout_extent(v.ndim, v.shape, v.strides, itemsize, &lo, &hi);
-    if (v.numel > 0 && (!positive || lo != 0 || hi != v.numel * itemsize ||
+    /* (every view's extent was checked when it was made: the -1 of an overflow cannot come) */
+    const int extent = v.numel > 0 ? ampc_layout_extent(v.ndim, v.shape, v.strides, itemsize, &lo, &hi) : 0;
+    if (v.numel > 0 && (extent < 0 || !positive || lo != 0 || hi != v.numel * itemsize ||
                         ampc_layout_has_internal_overlap(v.ndim, v.shape, v.strides, itemsize))) {
         PyErr_SetString(PyExc_ValueError, "to: x must be dense (C order, channels-last or another order of its "
                         "dimensions) with positive strides");
