@@ -42,7 +42,7 @@ extern const char ampc_banned_bce_message[];
 
 /* One region's saved state: what __exit__ restores. */
 typedef struct {
-    const void *owner;          /* the autocast object that entered (identity only) */
+    PyObject *owner;            /* strong: the autocast object that entered (so its address cannot be reused) */
     ampc_device_type device;
     unsigned char enabled;
     unsigned char cache_enabled;

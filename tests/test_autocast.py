@@ -333,17 +333,103 @@ def test_decorated_function_that_recurses_leaves_autocast_off():
     assert not ampc.is_autocast_enabled("cpu")
 
 
-def test_exit_must_match_enter():
-    a, b = ampc.autocast("cpu"), ampc.autocast("cpu", dtype=F16)
+def nesting():
+    """The thread's autocast nesting count."""
+    depth = ampc.autocast_increment_nesting() - 1
+    ampc.autocast_decrement_nesting()
+    return depth
+
+
+def test_exit_without_enter_is_refused():
+    a = ampc.autocast("cpu")
     with pytest.raises(RuntimeError, match="without a matching __enter__"):
         a.__exit__(None, None, None)
+    with a:
+        pass
+    with pytest.raises(RuntimeError, match="without a matching __enter__"):
+        a.__exit__(None, None, None)  # already left
+    assert nesting() == 0
+
+
+def test_regions_left_out_of_order():
+    # torch's regions may be left in any order (each restores what it saved and counts the
+    # nesting down); ampc's too, and the state from before the first comes back at the end
+    # (torch's leaves the second region's saved "on"). Was: RuntimeError "reverse order".
+    before = state()
+    a, b = ampc.autocast("cpu", dtype=F16, cache_enabled=False), ampc.autocast("cpu", dtype=BF16)
     a.__enter__()
     b.__enter__()
-    with pytest.raises(RuntimeError, match="reverse order"):
-        a.__exit__(None, None, None)
-    assert ampc.get_autocast_dtype("cpu") == F16  # unchanged by the refused exit
+    assert a.__exit__(None, None, None) is False
+    assert state() == (True, BF16, True)  # b is still open: its state holds
+    assert nesting() == 1
     b.__exit__(None, None, None)
+    assert state() == before and nesting() == 0
+
+
+def test_regions_of_two_devices_left_out_of_order():
+    cpu = ampc.autocast("cpu", dtype=F16, cache_enabled=False)
+    off = ampc.autocast("cuda", enabled=False, cache_enabled=False)
+    inner = ampc.autocast("cpu", dtype=BF16)
+    cpu.__enter__()
+    off.__enter__()
+    inner.__enter__()
+    cpu.__exit__(None, None, None)  # its saved CPU state goes to inner, its saved cache flag to off
+    assert state() == (True, BF16, True)
+    inner.__exit__(None, None, None)
+    assert state() == (False, BF16, False)  # off is still open, with its own cache flag
+    off.__exit__(None, None, None)
+    assert state() == (False, BF16, True) and nesting() == 0
+
+
+def test_cache_dropped_when_the_last_region_is_left_out_of_order(rng):
+    mm = make_op("mm", reference_mm)
+    w = ampc.Parameter(floats(rng, (4, 4), F32))
+    a, b = ampc.autocast("cpu"), ampc.autocast("cpu")
+    a.__enter__()
+    b.__enter__()
+    mm(w, w)
+    assert _C._autocast_cache_info()["entries"] == 1
     a.__exit__(None, None, None)
+    assert _C._autocast_cache_info()["entries"] == 1  # b still open
+    b.__exit__(None, None, None)
+    assert _C._autocast_cache_info()["entries"] == 0 and nesting() == 0
+
+
+def test_asyncio_tasks_holding_regions_across_an_await(rng):
+    # issue 50, instance 12: two tasks, each in a region across an await, leave in the order they
+    # resume (task 1 enters, task 2 enters, task 1 leaves, task 2 leaves). Was: RuntimeError in
+    # task 1 and a nesting count stuck at 1, so the cache was never dropped again on the thread.
+    import asyncio
+
+    mm = make_op("mm", reference_mm)
+    w = ampc.Parameter(floats(rng, (4, 4), F32))
+    seen = {}
+
+    async def main():
+        entered, left = asyncio.Event(), asyncio.Event()
+
+        async def first():
+            try:
+                with ampc.autocast("cpu"):
+                    mm(w, w)
+                    entered.set()
+                    while not seen.get("second in"):
+                        await asyncio.sleep(0)
+            finally:
+                left.set()
+
+        async def second():
+            await entered.wait()
+            with ampc.autocast("cpu", dtype=F16):
+                seen["second in"] = True
+                await left.wait()
+                seen["after first left"] = (ampc.get_autocast_dtype("cpu"), mm(w, w).dtype)
+        return await asyncio.gather(first(), second(), return_exceptions=True)
+
+    assert asyncio.run(main()) == [None, None]
+    assert seen["after first left"] == (F16, F16)  # the open region is second's
+    assert nesting() == 0 and not ampc.is_autocast_enabled("cpu")
+    assert _C._autocast_cache_info()["entries"] == 0
 
 
 def test_state_is_per_thread(rng):
