@@ -537,6 +537,16 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
         goto done;
     c.leaves = &leaves;
     c.device = device;
+    if ((policy == AMPC_POLICY_LOWER_PRECISION_FP || policy == AMPC_POLICY_PROMOTE) &&
+        !AMPC_DTYPE_IS_FLOAT(t->dtype[device])) {
+        /* a disabled region's dtype (autocast("cpu", dtype=int32) warns and
+         * disables, as torch's) turned on by set_autocast_enabled: torch would
+         * cast to it; ampc casts only between floating dtypes */
+        PyErr_Format(PyExc_RuntimeError, "autocast: the region's dtype on %s is %s, which is not a floating dtype; "
+                     "%U cannot run in it", device == AMPC_DEVICE_CUDA ? "cuda" : "cpu",
+                     ampc_dtype_names[t->dtype[device]], op->entry->name);
+        goto done;
+    }
     switch (policy) {
     case AMPC_POLICY_NONE:
         break;

@@ -214,16 +214,10 @@ static int Autocast_init(PyObject *op, PyObject *args, PyObject *kwargs)
     const int device = ampc_autocast_device_or_raise(device_obj);
     if (device < 0)
         return -1;
+    /* Any dtype ampc knows: torch checks it only where the region is enabled (below). */
     ampc_dtype dtype = ampc_autocast.dtype[device];
-    if (dtype_obj != Py_None) {
-        if (ampc_dtype_parse(st, dtype_obj, "autocast: dtype", &dtype) < 0)
-            return -1;
-        if (!AMPC_DTYPE_IS_FLOAT(dtype)) {
-            PyErr_Format(PyExc_TypeError, "autocast: dtype must be a floating dtype, got %s",
-                         ampc_dtype_names[dtype]);
-            return -1;
-        }
-    }
+    if (dtype_obj != Py_None && ampc_dtype_parse(st, dtype_obj, "autocast: dtype", &dtype) < 0)
+        return -1;
     int cache_enabled = ampc_autocast.cache_enabled;
     if (cache_obj != Py_None && (cache_enabled = PyObject_IsTrue(cache_obj)) < 0)
         return -1;
@@ -257,6 +251,12 @@ static int Autocast_init(PyObject *op, PyObject *args, PyObject *kwargs)
                          "CPU Autocast only supports dtype of torch.bfloat16, torch.float16 currently.", 1) < 0)
             goto fail;
         enabled = 0;
+    }
+    /* torch would open an enabled CUDA region that casts floating arrays to
+     * an integer dtype; ampc refuses it (a disabled one is torch's: allowed). */
+    if (enabled && device == AMPC_DEVICE_CUDA && !AMPC_DTYPE_IS_FLOAT(dtype)) {
+        PyErr_Format(PyExc_TypeError, "autocast: dtype must be a floating dtype, got %s", ampc_dtype_names[dtype]);
+        goto fail;
     }
     if (enabled && device == AMPC_DEVICE_CUDA && dtype == AMPC_BFLOAT16) {
         const int bf16 = ampc_cuda_bf16_supported(st);

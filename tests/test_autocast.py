@@ -188,16 +188,59 @@ def test_autocast_called_with_non_callable():
         ampc.autocast("cpu")(np.ones(2))
 
 
+CPU_WARNING = ("In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
+               "CPU Autocast only supports dtype of torch.bfloat16, torch.float16 currently.")
+
+
 def test_cpu_dtype_not_supported_warns_and_disables():
-    for dtype in (np.float32, np.float64):
+    # the integer dtypes and bool too (issue 50, instance 13: np.int32 raised TypeError), as torch
+    for dtype in (np.float32, np.float64, np.int32, np.int8, np.uint64, np.bool_, "int64"):
         with pytest.warns(UserWarning) as record:
             region = ampc.autocast("cpu", dtype=dtype)
-        assert str(record[0].message) == (
-            "In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
-            "CPU Autocast only supports dtype of torch.bfloat16, torch.float16 currently.")
-        assert region._enabled is False
+        assert [str(r.message) for r in record] == [CPU_WARNING]
+        assert region._enabled is False and region.fast_dtype == np.dtype(dtype)
         with region:
             assert not ampc.is_autocast_enabled("cpu")
+            assert ampc.get_autocast_dtype("cpu") == np.dtype(dtype)  # torch sets it too
+
+
+def test_integer_dtype_disabled_region_is_quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for device in ("cpu", "cuda"):
+            region = ampc.autocast(device, dtype=np.int32, enabled=False)
+            assert region._enabled is False and region.fast_dtype == np.dtype(np.int32)
+            with region:
+                assert not ampc.is_autocast_enabled(device)
+                assert ampc.get_autocast_dtype(device) == np.dtype(np.int32)
+        assert ampc.get_autocast_dtype("cuda") == F16
+
+
+@pytest.mark.skipif(ampc.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_integer_dtype_without_a_gpu_warns_and_disables():
+    # torch's CUDA check comes first and disables the region; its dtype is not looked at then
+    with pytest.warns(UserWarning) as record:
+        region = ampc.autocast("cuda", dtype=np.int32)
+    assert [str(r.message) for r in record] == [
+        "User provided device_type of 'cuda', but CUDA is not available. Disabling"]
+    assert region._enabled is False and region.fast_dtype == np.dtype(np.int32)
+
+
+def test_integer_region_dtype_turned_on_refuses_to_cast():
+    # set_autocast_enabled inside a disabled integer region: torch would cast floats to int32;
+    # ampc refuses the op, and a clear error (it crashed in the cast kernel before this check)
+    mm = make_op("mm", reference_mm)
+    a = np.ones((2, 2), np.float32)
+    with pytest.warns(UserWarning, match="target dtype is not supported"):
+        region = ampc.autocast("cpu", dtype=np.int32)
+    with region:
+        ampc.set_autocast_enabled("cpu", True)
+        try:
+            with pytest.raises(RuntimeError, match="region's dtype on cpu is int32, which is not a floating dtype"):
+                mm(a, a)
+            assert make_op("exp", reference_exp)(a).dtype == F32  # fp32 ops need no region dtype
+        finally:
+            ampc.set_autocast_enabled("cpu", False)
 
 
 def test_autocast_disabled_with_fp32_dtype():
@@ -221,10 +264,10 @@ def test_construction_arguments():
     region = ampc.autocast("cpu", dtype="float16", cache_enabled=False)
     assert region.device == "cpu" and region.fast_dtype == F16 and region._cache_enabled is False
     assert ampc.autocast("cpu").fast_dtype == BF16
-    with pytest.raises(TypeError, match="floating dtype"):
-        ampc.autocast("cpu", dtype=np.int8)
     with pytest.raises(TypeError):
         ampc.autocast("cpu", dtype="not a dtype")
+    with pytest.raises(TypeError, match="ampc does not support dtype"):
+        ampc.autocast("cpu", dtype=np.complex64)  # torch warns and disables; ampc has no such dtype
     # The default dtype and cache flag are this thread's at construction
     ampc.set_autocast_dtype("cpu", F16)
     ampc.set_autocast_cache_enabled(False)
