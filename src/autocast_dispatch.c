@@ -20,10 +20,6 @@
 
 #include <structmember.h>
 
-/* Containers nested deeper than this are handed on untouched (and a list
- * that holds itself cannot recurse forever). */
-#define MAX_DEPTH 32
-
 /* ------------------------------------------------------------------------ */
 /* Registry entries: an op name's policy per device type                     */
 /* ------------------------------------------------------------------------ */
@@ -172,32 +168,37 @@ static int describe(ampc_state *st, PyObject *obj, PyObject *param, leaf_list *l
     return 0;
 }
 
-/* Find the arrays in `obj`, in the order rebuild() visits them. */
-static int scan(ampc_state *st, PyObject *obj, leaf_list *l, int depth)
+static int scan(ampc_state *st, PyObject *obj, leaf_list *l);
+
+/* scan() of each item of a tuple or list, or each value of a dict. */
+static int scan_container(ampc_state *st, PyObject *obj, leaf_list *l)
+{
+    /* a snapshot: a cast may release the GIL, and __dlpack__ may run Python */
+    PyObject *items = PyDict_CheckExact(obj) ? PyDict_Values(obj) : PySequence_Tuple(obj);
+    if (items == NULL)
+        return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(items); i++)
+        rc = scan(st, PySequence_Fast_GET_ITEM(items, i), l);
+    Py_DECREF(items);
+    return rc;
+}
+
+/* Find the arrays in `obj`, in the order rebuild() visits them. Nested
+ * containers are walked to any depth Python allows: RecursionError, as
+ * torch's walk of them, for a list that holds itself or 10^6 nested tuples. */
+static int scan(ampc_state *st, PyObject *obj, leaf_list *l)
 {
     if (ampc_is_parameter(st, obj)) {
         PyObject *data = ((ampc_parameter *)obj)->data;
         const int array = is_array(st, data);
         return array <= 0 ? array : describe(st, data, obj, l);
     }
-    if (depth < MAX_DEPTH && (PyTuple_CheckExact(obj) || PyList_CheckExact(obj))) {
-        PyObject *items = PySequence_Tuple(obj);  /* a snapshot: a cast may release the GIL */
-        if (items == NULL)
+    if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj) || PyDict_CheckExact(obj)) {
+        if (Py_EnterRecursiveCall(" while autocast looked for arrays in nested containers"))
             return -1;
-        int rc = 0;
-        for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(items); i++)
-            rc = scan(st, PyTuple_GET_ITEM(items, i), l, depth + 1);
-        Py_DECREF(items);
-        return rc;
-    }
-    if (depth < MAX_DEPTH && PyDict_CheckExact(obj)) {
-        PyObject *values = PyDict_Values(obj);
-        if (values == NULL)
-            return -1;
-        int rc = 0;
-        for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(values); i++)
-            rc = scan(st, PyList_GET_ITEM(values, i), l, depth + 1);
-        Py_DECREF(values);
+        const int rc = scan_container(st, obj, l);
+        Py_LeaveRecursiveCall();
         return rc;
     }
     const int array = is_array(st, obj);
@@ -269,10 +270,10 @@ static PyObject *rebuild_array(rebuild_ctx *c, PyObject *array, PyObject *param)
     return cast_leaf(c, f);
 }
 
-static PyObject *rebuild(rebuild_ctx *c, PyObject *obj, int depth);
+static PyObject *rebuild(rebuild_ctx *c, PyObject *obj);
 
 /* A tuple or list with each item rebuilt; `obj` itself if none changed. */
-static PyObject *rebuild_sequence(rebuild_ctx *c, PyObject *obj, int depth)
+static PyObject *rebuild_sequence(rebuild_ctx *c, PyObject *obj)
 {
     PyObject *items = PySequence_Tuple(obj);
     if (items == NULL)
@@ -281,7 +282,7 @@ static PyObject *rebuild_sequence(rebuild_ctx *c, PyObject *obj, int depth)
     PyObject *out = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyTuple_GET_ITEM(items, i);
-        PyObject *converted = rebuild(c, item, depth + 1);
+        PyObject *converted = rebuild(c, item);
         if (converted == NULL)
             goto fail;
         if (out == NULL && converted != item) {
@@ -314,12 +315,12 @@ fail:
 }
 
 /* A dict with each value rebuilt (keys kept); `obj` itself if none changed. */
-static PyObject *rebuild_dict(rebuild_ctx *c, PyObject *obj, int depth)
+static PyObject *rebuild_dict(rebuild_ctx *c, PyObject *obj)
 {
     PyObject *keys = PyDict_Keys(obj), *values = PyDict_Values(obj), *converted = NULL, *out = NULL;
     if (keys == NULL || values == NULL)
         goto done;
-    converted = rebuild_sequence(c, values, depth);
+    converted = rebuild_sequence(c, values);
     if (converted == NULL || converted == values) {
         out = converted == NULL ? NULL : Py_NewRef(obj);
         goto done;
@@ -335,16 +336,19 @@ done:
     return out;
 }
 
-static PyObject *rebuild(rebuild_ctx *c, PyObject *obj, int depth)
+static PyObject *rebuild(rebuild_ctx *c, PyObject *obj)
 {
     ampc_state *st = c->st;
     if (ampc_is_parameter(st, obj))
         return rebuild_array(c, ((ampc_parameter *)obj)->data, obj);
-    if (depth < MAX_DEPTH && (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)))
-        return rebuild_sequence(c, obj, depth);
-    if (depth < MAX_DEPTH && PyDict_CheckExact(obj))
-        return rebuild_dict(c, obj, depth);
-    return rebuild_array(c, obj, NULL);
+    const int sequence = PyTuple_CheckExact(obj) || PyList_CheckExact(obj);
+    if (!sequence && !PyDict_CheckExact(obj))
+        return rebuild_array(c, obj, NULL);
+    if (Py_EnterRecursiveCall(" while autocast rebuilt nested containers"))
+        return NULL;
+    PyObject *out = sequence ? rebuild_sequence(c, obj) : rebuild_dict(c, obj);
+    Py_LeaveRecursiveCall();
+    return out;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -472,7 +476,7 @@ static PyObject *call_rebuilt(autocast_op *op, rebuild_ctx *c, PyObject *const *
         goto done;
     }
     for (; built < nargs + nkw; built++)
-        if ((argv[built] = rebuild(c, args[built], 0)) == NULL)
+        if ((argv[built] = rebuild(c, args[built])) == NULL)
             goto done;
     if (dtype != NULL) {
         if (dtype_at >= 0) {
@@ -521,7 +525,7 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
 
     Py_ssize_t first_leaves = 0;  /* leaves found in args[0] */
     for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
-        if (scan(st, args[i], &leaves, 0) < 0)
+        if (scan(st, args[i], &leaves) < 0)
             goto done;
         if (i == 0)
             first_leaves = leaves.n;
@@ -826,9 +830,9 @@ static PyObject *mod_autocast_cast(PyObject *module, PyObject *const *args, Py_s
     leaf_list leaves;
     leaves_init(&leaves);
     PyObject *result = NULL;
-    if (scan(st, args[0], &leaves, 0) == 0) {
+    if (scan(st, args[0], &leaves) == 0) {
         rebuild_ctx c = {st, &leaves, 0, (ampc_device_type)device, dtype, 0};
-        result = rebuild(&c, args[0], 0);
+        result = rebuild(&c, args[0]);
     }
     leaves_release(&leaves);
     return result;

@@ -705,6 +705,51 @@ def test_containers_are_cast_and_rebuilt(rng):
     assert nested[0][0] is a and nested[0][1][1]["k"] is c  # the caller's containers are not modified
 
 
+def endless_containers():
+    """Containers no walk can finish: RecursionError in torch's walk of them (torch.amp's _cast)."""
+    one = [np.ones(2, np.float32)]
+    one.append(one)
+    two = [np.ones(2, np.float32)]
+    two += [two, two]  # under the old depth cap of 32: 2^32 visits, a hang
+    d = {"x": np.ones(2, np.float32)}
+    d["self"] = d
+    deep = (np.ones(2, np.float32),)
+    for _ in range(10**6):
+        deep = (deep,)
+    return {"list holding itself": one, "list holding itself twice": two, "dict holding itself": d,
+            "10^6 nested tuples": deep}
+
+
+def test_endless_containers_raise_recursion_error():
+    # issue 50, class "recursion in C": scan() and rebuild() walk containers with
+    # Py_EnterRecursiveCall; before, they stopped at depth 32 without a word
+    op = probe("mm")
+    for name, value in endless_containers().items():
+        with ampc.autocast("cpu"):
+            with pytest.raises(RecursionError):
+                op(value)
+            with pytest.raises(RecursionError):
+                op(np.ones(2, np.float32), key=value)
+        with pytest.raises(RecursionError):  # outside a region: the walk that unwraps Parameters
+            op([ampc.Parameter(np.ones(2, np.float32)), value])
+        with pytest.raises(RecursionError):  # custom_fwd's cast_inputs
+            _C._autocast_cast(value, "cpu", np.float16)
+
+
+def test_deeply_nested_arrays_are_cast(rng):
+    # the walk has no depth cap of its own now (it had 32: deeper arrays were handed on uncast)
+    op = probe("mm")
+    a = floats(rng, (2, 2), F32)
+    nested = a
+    for _ in range(100):
+        nested = [nested]
+    with ampc.autocast("cpu"):
+        got, _ = op(nested)
+    for _ in range(101):
+        got = got[0]
+    assert_same_bits(got, ampc.cast(a, BF16))
+
+
 def test_out_calls_are_not_autocast(rng):
     op = probe("mm")
     a, out = floats(rng, (2, 2), F32), np.empty((2, 2), np.float32)
