@@ -1,0 +1,367 @@
+"""Calls back into ampc.optim and autocast's regions from the Python they run themselves (issue 50,
+the class "borrowed state across a call that can run Python"): a Parameter's .grad or .data
+property, an optimizer's param_groups property, a hyperparameter's __float__, an __index__, an
+array's __dlpack__, a data object's _version property, the functions of autocast ops, custom_fwd
+and the tape's backward hooks. Each callback calls the public methods (optimizer.step, zero_grad,
+load_state_dict, add_param_group, state_dict; a region's __enter__ / __exit__,
+set_autocast_enabled, set_autocast_dtype, clear_autocast_cache). Whatever the callback does, the
+result is no crash and a consistent state: an optimizer refuses a method that would change it
+under its own step with a RuntimeError and changes nothing, or the call gives the result it would
+give before or after."""
+
+import numpy as np
+import pytest
+
+import ampc
+from ampc import _C, optim
+from ampc.nn import functional as F
+
+F32, BF16 = np.dtype(np.float32), ampc.bfloat16
+INSIDE_STEP = r"was called from inside its own step\(\)"
+
+
+def nesting():
+    depth = ampc.autocast_increment_nesting() - 1
+    ampc.autocast_decrement_nesting()
+    return depth
+
+
+@pytest.fixture(autouse=True)
+def no_region_left():
+    yield
+    assert nesting() == 0 and not ampc.is_autocast_enabled("cpu")
+    assert _C._autocast_cache_info()["entries"] == 0
+
+
+class Once:
+    """A callback run the first time it is called (later calls do nothing): what it raised, and
+    whether it ran, are kept."""
+
+    def __init__(self, callback=None):
+        self.callback, self.ran, self.error = callback, False, None
+
+    def __call__(self):
+        if self.callback is None or self.ran:
+            return
+        self.ran = True
+        try:
+            self.callback()
+        except Exception as error:  # noqa: BLE001 - recorded, then raised again
+            self.error = error
+            raise
+
+
+class HookedParameter(ampc.Parameter):
+    """A Parameter whose .grad and .data run `hook` on every read (a property: arbitrary code)."""
+
+    hook = Once()
+
+    @property
+    def grad(self):
+        self.hook()
+        return ampc.Parameter.grad.__get__(self)
+
+    @grad.setter
+    def grad(self, value):
+        ampc.Parameter.grad.__set__(self, value)
+
+    @property
+    def data(self):
+        self.hook()
+        return ampc.Parameter.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        ampc.Parameter.data.__set__(self, value)
+
+
+class DLPackArray:
+    """An array of another library: its __dlpack__ (which ampc calls to read it) runs `hook` first."""
+
+    def __init__(self, array, hook):
+        self.array, self.hook = array, hook
+
+    shape = property(lambda self: self.array.shape)
+    dtype = property(lambda self: self.array.dtype)
+
+    def __dlpack__(self, *args, **kwargs):
+        self.hook()
+        return self.array.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+class Number:
+    """A hyperparameter whose __float__ (and __index__) runs `hook`."""
+
+    def __init__(self, value, hook):
+        self.value, self.hook = value, hook
+
+    def __float__(self):
+        self.hook()
+        return float(self.value)
+
+    def __index__(self):
+        self.hook()
+        return int(self.value)
+
+
+MAKERS = {
+    "SGD": lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9),
+    "Adam": lambda ps: optim.Adam(ps, lr=0.1),
+    "AdamW amsgrad": lambda ps: optim.AdamW(ps, lr=0.1, amsgrad=True),
+}
+
+
+def setup(make, hook=None, n=3, kind=HookedParameter, seed=0):
+    """An optimizer over n parameters (the hooked kind) that has stepped once, so that it has state."""
+    rng = np.random.default_rng(seed)
+    params = [kind(rng.standard_normal(4).astype(np.float32)) for _ in range(n)]
+    for p in params:
+        ampc.Parameter.grad.__set__(p, rng.standard_normal(4).astype(np.float32))
+    HookedParameter.hook = Once()
+    opt = make(params)
+    opt.step()
+    HookedParameter.hook = Once(hook)
+    return opt, params
+
+
+def snapshot(opt, params):
+    """Everything a step changes, copied: parameters, gradients, state arrays and numbers."""
+    def copy(v):
+        return np.array(v, copy=True) if hasattr(v, "__array__") or hasattr(v, "__dlpack__") else v
+
+    raw = [(np.array(ampc.Parameter.data.__get__(p)), np.array(ampc.Parameter.grad.__get__(p))) for p in params]
+    state = {i: {k: copy(v) for k, v in opt.state.get(p, {}).items()} for i, p in enumerate(params)}
+    return raw, state, [dict(g, params=len(g["params"])) for g in opt.param_groups]
+
+
+def assert_same(a, b):
+    (raw_a, state_a, groups_a), (raw_b, state_b, groups_b) = a, b
+    for (pa, ga), (pb, gb) in zip(raw_a, raw_b):
+        np.testing.assert_array_equal(pa, pb)
+        np.testing.assert_array_equal(ga, gb)
+    assert state_a.keys() == state_b.keys()
+    for i in state_a:
+        assert state_a[i].keys() == state_b[i].keys()
+        for k in state_a[i]:
+            np.testing.assert_array_equal(state_a[i][k], state_b[i][k])
+    assert groups_a == groups_b
+
+
+def reference_after_two_steps(make, n=3):
+    """The parameters a plain optimizer has after two steps from setup()'s start."""
+    opt, params = setup(make, kind=ampc.Parameter, n=n)
+    opt.step()
+    return [np.array(p.data) for p in params]
+
+
+def mutators(opt):
+    """The public methods that change an optimizer, each as the callback calls it."""
+    saved = opt.state_dict()
+    extra = ampc.Parameter(np.ones(4, np.float32))
+    return {
+        "step": lambda: opt.step(),
+        "zero_grad": lambda: opt.zero_grad(),
+        "zero_grad(set_to_none=False)": lambda: opt.zero_grad(set_to_none=False),
+        "load_state_dict": lambda: opt.load_state_dict(saved),
+        "add_param_group": lambda: opt.add_param_group({"params": [extra]}),
+    }
+
+
+def callbacks_into(opt, name):
+    """The callback that calls mutator `name` of opt (made after setup: the state dict it loads is
+    the optimizer's own)."""
+    holder = {}
+
+    def callback():
+        holder["call"]()
+
+    return callback, lambda: holder.__setitem__("call", mutators(opt)[name])
+
+
+MUTATOR_NAMES = ["step", "zero_grad", "zero_grad(set_to_none=False)", "load_state_dict", "add_param_group"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizers: a method that would change the optimizer, called from inside its step, is refused
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MUTATOR_NAMES)
+@pytest.mark.parametrize("make", MAKERS.values(), ids=MAKERS.keys())
+def test_grad_property_calling_back_during_step(make, name):
+    callback, arm = None, None
+    opt, params = setup(make)
+    callback, arm = callbacks_into(opt, name)
+    arm()
+    HookedParameter.hook = Once(callback)
+    before = snapshot(opt, params)
+    with pytest.raises(RuntimeError, match=INSIDE_STEP):
+        opt.step()
+    assert HookedParameter.hook.ran and isinstance(HookedParameter.hook.error, RuntimeError)
+    assert_same(snapshot(opt, params), before)  # the refused step changed nothing
+    HookedParameter.hook = Once()
+    opt.step()  # and the optimizer steps as if nothing had happened
+    for p, expected in zip(params, reference_after_two_steps(make)):
+        np.testing.assert_array_equal(ampc.Parameter.data.__get__(p), expected)
+
+
+@pytest.mark.parametrize("name", MUTATOR_NAMES)
+@pytest.mark.parametrize("make", MAKERS.values(), ids=MAKERS.keys())
+def test_dlpack_of_a_gradient_calling_back_during_step(make, name):
+    # __dlpack__ runs inside _C._sgd_step / _C._adam_step, while it reads the arrays
+    opt, params = setup(make, kind=ampc.Parameter)
+    callback, arm = callbacks_into(opt, name)
+    arm()
+    hook = Once(callback)
+    grads = [p.grad for p in params]
+    params[1].grad = DLPackArray(grads[1], hook)
+    before = snapshot_plain(opt, params, grads)
+    with pytest.raises(RuntimeError, match=INSIDE_STEP):
+        opt.step()
+    assert hook.ran
+    assert_same(snapshot_plain(opt, params, grads), before)
+    opt.step()
+    for p, expected in zip(params, reference_after_two_steps(make)):
+        np.testing.assert_array_equal(p.data, expected)
+
+
+def snapshot_plain(opt, params, grads):
+    raw = [(np.array(p.data), np.array(g)) for p, g in zip(params, grads)]
+    state = {i: {k: np.array(v) if v is not None else None for k, v in opt.state.get(p, {}).items()}
+             for i, p in enumerate(params)}
+    return raw, state, [dict(g, params=len(g["params"])) for g in opt.param_groups]
+
+
+@pytest.mark.parametrize("name", MUTATOR_NAMES)
+@pytest.mark.parametrize("make", MAKERS.values(), ids=MAKERS.keys())
+def test_float_of_a_setting_calling_back_during_step(make, name):
+    opt, params = setup(make, kind=ampc.Parameter)
+    callback, arm = callbacks_into(opt, name)
+    arm()
+    hook = Once(callback)
+    opt.param_groups[0]["lr"] = Number(0.1, hook)
+    grads = [p.grad for p in params]
+    before = snapshot_plain(opt, params, grads)
+    with pytest.raises(RuntimeError, match=INSIDE_STEP):
+        opt.step()
+    assert hook.ran
+    after = snapshot_plain(opt, params, grads)
+    assert_same(after, before)
+    opt.step()
+    for p, expected in zip(params, reference_after_two_steps(make)):
+        np.testing.assert_array_equal(p.data, expected)
+
+
+@pytest.mark.parametrize("make", MAKERS.values(), ids=MAKERS.keys())
+def test_param_groups_property_calling_back(make):
+    calls = []
+
+    class Hooked(type(make([ampc.Parameter(np.ones(1, np.float32))]))):
+        hook = Once()
+
+        @property
+        def param_groups(self):
+            self.hook()
+            return self.__dict__["param_groups"]
+
+        @param_groups.setter
+        def param_groups(self, value):
+            self.__dict__["param_groups"] = value
+
+    opt, params = setup(lambda ps: Hooked(ps, lr=0.1), kind=ampc.Parameter)
+    saved = opt.state_dict()
+    grads = [p.grad for p in params]
+    for call in (lambda: opt.load_state_dict(saved), opt.step, opt.zero_grad):
+        before = snapshot_plain(opt, params, grads)
+        Hooked.hook = hook = Once(call)
+        with pytest.raises(RuntimeError, match=INSIDE_STEP):
+            opt.step()
+        Hooked.hook = Once()
+        assert_same(snapshot_plain(opt, params, grads), before)
+        calls.append(hook.ran)
+    # outside a step, the same callbacks are fine: zero_grad reading param_groups steps first
+    Hooked.hook = Once(opt.step)
+    opt.zero_grad()
+    assert Hooked.hook.ran and all(p.grad is None for p in params) and calls == [True] * 3
+    expected = reference_after_two_steps(lambda ps: type(make(ps))(ps, lr=0.1))
+    for p, e in zip(params, expected):
+        np.testing.assert_array_equal(p.data, e)
+
+
+@pytest.mark.parametrize("make", MAKERS.values(), ids=MAKERS.keys())
+def test_state_dict_from_inside_a_step_is_a_consistent_snapshot(make):
+    opt, params = setup(make)
+    seen = {}
+    HookedParameter.hook = Once(lambda: seen.setdefault("state", opt.state_dict()))
+    opt.step()  # reading is allowed: the step runs
+    assert seen["state"]["state"].keys() == {0, 1, 2}
+    HookedParameter.hook = Once()
+    for p, expected in zip(params, reference_after_two_steps(make)):
+        np.testing.assert_array_equal(ampc.Parameter.data.__get__(p), expected)
+
+
+def test_closure_may_call_zero_grad_and_step_elsewhere():
+    # step(closure) runs the closure before its guard: the usual closure zeroes the gradients
+    opt, params = setup(MAKERS["SGD"], kind=ampc.Parameter)
+    other, _ = setup(MAKERS["Adam"], kind=ampc.Parameter, seed=1)
+
+    def closure():
+        opt.zero_grad(set_to_none=False)
+        other.step()  # another optimizer is free to step
+        for p in params:
+            p.grad = np.ones(4, np.float32)
+        return 1.5
+
+    assert opt.step(closure) == 1.5
+
+
+def test_other_threads_are_not_refused():
+    import threading
+
+    opt, params = setup(MAKERS["SGD"])
+    done = []
+    HookedParameter.hook = Once(lambda: (t := threading.Thread(target=lambda: done.append(opt.state_dict())),
+                                         t.start(), t.join()))
+    opt.step()
+    assert len(done) == 1
+
+
+def test_index_of_a_shape_calling_back():
+    # zeros_like's shape entries are read with __index__, with x's view held
+    x = np.ones((2, 3), np.float32)
+    opt, params = setup(MAKERS["SGD"], kind=ampc.Parameter)
+
+    def callback():
+        del params[:]
+        opt.step()
+
+    out = _C.zeros_like(x, shape=[Number(4, Once(callback)), 2])
+    assert out.shape == (4, 2) and not out.any()
+
+
+def test_tape_backward_hooks_calling_the_optimizer():
+    from ampc import autograd
+
+    rng = np.random.default_rng(9)
+    w = ampc.Parameter(rng.standard_normal(3).astype(np.float32))
+    opt = optim.SGD([w], lr=0.5)
+    calls = []
+
+    class Owner:
+        def hook(self, params):
+            calls.append([id(p) for p in params])
+            opt.step()
+            opt.zero_grad()
+
+    owner = Owner()
+    handle = autograd.register_post_backward_hook(owner.hook)
+    try:
+        before = np.array(w.data)
+        F.sum(F.mul(w, 2.0)).backward()
+        assert calls == [[id(w)]] and w.grad is None
+        np.testing.assert_array_equal(w.data, before - np.float32(0.5) * np.float32(2.0))
+    finally:
+        handle.remove()
