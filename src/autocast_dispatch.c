@@ -50,31 +50,41 @@ static PyType_Spec OpPolicy_spec = {
     .slots = OpPolicy_slots,
 };
 
-/* The registry's entry for `name` (a str), made with no policy if new. Borrowed. */
+/* The registry's entry for `name` (a str), made with no policy if new. A
+ * new reference. The registry's keys are exact str (a subclass's name is
+ * copied), so that its lookups and the regions' never run Python. */
 static op_policy *entry_for(ampc_state *st, PyObject *name)
 {
     op_policy *e = (op_policy *)PyDict_GetItemWithError(st->autocast_registry, name);
     if (e != NULL || PyErr_Occurred())
-        return e;
-    e = PyObject_New(op_policy, st->op_policy_type);
-    if (e == NULL)
+        return (op_policy *)Py_XNewRef((PyObject *)e);
+    PyObject *exact = PyUnicode_FromObject(name);
+    if (exact == NULL)
         return NULL;
-    e->name = Py_NewRef(name);
+    e = PyObject_New(op_policy, st->op_policy_type);
+    if (e == NULL) {
+        Py_DECREF(exact);
+        return NULL;
+    }
+    e->name = exact;
     PyUnicode_InternInPlace(&e->name);
     for (int d = 0; d < AMPC_AUTOCAST_DEVICES; d++)
         e->policy[d] = AMPC_POLICY_NONE;
-    const int rc = PyDict_SetItem(st->autocast_registry, e->name, (PyObject *)e);
-    Py_DECREF(e);
-    return rc < 0 ? NULL : e;
+    if (PyDict_SetItem(st->autocast_registry, e->name, (PyObject *)e) < 0)
+        Py_CLEAR(e);
+    return e;
 }
 
 /* ------------------------------------------------------------------------ */
 /* The arrays among an op's arguments                                        */
 /* ------------------------------------------------------------------------ */
 
+/* obj and param are held: the scan runs Python (__dlpack__, a metaclass's
+ * __getattr__) that may drop them from their containers or give a
+ * Parameter other data, and a freed address could then match another. */
 typedef struct {
-    PyObject *obj;      /* borrowed: the array (for a Parameter, its data) */
-    PyObject *param;    /* borrowed: the Parameter it came from, or NULL */
+    PyObject *obj;      /* strong: the array (for a Parameter, its data) */
+    PyObject *param;    /* strong: the Parameter it came from, or NULL */
     int dtype;          /* ampc_dtype, or -1 for a dtype ampc does not know (never cast) */
     ampc_device device;
     ampc_view view;     /* described when dtype >= 0 */
@@ -95,9 +105,12 @@ static void leaves_init(leaf_list *l)
 
 static void leaves_release(leaf_list *l)
 {
-    for (Py_ssize_t i = 0; i < l->n; i++)
+    for (Py_ssize_t i = 0; i < l->n; i++) {
         if (l->items[i].dtype >= 0)
             ampc_view_release(&l->items[i].view);
+        Py_DECREF(l->items[i].obj);
+        Py_XDECREF(l->items[i].param);
+    }
     if (l->items != l->inline_items)
         PyMem_Free(l->items);
     leaves_init(l);
@@ -151,8 +164,8 @@ static int describe(ampc_state *st, PyObject *obj, PyObject *param, leaf_list *l
     leaf *f = leaves_add(l);
     if (f == NULL)
         return -1;
-    f->obj = obj;
-    f->param = param;
+    f->obj = Py_NewRef(obj);
+    f->param = Py_XNewRef(param);
     f->dtype = -1;
     f->device = (ampc_device){AMPC_DEVICE_CPU, 0};
     if (PyArray_Check(obj) && ampc_dtype_from_descr(st, PyArray_DESCR((PyArrayObject *)obj)) < 0)
@@ -190,9 +203,11 @@ static int scan_container(ampc_state *st, PyObject *obj, leaf_list *l)
 static int scan(ampc_state *st, PyObject *obj, leaf_list *l)
 {
     if (ampc_is_parameter(st, obj)) {
-        PyObject *data = ((ampc_parameter *)obj)->data;
+        PyObject *data = Py_NewRef(((ampc_parameter *)obj)->data);  /* is_array() may run Python */
         const int array = is_array(st, data);
-        return array <= 0 ? array : describe(st, data, obj, l);
+        const int rc = array <= 0 ? array : describe(st, data, obj, l);
+        Py_DECREF(data);
+        return rc;
     }
     if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj) || PyDict_CheckExact(obj)) {
         if (Py_EnterRecursiveCall(" while autocast looked for arrays in nested containers"))
@@ -216,6 +231,7 @@ typedef struct {
     ampc_device_type device;
     int target;          /* the dtype eligible arrays are cast to, or -1 for none */
     int cache;           /* whether casts of float32 Parameters to `target` are cached */
+    int nesting;         /* the thread's nesting count when the op began */
 } rebuild_ctx;
 
 static int eligible(const leaf *f, ampc_device_type device)
@@ -234,7 +250,7 @@ static PyObject *cast_leaf(rebuild_ctx *c, leaf *f)
         PyObject *hit = ampc_cast_cache_get(st, f->param, target);
         if (hit != NULL) {
             ampc_autocast_count.cache_hits++;
-            return Py_NewRef(hit);
+            return hit;
         }
     }
     ampc_view out;
@@ -249,7 +265,7 @@ static PyObject *cast_leaf(rebuild_ctx *c, leaf *f)
     }
     ampc_autocast_count.casts++;
     PyObject *result = ampc_return_as(st, fresh, f->view.source);
-    if (result != NULL && cacheable && ampc_cast_cache_put(st, f->param, target, result) < 0)
+    if (result != NULL && cacheable && ampc_cast_cache_put(st, f->param, target, result, c->nesting) < 0)
         Py_CLEAR(result);
     return result;
 }
@@ -495,9 +511,12 @@ static PyObject *call_rebuilt(autocast_op *op, rebuild_ctx *c, PyObject *const *
             argv[built++] = Py_NewRef(dtype);
         }
     }
-    ampc_autocast.suppressed += suppress;
+    /* Put back as found, not counted down: func may leave regions (in any
+     * order), which restore the count their frames saved. */
+    const int suppressed = ampc_autocast.suppressed;
+    ampc_autocast.suppressed = suppressed + suppress;
     result = PyObject_Vectorcall(op->func, argv, (size_t)nargs, names);
-    ampc_autocast.suppressed -= suppress;
+    ampc_autocast.suppressed = suppressed;
 done:
     for (Py_ssize_t i = 0; i < built; i++)
         Py_DECREF(argv[i]);
@@ -513,7 +532,7 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
     ampc_state *st = op->st;
     const ampc_autocast_tls *t = &ampc_autocast;
     const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    rebuild_ctx c = {st, NULL, 0, AMPC_DEVICE_CPU, -1, 0};
+    rebuild_ctx c = {st, NULL, 0, AMPC_DEVICE_CPU, -1, 0, ampc_autocast.nesting};
     PyObject *result = NULL, *dtype = NULL;
     leaf_list leaves;
     leaves_init(&leaves);
@@ -575,7 +594,7 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
         const int first_array = nargs > 0 && first_leaves == 1 && (leaves.items[0].obj == args[0] ||
                                                                    leaves.items[0].param == args[0]);
         if (!given && first_array && eligible(&leaves.items[0], device) &&
-            (dtype = float32_for(st, leaves.items[0].view.source)) == NULL)
+            (dtype = Py_XNewRef(float32_for(st, leaves.items[0].view.source))) == NULL)
             goto done;
         break;
     }
@@ -586,6 +605,7 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
     }
     result = call_rebuilt(op, &c, args, nargs, kwnames, dtype, policy != AMPC_POLICY_NONE);
 done:
+    Py_XDECREF(dtype);
     leaves_release(&leaves);
     return result;
 }
@@ -599,7 +619,7 @@ static PyObject *Op_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (!needs_unwrap(op->st, args, nargs + nkw))
         return PyObject_Vectorcall(op->func, args, nargsf, kwnames);
-    rebuild_ctx c = {op->st, NULL, 0, AMPC_DEVICE_CPU, -1, 0};
+    rebuild_ctx c = {op->st, NULL, 0, AMPC_DEVICE_CPU, -1, 0, 0};
     return call_rebuilt(op, &c, args, nargs, kwnames, NULL, 0);
 }
 
@@ -618,10 +638,12 @@ static PyObject *Op_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (entry == NULL)
         return NULL;
     autocast_op *self = (autocast_op *)type->tp_alloc(type, 0);
-    if (self == NULL)
+    if (self == NULL) {
+        Py_DECREF(entry);
         return NULL;
+    }
     self->func = Py_NewRef(func);
-    self->entry = (op_policy *)Py_NewRef((PyObject *)entry);
+    self->entry = entry;
     self->st = st;
     self->vectorcall = Op_vectorcall;
     return (PyObject *)self;
@@ -773,11 +795,13 @@ static PyObject *mod_register_autocast(PyObject *module, PyObject *args, PyObjec
             PyErr_Format(PyExc_ValueError, "autocast_op: '%U' already has policy '%s' on %s; give the op "
                          "another name= or change the policy with ampc.register_autocast", name,
                          ampc_policy_names[e->policy[d]], d == AMPC_DEVICE_CUDA ? "cuda" : "cpu");
+            Py_DECREF(e);
             return NULL;
         }
     }
     for (int d = first; d <= last; d++)
         e->policy[d] = (unsigned char)policy;
+    Py_DECREF(e);
     Py_RETURN_NONE;
 }
 
@@ -831,7 +855,7 @@ static PyObject *mod_autocast_cast(PyObject *module, PyObject *const *args, Py_s
     leaves_init(&leaves);
     PyObject *result = NULL;
     if (scan(st, args[0], &leaves) == 0) {
-        rebuild_ctx c = {st, &leaves, 0, (ampc_device_type)device, dtype, 0};
+        rebuild_ctx c = {st, &leaves, 0, (ampc_device_type)device, dtype, 0, 0};
         result = rebuild(&c, args[0]);
     }
     leaves_release(&leaves);
@@ -869,6 +893,7 @@ int ampc_autocast_dispatch_init(PyObject *module, ampc_state *st)
             if (e == NULL)
                 return -1;
             e->policy[d] = (unsigned char)row->policy;
+            Py_DECREF(e);
         }
     }
     return PyModule_AddType(module, st->autocast_op_type);

@@ -144,6 +144,8 @@ static int add_overrides(ampc_state *st, PyObject *overrides, PyObject *names, c
     int rc = policy_obj != NULL ? 0 : -1;
     while (rc == 0 && (item = PyIter_Next(it)) != NULL) {
         PyObject *name = PyUnicode_Check(item) ? Py_NewRef(item) : PyObject_GetAttrString(item, "name");
+        if (name != NULL && PyUnicode_Check(name))  /* an exact str: the regions' lookups never run Python */
+            Py_SETREF(name, PyUnicode_FromObject(name));
         if (name == NULL || !PyUnicode_Check(name)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "autocast: %s holds %.200s; expected op names (str) or autocast ops",

@@ -342,6 +342,199 @@ def test_index_of_a_shape_calling_back():
     assert out.shape == (4, 2) and not out.any()
 
 
+# ---------------------------------------------------------------------------------------------
+# Autocast: regions and the cache, from the Python an autocast op runs
+# ---------------------------------------------------------------------------------------------
+
+
+class VersionedData(DLPackArray):
+    """Data with a version counter of its own (a torch tensor's _version), read by the weight-cast
+    cache: a property, so it may run anything."""
+
+    version_hook = Once()
+
+    @property
+    def _version(self):
+        self.version_hook()
+        return 0
+
+
+def _enter_and_leave_a_region(region):
+    nested = ampc.autocast("cpu", dtype=np.float16)
+    nested.__enter__()
+    nested.__exit__(None, None, None)
+
+
+REGION_CALLBACKS = {
+    "clear_autocast_cache": lambda region: ampc.clear_autocast_cache(),
+    "set_autocast_enabled off": lambda region: ampc.set_autocast_enabled("cpu", False),
+    "set_autocast_dtype": lambda region: ampc.set_autocast_dtype("cpu", np.float16),
+    "set_autocast_cache_enabled off": lambda region: ampc.set_autocast_cache_enabled(False),
+    "a region entered and left": _enter_and_leave_a_region,
+    "the op's own region left": lambda region: region.__exit__(None, None, None),
+}
+
+# The dtype the op's arrays get. _version is read while a cast is made, after the op's dtype was
+# chosen: always the region's. __dlpack__ is called while the arguments are read, before: a region
+# turned off or left casts nothing (the data object itself is handed on), another dtype is used.
+EXPECTED = {("_version", name): BF16 for name in REGION_CALLBACKS}
+EXPECTED.update({("__dlpack__", name): BF16 for name in REGION_CALLBACKS})
+EXPECTED.update({("__dlpack__", "set_autocast_enabled off"): None, ("__dlpack__", "the op's own region left"): None,
+                 ("__dlpack__", "set_autocast_dtype"): np.dtype(np.float16)})
+
+
+@pytest.mark.parametrize("name", REGION_CALLBACKS)
+@pytest.mark.parametrize("where", ["_version", "__dlpack__"])
+def test_autocast_callbacks_calling_back(name, where):
+    # The cache's lookup held its entry borrowed across the _version read: a property that cleared
+    # the cache made it hand out a freed cast (AddressSanitizer: heap-use-after-free in Py_INCREF).
+    op = ampc.AutocastOp(lambda a, b: (a, b), "mm")
+    raw = np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32)
+    data = VersionedData(raw, Once())
+    p = ampc.Parameter(data)
+    region = ampc.autocast("cpu")
+    expected = EXPECTED[where, name]
+    region.__enter__()
+    left = False
+    try:
+        op(p, p)  # cast and cached
+        for _ in range(3):
+            ampc.set_autocast_enabled("cpu", True)
+            ampc.set_autocast_dtype("cpu", BF16)
+            ampc.set_autocast_cache_enabled(True)
+            hook = Once(lambda: REGION_CALLBACKS[name](region))
+            if where == "_version":
+                VersionedData.version_hook = hook
+            else:
+                data.hook = hook
+            got = op(p, p)
+            VersionedData.version_hook, data.hook = Once(), Once()
+            assert hook.ran and hook.error is None
+            for a in got:
+                if expected is None:
+                    assert a is data
+                else:
+                    assert np.asarray(a).dtype == expected
+                    np.testing.assert_array_equal(np.asarray(a), np.asarray(ampc.cast(raw, expected)))
+            if name == "the op's own region left":
+                left = True
+                break
+    finally:
+        VersionedData.version_hook = Once()
+        if not left:
+            region.__exit__(None, None, None)
+    assert nesting() == 0 and _C._autocast_cache_info()["entries"] == 0
+
+
+def test_parameter_given_other_data_by_dlpack_is_cast_as_it_is_now():
+    # scan() held a Parameter's data borrowed across __dlpack__, which here replaces it (the old
+    # data's last reference): the op gets the new data's cast, or the old one's, never freed memory
+    mm = ampc.AutocastOp(lambda a: a, "mm")
+    old, new = np.full(4, 2.0, np.float32), np.full(4, 3.0, np.float32)
+    p = ampc.Parameter(np.zeros(1, np.float32))
+    p.data = DLPackArray(old, Once(lambda: setattr(p, "data", new)))
+    with ampc.autocast("cpu"):
+        out = np.asarray(mm(p)).astype(np.float32)
+        again = np.asarray(mm(p)).astype(np.float32)
+    assert out.tolist() in ([2.0] * 4, [3.0] * 4) and again.tolist() == [3.0] * 4
+    assert p.data is new
+
+
+def test_container_emptied_by_dlpack_during_the_scan():
+    # an argument list cleared by __dlpack__ of one of its items while the op's arguments are read
+    seen = []
+    op = ampc.AutocastOp(lambda xs: seen.append([np.asarray(x).dtype for x in xs]) or xs, "mm")
+    items = []
+    items += [DLPackArray(np.ones(3, np.float32), Once(lambda: items.clear())),
+              np.ones(3, np.float32), ampc.Parameter(np.ones(3, np.float32))]
+    with ampc.autocast("cpu"):
+        out = op(items)
+    assert seen == [[]] and out == []  # the list as it is when the op runs
+
+
+def test_op_function_leaving_the_region_it_runs_in():
+    # The op's function leaves the region the call was made in. The count of autocast ops running
+    # was counted down after the call, to -1: autocast stayed off on the thread (outside regions,
+    # which reset it) even where set_autocast_enabled turned it on.
+    region = ampc.autocast("cpu")
+    op = ampc.AutocastOp(lambda a: region.__exit__(None, None, None) or a, "mm")
+    plain = ampc.AutocastOp(lambda a: a, "mm")
+    x = np.ones((2, 2), np.float32)
+    region.__enter__()
+    assert np.asarray(op(x)).dtype == BF16
+    assert not ampc.is_autocast_enabled("cpu") and nesting() == 0
+    ampc.set_autocast_enabled("cpu", True)
+    try:
+        assert np.asarray(plain(x)).dtype == BF16  # was float32
+    finally:
+        ampc.set_autocast_enabled("cpu", False)
+        ampc.clear_autocast_cache()
+
+
+class EagerName(str):
+    """An op name whose comparisons run Python: exiting a region mid-lookup would free the dict
+    being searched."""
+
+    calls = []
+    __hash__ = str.__hash__
+
+    def __eq__(self, other):
+        EagerName.calls.append(other)
+        return str.__eq__(self, other)
+
+
+def test_op_names_are_plain_str_so_lookups_run_no_python():
+    # a region's policies by name (fp32_ops=) were kept under the caller's str subclass: each op's
+    # lookup in them ran its __eq__, which may leave the region and free the dict being searched
+    x = np.ones((2, 2), np.float32)
+    mm = ampc.AutocastOp(lambda a: a, "mm")
+    region = ampc.autocast("cpu", fp32_ops=[EagerName("mm")])
+    EagerName.calls = []
+    with region:
+        assert np.asarray(mm(x)).dtype == F32  # the override holds
+        assert np.asarray(mm(ampc.cast(x, BF16))).dtype == F32
+        with ampc.autocast("cpu", lower_precision_ops=["exp"]):  # merged with the outer ones
+            assert np.asarray(mm(ampc.cast(x, BF16))).dtype == F32
+    assert EagerName.calls == []
+    # the registry keeps plain str too
+    op = ampc.AutocastOp(lambda a: a, EagerName("reentrancy_test_op"))
+    assert type(op.name) is str
+    ampc.register_autocast(EagerName("reentrancy_test_op"), "fp32", "cpu")
+    EagerName.calls = []
+    try:
+        with ampc.autocast("cpu"):
+            assert np.asarray(op(ampc.cast(x, BF16))).dtype == F32
+        assert EagerName.calls == []
+    finally:
+        ampc.register_autocast("reentrancy_test_op", "none")
+
+
+def test_custom_fwd_and_bwd_bodies_calling_back():
+    class Ctx:
+        pass
+
+    outer = ampc.autocast("cpu")
+
+    @ampc.custom_fwd(device_type="cpu", cast_inputs=np.float32)
+    def forward(ctx, x):
+        ampc.set_autocast_enabled("cpu", True)  # inside custom_fwd's disabled region
+        ampc.clear_autocast_cache()
+        outer.__exit__(None, None, None)  # the caller's region, left from inside
+        return x
+
+    @ampc.custom_bwd(device_type="cpu")
+    def backward(ctx, g):
+        with ampc.autocast("cpu", dtype=np.float16):
+            return g
+
+    outer.__enter__()
+    ctx = Ctx()
+    out = forward(ctx, ampc.cast(np.ones(2), BF16))
+    assert out.dtype == F32
+    assert backward(ctx, out) is out
+    assert nesting() == 0 and not ampc.is_autocast_enabled("cpu")
+
+
 def test_tape_backward_hooks_calling_the_optimizer():
     from ampc import autograd
 
