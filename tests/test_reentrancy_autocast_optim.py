@@ -127,14 +127,16 @@ def setup(make, hook=None, n=3, kind=HookedParameter, seed=0):
     return opt, params
 
 
-def snapshot(opt, params):
-    """Everything a step changes, copied: parameters, gradients, state arrays and numbers."""
-    def copy(v):
-        return np.array(v, copy=True) if hasattr(v, "__array__") or hasattr(v, "__dlpack__") else v
-
-    raw = [(np.array(ampc.Parameter.data.__get__(p)), np.array(ampc.Parameter.grad.__get__(p))) for p in params]
-    state = {i: {k: copy(v) for k, v in opt.state.get(p, {}).items()} for i, p in enumerate(params)}
-    return raw, state, [dict(g, params=len(g["params"])) for g in opt.param_groups]
+def snapshot(opt, params, grads=None):
+    """Everything a step changes, copied: parameters, gradients (`grads`, if the parameters' are not
+    arrays), state arrays, and the groups' settings. Read past any .data / .grad property."""
+    if grads is None:
+        grads = [ampc.Parameter.grad.__get__(p) for p in params]
+    raw = [(np.array(ampc.Parameter.data.__get__(p)), np.array(g)) for p, g in zip(params, grads)]
+    state = {i: {k: None if v is None else np.array(v) for k, v in opt.state.get(p, {}).items()}
+             for i, p in enumerate(params)}
+    groups = [dict(g, params=len(g["params"])) for g in opt.__dict__["param_groups"]]
+    return raw, state, groups
 
 
 def assert_same(a, b):
@@ -170,17 +172,6 @@ def mutators(opt):
     }
 
 
-def callbacks_into(opt, name):
-    """The callback that calls mutator `name` of opt (made after setup: the state dict it loads is
-    the optimizer's own)."""
-    holder = {}
-
-    def callback():
-        holder["call"]()
-
-    return callback, lambda: holder.__setitem__("call", mutators(opt)[name])
-
-
 MUTATOR_NAMES = ["step", "zero_grad", "zero_grad(set_to_none=False)", "load_state_dict", "add_param_group"]
 
 
@@ -192,11 +183,8 @@ MUTATOR_NAMES = ["step", "zero_grad", "zero_grad(set_to_none=False)", "load_stat
 @pytest.mark.parametrize("name", MUTATOR_NAMES)
 @pytest.mark.parametrize("make", MAKERS.values(), ids=MAKERS.keys())
 def test_grad_property_calling_back_during_step(make, name):
-    callback, arm = None, None
     opt, params = setup(make)
-    callback, arm = callbacks_into(opt, name)
-    arm()
-    HookedParameter.hook = Once(callback)
+    HookedParameter.hook = Once(mutators(opt)[name])
     before = snapshot(opt, params)
     with pytest.raises(RuntimeError, match=INSIDE_STEP):
         opt.step()
@@ -213,43 +201,30 @@ def test_grad_property_calling_back_during_step(make, name):
 def test_dlpack_of_a_gradient_calling_back_during_step(make, name):
     # __dlpack__ runs inside _C._sgd_step / _C._adam_step, while it reads the arrays
     opt, params = setup(make, kind=ampc.Parameter)
-    callback, arm = callbacks_into(opt, name)
-    arm()
-    hook = Once(callback)
+    hook = Once(mutators(opt)[name])
     grads = [p.grad for p in params]
     params[1].grad = DLPackArray(grads[1], hook)
-    before = snapshot_plain(opt, params, grads)
+    before = snapshot(opt, params, grads)
     with pytest.raises(RuntimeError, match=INSIDE_STEP):
         opt.step()
     assert hook.ran
-    assert_same(snapshot_plain(opt, params, grads), before)
+    assert_same(snapshot(opt, params, grads), before)
     opt.step()
     for p, expected in zip(params, reference_after_two_steps(make)):
         np.testing.assert_array_equal(p.data, expected)
-
-
-def snapshot_plain(opt, params, grads):
-    raw = [(np.array(p.data), np.array(g)) for p, g in zip(params, grads)]
-    state = {i: {k: np.array(v) if v is not None else None for k, v in opt.state.get(p, {}).items()}
-             for i, p in enumerate(params)}
-    return raw, state, [dict(g, params=len(g["params"])) for g in opt.param_groups]
 
 
 @pytest.mark.parametrize("name", MUTATOR_NAMES)
 @pytest.mark.parametrize("make", MAKERS.values(), ids=MAKERS.keys())
 def test_float_of_a_setting_calling_back_during_step(make, name):
     opt, params = setup(make, kind=ampc.Parameter)
-    callback, arm = callbacks_into(opt, name)
-    arm()
-    hook = Once(callback)
+    hook = Once(mutators(opt)[name])
     opt.param_groups[0]["lr"] = Number(0.1, hook)
-    grads = [p.grad for p in params]
-    before = snapshot_plain(opt, params, grads)
+    before = snapshot(opt, params)
     with pytest.raises(RuntimeError, match=INSIDE_STEP):
         opt.step()
     assert hook.ran
-    after = snapshot_plain(opt, params, grads)
-    assert_same(after, before)
+    assert_same(snapshot(opt, params), before)
     opt.step()
     for p, expected in zip(params, reference_after_two_steps(make)):
         np.testing.assert_array_equal(p.data, expected)
@@ -273,14 +248,13 @@ def test_param_groups_property_calling_back(make):
 
     opt, params = setup(lambda ps: Hooked(ps, lr=0.1), kind=ampc.Parameter)
     saved = opt.state_dict()
-    grads = [p.grad for p in params]
     for call in (lambda: opt.load_state_dict(saved), opt.step, opt.zero_grad):
-        before = snapshot_plain(opt, params, grads)
+        before = snapshot(opt, params)
         Hooked.hook = hook = Once(call)
         with pytest.raises(RuntimeError, match=INSIDE_STEP):
             opt.step()
         Hooked.hook = Once()
-        assert_same(snapshot_plain(opt, params, grads), before)
+        assert_same(snapshot(opt, params), before)
         calls.append(hook.ran)
     # outside a step, the same callbacks are fine: zero_grad reading param_groups steps first
     Hooked.hook = Once(opt.step)
