@@ -532,3 +532,36 @@ def test_tape_backward_hooks_calling_the_optimizer():
         np.testing.assert_array_equal(w.data, before - np.float32(0.5) * np.float32(2.0))
     finally:
         handle.remove()
+
+
+class StepOnGrad(ampc.Parameter):
+    """A Parameter whose .grad setter (run by backward() as it writes the gradient) runs `hook`."""
+
+    hook = Once()
+
+    @property
+    def grad(self):
+        return ampc.Parameter.grad.__get__(self)
+
+    @grad.setter
+    def grad(self, value):
+        ampc.Parameter.grad.__set__(self, value)
+        if value is not None:
+            self.hook()
+
+
+def test_grad_setter_stepping_a_parameter_a_later_node_reads():
+    # backward() checked the saved Parameters' versions once, before it ran: an optimizer stepped
+    # from a .grad setter in the middle went unseen, and the next node read the new values (w.grad
+    # came out [-197, -195, -193], not [3, 5, 7]). torch checks a saved tensor as it is unpacked.
+    w = ampc.Parameter(np.array([1.0, 2.0, 3.0], np.float32))
+    v = StepOnGrad(np.ones(3, np.float32))
+    opt = optim.SGD([w], lr=100.0)
+    w.grad = np.ones(3, np.float32)
+    loss = F.sum(F.mul(F.mul(w, w), v))  # mul(w, w)'s backward reads w, after mul(., v)'s wrote v.grad
+    StepOnGrad.hook = Once(opt.step)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation: \[Parameter \(3,\)\] is at version 1"):
+        loss.backward()
+    assert StepOnGrad.hook.ran
+    np.testing.assert_array_equal(w.grad, np.ones(3, np.float32))  # not written from stale values
+    StepOnGrad.hook = Once()
