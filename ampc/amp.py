@@ -116,7 +116,11 @@ class autocast(_C.autocast):
 
     The state is per thread. What ``__exit__`` restores is kept per thread too, so one instance
     may be entered again while active (a decorated function that recurses) and from several
-    threads at once.
+    threads at once. As in torch, regions may be left in any order (asyncio tasks that hold a
+    region across an ``await`` leave in the order they resume): the nesting count goes back to 0
+    and the cache is dropped when the last is left, and leaving them all gives back the state
+    from before the first. The state is the thread's, not the task's: while a task awaits inside
+    a region, the other tasks of its event loop run inside it too.
     """
 
     __slots__ = ()

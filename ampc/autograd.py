@@ -657,6 +657,12 @@ def _modified(p, version):
             f"[Parameter {tuple(p.shape)}] is at version {p._version}; expected version {version} instead.")
 
 
+def _check_versions(node):
+    for p, version in node.versions:
+        if p._version != version:
+            raise RuntimeError(_modified(p, version))
+
+
 def run_backward(root, gradient, retain_graph):
     if not isinstance(root, Tensor) or root.grad_fn is None:  # a detached Tensor has no graph either
         raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
@@ -675,15 +681,16 @@ def run_backward(root, gradient, retain_graph):
     grads[id(root.grad_fn)][root._index] = gradient
     order = _order(root.grad_fn)
     for node in order:  # all checked before any gradient is written
-        for p, version in node.versions:
-            if p._version != version:
-                raise RuntimeError(_modified(p, version))
+        _check_versions(node)
     for node in order:
         pending = grads.pop(id(node), None)
         if pending is None:
             continue
         if node.args is None:
             raise RuntimeError(_FREED)
+        # and again as each node runs, as torch checks a saved tensor when it is unpacked: a .grad
+        # setter, a hook or a custom backward may have stepped an optimizer since
+        _check_versions(node)
         needs = tuple(source is not None for source in node.sources)
         result = node.backward(node.args, node.saved, pending if node.outputs is not None else pending[0], needs)
         for source, grad, dtype in zip(node.sources, result, node.dtypes):

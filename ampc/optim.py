@@ -13,6 +13,7 @@ fused SGD applies it to the update instead, which differs when weight_decay is n
 """
 
 import collections.abc
+import threading
 
 import numpy as np
 
@@ -50,6 +51,7 @@ class Optimizer:
             self.add_param_group(group)
 
     def add_param_group(self, param_group):
+        self._refuse_inside_step("add_param_group")
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
         params = param_group["params"]
@@ -71,7 +73,20 @@ class Optimizer:
             raise ValueError("some parameters appear in more than one parameter group")
         self.param_groups.append(group)
 
+    # The thread inside step() after its closure, or None. What step() reads may run Python (a .grad
+    # or .data property, __float__, __dlpack__), which may call back into this optimizer: the methods
+    # that change it refuse then, rather than change the state under the step (as load_state_dict
+    # replacing self.state, whose new arrays the step would not update).
+    _stepping_thread = None
+
+    def _refuse_inside_step(self, method):
+        if self._stepping_thread == threading.get_ident():
+            raise RuntimeError(f"{type(self).__name__}.{method}() was called from inside its own step() (by a .grad "
+                               f"or .data property, __float__, __index__ or __dlpack__ that step() ran); call it "
+                               f"before or after step()")
+
     def zero_grad(self, set_to_none=True):
+        self._refuse_inside_step("zero_grad")
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -82,22 +97,39 @@ class Optimizer:
                     _C.zero_(p.grad)
 
     def step(self, closure=None):
-        loss = closure() if closure is not None else None
+        loss = closure() if closure is not None else None  # a closure may call zero_grad(): not guarded
+        self._refuse_inside_step("step")
+        self._stepping_thread = threading.get_ident()
+        try:
+            self._step()
+        finally:
+            del self._stepping_thread
+        return loss
+
+    def _step(self):
         scaler = self._scaler_args()
         if scaler is None:
-            return loss  # a GradScaler found an inf on the host side: nothing to do
+            return  # a GradScaler found an inf on the host side: nothing to do
+        # Each parameter's .data and .grad and each group's settings are read once, before anything
+        # is written: the checking pass and the step see the same arrays and numbers.
         work = []
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
+            params, datas, grads = [], [], []
+            for p in group["params"]:
+                grad = p.grad
+                if grad is not None:
+                    params.append(p)
+                    datas.append(p.data)
+                    grads.append(grad)
             if params:
-                work.append((group, params))
+                work.append((params, datas, grads, self._settings(group)))
         # Bad input must change nothing: with several groups, every group is checked before
         # any steps (one group is checked by its own step before it writes anything).
         for dry_run in ([True, False] if len(work) > 1 else [False]):
-            for group, params in work:
+            for params, datas, grads, settings in work:
                 known = len(self.state)  # state created by this group's step comes after these
                 try:
-                    self._step_group(group, params, scaler, dry_run)
+                    self._step_group(params, datas, grads, settings, scaler, dry_run)
                 except BaseException:
                     self._drop_state_since(known)
                     raise
@@ -105,7 +137,6 @@ class Optimizer:
                     self._drop_state_since(known)
                 else:
                     _C._bump_versions(params)  # a float16 copy cached by autocast is stale now
-        return loss
 
     def _drop_state_since(self, known):
         """Forget the state entries after the first `known` (dicts keep insertion order)."""
@@ -152,6 +183,7 @@ class Optimizer:
         """Load a state dict from ampc or torch: settings from its groups, state arrays copied
         into new arrays of each parameter's type, device and dtype (the step count a float32
         on the parameter's device). Checked before anything changes."""
+        self._refuse_inside_step("load_state_dict")
         _check_payload(state_dict)
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
@@ -244,24 +276,27 @@ class SGD(Optimizer):
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
-    def _step_group(self, group, params, scaler, dry_run):
-        momentum = group["momentum"]
+    @staticmethod
+    def _settings(group):
+        return dict(lr=float(group["lr"]), momentum=float(group["momentum"]), dampening=float(group["dampening"]),
+                    weight_decay=float(group["weight_decay"]), nesterov=bool(group["nesterov"]),
+                    maximize=bool(group["maximize"]))
+
+    def _step_group(self, params, datas, grads, settings, scaler, dry_run):
+        momentum = settings["momentum"]
         bufs = []
-        for p in params:
+        for p, data in zip(params, datas):
             s = self.state.setdefault(p, {})
             buf = s.get("momentum_buffer")
             if momentum != 0 and buf is None:
-                buf = s["momentum_buffer"] = _C.zeros_like(p.data)
-                self._firsts[p] = _C._scalar_like(p.data, 0.0)
+                buf = s["momentum_buffer"] = _C.zeros_like(data)
+                self._firsts[p] = _C._scalar_like(data, 0.0)
             elif momentum == 0:
                 s.setdefault("momentum_buffer", None)
             bufs.append(buf)
         pending = self._firsts
         firsts = [pending.get(p) for p in params] if pending else [None] * len(params)
-        ran = _C._sgd_step([p.data for p in params], [p.grad for p in params], bufs, firsts,
-                           lr=float(group["lr"]), momentum=float(momentum), dampening=float(group["dampening"]),
-                           weight_decay=float(group["weight_decay"]), nesterov=bool(group["nesterov"]),
-                           maximize=bool(group["maximize"]), dry_run=dry_run, **scaler)
+        ran = _C._sgd_step(datas, grads, bufs, firsts, dry_run=dry_run, **settings, **scaler)
         if pending and not dry_run and (ran or (ran is None and scaler["found_inf"] is None)):
             for p in params:
                 pending.pop(p, None)
@@ -304,28 +339,29 @@ class Adam(Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize))
 
-    def _state(self, p, amsgrad):
+    def _state(self, p, data, amsgrad):
         s = self.state.get(p)
         if not s:
             # The step count is a float32 on the parameter's device, as torch's fused Adam
             # keeps it: the kernel counts it, and does not when a GradScaler skips the step.
-            s = self.state[p] = {"step": _C._scalar_like(p.data, 0.0), "exp_avg": _C.zeros_like(p.data),
-                                 "exp_avg_sq": _C.zeros_like(p.data)}
+            s = self.state[p] = {"step": _C._scalar_like(data, 0.0), "exp_avg": _C.zeros_like(data),
+                                 "exp_avg_sq": _C.zeros_like(data)}
         if amsgrad and "max_exp_avg_sq" not in s:
-            s["max_exp_avg_sq"] = _C.zeros_like(p.data)
+            s["max_exp_avg_sq"] = _C.zeros_like(data)
         return s
 
-    def _step_group(self, group, params, scaler, dry_run):
-        amsgrad = bool(group["amsgrad"])
-        states = [self._state(p, amsgrad) for p in params]
+    def _settings(self, group):
         beta1, beta2 = group["betas"]
-        _C._adam_step([p.data for p in params], [p.grad for p in params], [s["exp_avg"] for s in states],
-                      [s["exp_avg_sq"] for s in states],
-                      [s["max_exp_avg_sq"] for s in states] if amsgrad else None,
-                      [s["step"] for s in states], lr=float(group["lr"]), beta1=float(beta1),
-                      beta2=float(beta2), eps=float(group["eps"]), weight_decay=float(group["weight_decay"]),
-                      amsgrad=amsgrad, maximize=bool(group["maximize"]), decoupled=self._decoupled,
-                      dry_run=dry_run, **scaler)
+        return dict(lr=float(group["lr"]), beta1=float(beta1), beta2=float(beta2), eps=float(group["eps"]),
+                    weight_decay=float(group["weight_decay"]), amsgrad=bool(group["amsgrad"]),
+                    maximize=bool(group["maximize"]), decoupled=self._decoupled)
+
+    def _step_group(self, params, datas, grads, settings, scaler, dry_run):
+        amsgrad = settings["amsgrad"]
+        states = [self._state(p, data, amsgrad) for p, data in zip(params, datas)]
+        _C._adam_step(datas, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                      [s["max_exp_avg_sq"] for s in states] if amsgrad else None, [s["step"] for s in states],
+                      dry_run=dry_run, **settings, **scaler)
 
 
 class AdamW(Adam):

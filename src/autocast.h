@@ -42,7 +42,7 @@ extern const char ampc_banned_bce_message[];
 
 /* One region's saved state: what __exit__ restores. */
 typedef struct {
-    const void *owner;          /* the autocast object that entered (identity only) */
+    PyObject *owner;            /* strong: the autocast object that entered (so its address cannot be reused) */
     ampc_device_type device;
     unsigned char enabled;
     unsigned char cache_enabled;
@@ -92,10 +92,13 @@ int ampc_autocast_device_or_raise(PyObject *device_type);
 
 /* The weight-cast cache (autocast_cache.c): process-wide, as torch's, so a
  * region entered in another thread (a backward pass) reuses the casts. */
-/* The cached cast of `param` to `dtype`, borrowed, or NULL (no exception). */
+/* The cached cast of `param` to `dtype`, a new reference, or NULL (no exception). */
 PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype);
-/* Remember `cast` (borrowed) as param's cast to `dtype`. 0 or -1. */
-int ampc_cast_cache_put(ampc_state *st, PyObject *param, ampc_dtype dtype, PyObject *cast);
+/* Remember `cast` (borrowed) as param's cast to `dtype`. 0 or -1. Not kept
+ * if, by then, Python (a callback) has left the thread's region the op ran
+ * in (`nesting`, the thread's count when the op began): the cache would
+ * outlive the region. */
+int ampc_cast_cache_put(ampc_state *st, PyObject *param, ampc_dtype dtype, PyObject *cast, int nesting);
 void ampc_cast_cache_clear(ampc_state *st);
 
 /* Counters for tests and benchmarks: casts the engine made, cache hits. */

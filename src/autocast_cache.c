@@ -38,30 +38,43 @@ PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype)
         PyErr_Clear();
         return NULL;
     }
-    PyObject *entry = PyDict_GetItemWithError(st->cast_cache, key);
+    PyObject *entry = Py_XNewRef(PyDict_GetItemWithError(st->cast_cache, key));
     Py_DECREF(key);
     if (entry == NULL) {
         PyErr_Clear();
         return NULL;
     }
+    /* The entry is held: reading the data's _version runs Python (a property),
+     * which may clear the cache or write the parameter. The parameter is read
+     * after it. */
     const ampc_parameter *p = (const ampc_parameter *)param;
-    if (PyTuple_GET_ITEM(entry, ENTRY_DATA) != p->data ||
-        PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, ENTRY_VERSION)) != p->version ||
-        PyLong_AsLong(PyTuple_GET_ITEM(entry, ENTRY_DTYPE)) != (long)dtype ||
-        PyLong_AsLongLong(PyTuple_GET_ITEM(entry, ENTRY_DATA_VERSION)) != data_version(p->data))
-        return NULL;
-    return PyTuple_GET_ITEM(entry, ENTRY_CAST);
+    PyObject *data = Py_NewRef(PyTuple_GET_ITEM(entry, ENTRY_DATA));
+    const long long version = data_version(data);
+    PyObject *hit = NULL;
+    if (data == p->data && PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, ENTRY_VERSION)) == p->version &&
+        PyLong_AsLong(PyTuple_GET_ITEM(entry, ENTRY_DTYPE)) == (long)dtype &&
+        PyLong_AsLongLong(PyTuple_GET_ITEM(entry, ENTRY_DATA_VERSION)) == version)
+        hit = Py_NewRef(PyTuple_GET_ITEM(entry, ENTRY_CAST));
+    Py_DECREF(data);
+    Py_DECREF(entry);
+    return hit;
 }
 
-int ampc_cast_cache_put(ampc_state *st, PyObject *param, ampc_dtype dtype, PyObject *cast)
+int ampc_cast_cache_put(ampc_state *st, PyObject *param, ampc_dtype dtype, PyObject *cast, int nesting)
 {
     const ampc_parameter *p = (const ampc_parameter *)param;
-    PyObject *key = PyLong_FromVoidPtr(param);
-    PyObject *entry = key ? Py_BuildValue("(OOKLiO)", param, p->data, p->version, data_version(p->data),
-                                          (int)dtype, cast) : NULL;
-    const int rc = entry ? PyDict_SetItem(st->cast_cache, key, entry) : -1;
-    Py_XDECREF(key);
-    Py_XDECREF(entry);
+    PyObject *data = Py_NewRef(p->data);
+    const long long version = data_version(data);  /* Python: may write the parameter */
+    int rc = 0;
+    /* else the cast is of data the parameter no longer has, or the region is gone: not kept */
+    if (data == p->data && ampc_autocast.nesting >= nesting) {
+        PyObject *key = PyLong_FromVoidPtr(param);
+        PyObject *entry = key ? Py_BuildValue("(OOKLiO)", param, data, p->version, version, (int)dtype, cast) : NULL;
+        rc = entry ? PyDict_SetItem(st->cast_cache, key, entry) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(entry);
+    }
+    Py_DECREF(data);
     return rc;
 }
 

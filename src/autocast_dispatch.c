@@ -20,10 +20,6 @@
 
 #include <structmember.h>
 
-/* Containers nested deeper than this are handed on untouched (and a list
- * that holds itself cannot recurse forever). */
-#define MAX_DEPTH 32
-
 /* ------------------------------------------------------------------------ */
 /* Registry entries: an op name's policy per device type                     */
 /* ------------------------------------------------------------------------ */
@@ -54,31 +50,41 @@ static PyType_Spec OpPolicy_spec = {
     .slots = OpPolicy_slots,
 };
 
-/* The registry's entry for `name` (a str), made with no policy if new. Borrowed. */
+/* The registry's entry for `name` (a str), made with no policy if new. A
+ * new reference. The registry's keys are exact str (a subclass's name is
+ * copied), so that its lookups and the regions' never run Python. */
 static op_policy *entry_for(ampc_state *st, PyObject *name)
 {
     op_policy *e = (op_policy *)PyDict_GetItemWithError(st->autocast_registry, name);
     if (e != NULL || PyErr_Occurred())
-        return e;
-    e = PyObject_New(op_policy, st->op_policy_type);
-    if (e == NULL)
+        return (op_policy *)Py_XNewRef((PyObject *)e);
+    PyObject *exact = PyUnicode_FromObject(name);
+    if (exact == NULL)
         return NULL;
-    e->name = Py_NewRef(name);
+    e = PyObject_New(op_policy, st->op_policy_type);
+    if (e == NULL) {
+        Py_DECREF(exact);
+        return NULL;
+    }
+    e->name = exact;
     PyUnicode_InternInPlace(&e->name);
     for (int d = 0; d < AMPC_AUTOCAST_DEVICES; d++)
         e->policy[d] = AMPC_POLICY_NONE;
-    const int rc = PyDict_SetItem(st->autocast_registry, e->name, (PyObject *)e);
-    Py_DECREF(e);
-    return rc < 0 ? NULL : e;
+    if (PyDict_SetItem(st->autocast_registry, e->name, (PyObject *)e) < 0)
+        Py_CLEAR(e);
+    return e;
 }
 
 /* ------------------------------------------------------------------------ */
 /* The arrays among an op's arguments                                        */
 /* ------------------------------------------------------------------------ */
 
+/* obj and param are held: the scan runs Python (__dlpack__, a metaclass's
+ * __getattr__) that may drop them from their containers or give a
+ * Parameter other data, and a freed address could then match another. */
 typedef struct {
-    PyObject *obj;      /* borrowed: the array (for a Parameter, its data) */
-    PyObject *param;    /* borrowed: the Parameter it came from, or NULL */
+    PyObject *obj;      /* strong: the array (for a Parameter, its data) */
+    PyObject *param;    /* strong: the Parameter it came from, or NULL */
     int dtype;          /* ampc_dtype, or -1 for a dtype ampc does not know (never cast) */
     ampc_device device;
     ampc_view view;     /* described when dtype >= 0 */
@@ -99,9 +105,12 @@ static void leaves_init(leaf_list *l)
 
 static void leaves_release(leaf_list *l)
 {
-    for (Py_ssize_t i = 0; i < l->n; i++)
+    for (Py_ssize_t i = 0; i < l->n; i++) {
         if (l->items[i].dtype >= 0)
             ampc_view_release(&l->items[i].view);
+        Py_DECREF(l->items[i].obj);
+        Py_XDECREF(l->items[i].param);
+    }
     if (l->items != l->inline_items)
         PyMem_Free(l->items);
     leaves_init(l);
@@ -155,8 +164,8 @@ static int describe(ampc_state *st, PyObject *obj, PyObject *param, leaf_list *l
     leaf *f = leaves_add(l);
     if (f == NULL)
         return -1;
-    f->obj = obj;
-    f->param = param;
+    f->obj = Py_NewRef(obj);
+    f->param = Py_XNewRef(param);
     f->dtype = -1;
     f->device = (ampc_device){AMPC_DEVICE_CPU, 0};
     if (PyArray_Check(obj) && ampc_dtype_from_descr(st, PyArray_DESCR((PyArrayObject *)obj)) < 0)
@@ -172,32 +181,39 @@ static int describe(ampc_state *st, PyObject *obj, PyObject *param, leaf_list *l
     return 0;
 }
 
-/* Find the arrays in `obj`, in the order rebuild() visits them. */
-static int scan(ampc_state *st, PyObject *obj, leaf_list *l, int depth)
+static int scan(ampc_state *st, PyObject *obj, leaf_list *l);
+
+/* scan() of each item of a tuple or list, or each value of a dict. */
+static int scan_container(ampc_state *st, PyObject *obj, leaf_list *l)
+{
+    /* a snapshot: a cast may release the GIL, and __dlpack__ may run Python */
+    PyObject *items = PyDict_CheckExact(obj) ? PyDict_Values(obj) : PySequence_Tuple(obj);
+    if (items == NULL)
+        return -1;
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PySequence_Fast_GET_SIZE(items); i++)
+        rc = scan(st, PySequence_Fast_GET_ITEM(items, i), l);
+    Py_DECREF(items);
+    return rc;
+}
+
+/* Find the arrays in `obj`, in the order rebuild() visits them. Nested
+ * containers are walked to any depth Python allows: RecursionError, as
+ * torch's walk of them, for a list that holds itself or 10^6 nested tuples. */
+static int scan(ampc_state *st, PyObject *obj, leaf_list *l)
 {
     if (ampc_is_parameter(st, obj)) {
-        PyObject *data = ((ampc_parameter *)obj)->data;
+        PyObject *data = Py_NewRef(((ampc_parameter *)obj)->data);  /* is_array() may run Python */
         const int array = is_array(st, data);
-        return array <= 0 ? array : describe(st, data, obj, l);
-    }
-    if (depth < MAX_DEPTH && (PyTuple_CheckExact(obj) || PyList_CheckExact(obj))) {
-        PyObject *items = PySequence_Tuple(obj);  /* a snapshot: a cast may release the GIL */
-        if (items == NULL)
-            return -1;
-        int rc = 0;
-        for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(items); i++)
-            rc = scan(st, PyTuple_GET_ITEM(items, i), l, depth + 1);
-        Py_DECREF(items);
+        const int rc = array <= 0 ? array : describe(st, data, obj, l);
+        Py_DECREF(data);
         return rc;
     }
-    if (depth < MAX_DEPTH && PyDict_CheckExact(obj)) {
-        PyObject *values = PyDict_Values(obj);
-        if (values == NULL)
+    if (PyTuple_CheckExact(obj) || PyList_CheckExact(obj) || PyDict_CheckExact(obj)) {
+        if (Py_EnterRecursiveCall(" while autocast looked for arrays in nested containers"))
             return -1;
-        int rc = 0;
-        for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(values); i++)
-            rc = scan(st, PyList_GET_ITEM(values, i), l, depth + 1);
-        Py_DECREF(values);
+        const int rc = scan_container(st, obj, l);
+        Py_LeaveRecursiveCall();
         return rc;
     }
     const int array = is_array(st, obj);
@@ -215,6 +231,7 @@ typedef struct {
     ampc_device_type device;
     int target;          /* the dtype eligible arrays are cast to, or -1 for none */
     int cache;           /* whether casts of float32 Parameters to `target` are cached */
+    int nesting;         /* the thread's nesting count when the op began */
 } rebuild_ctx;
 
 static int eligible(const leaf *f, ampc_device_type device)
@@ -233,7 +250,7 @@ static PyObject *cast_leaf(rebuild_ctx *c, leaf *f)
         PyObject *hit = ampc_cast_cache_get(st, f->param, target);
         if (hit != NULL) {
             ampc_autocast_count.cache_hits++;
-            return Py_NewRef(hit);
+            return hit;
         }
     }
     ampc_view out;
@@ -248,7 +265,7 @@ static PyObject *cast_leaf(rebuild_ctx *c, leaf *f)
     }
     ampc_autocast_count.casts++;
     PyObject *result = ampc_return_as(st, fresh, f->view.source);
-    if (result != NULL && cacheable && ampc_cast_cache_put(st, f->param, target, result) < 0)
+    if (result != NULL && cacheable && ampc_cast_cache_put(st, f->param, target, result, c->nesting) < 0)
         Py_CLEAR(result);
     return result;
 }
@@ -269,10 +286,10 @@ static PyObject *rebuild_array(rebuild_ctx *c, PyObject *array, PyObject *param)
     return cast_leaf(c, f);
 }
 
-static PyObject *rebuild(rebuild_ctx *c, PyObject *obj, int depth);
+static PyObject *rebuild(rebuild_ctx *c, PyObject *obj);
 
 /* A tuple or list with each item rebuilt; `obj` itself if none changed. */
-static PyObject *rebuild_sequence(rebuild_ctx *c, PyObject *obj, int depth)
+static PyObject *rebuild_sequence(rebuild_ctx *c, PyObject *obj)
 {
     PyObject *items = PySequence_Tuple(obj);
     if (items == NULL)
@@ -281,7 +298,7 @@ static PyObject *rebuild_sequence(rebuild_ctx *c, PyObject *obj, int depth)
     PyObject *out = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyTuple_GET_ITEM(items, i);
-        PyObject *converted = rebuild(c, item, depth + 1);
+        PyObject *converted = rebuild(c, item);
         if (converted == NULL)
             goto fail;
         if (out == NULL && converted != item) {
@@ -314,12 +331,12 @@ fail:
 }
 
 /* A dict with each value rebuilt (keys kept); `obj` itself if none changed. */
-static PyObject *rebuild_dict(rebuild_ctx *c, PyObject *obj, int depth)
+static PyObject *rebuild_dict(rebuild_ctx *c, PyObject *obj)
 {
     PyObject *keys = PyDict_Keys(obj), *values = PyDict_Values(obj), *converted = NULL, *out = NULL;
     if (keys == NULL || values == NULL)
         goto done;
-    converted = rebuild_sequence(c, values, depth);
+    converted = rebuild_sequence(c, values);
     if (converted == NULL || converted == values) {
         out = converted == NULL ? NULL : Py_NewRef(obj);
         goto done;
@@ -335,16 +352,19 @@ done:
     return out;
 }
 
-static PyObject *rebuild(rebuild_ctx *c, PyObject *obj, int depth)
+static PyObject *rebuild(rebuild_ctx *c, PyObject *obj)
 {
     ampc_state *st = c->st;
     if (ampc_is_parameter(st, obj))
         return rebuild_array(c, ((ampc_parameter *)obj)->data, obj);
-    if (depth < MAX_DEPTH && (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)))
-        return rebuild_sequence(c, obj, depth);
-    if (depth < MAX_DEPTH && PyDict_CheckExact(obj))
-        return rebuild_dict(c, obj, depth);
-    return rebuild_array(c, obj, NULL);
+    const int sequence = PyTuple_CheckExact(obj) || PyList_CheckExact(obj);
+    if (!sequence && !PyDict_CheckExact(obj))
+        return rebuild_array(c, obj, NULL);
+    if (Py_EnterRecursiveCall(" while autocast rebuilt nested containers"))
+        return NULL;
+    PyObject *out = sequence ? rebuild_sequence(c, obj) : rebuild_dict(c, obj);
+    Py_LeaveRecursiveCall();
+    return out;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -472,7 +492,7 @@ static PyObject *call_rebuilt(autocast_op *op, rebuild_ctx *c, PyObject *const *
         goto done;
     }
     for (; built < nargs + nkw; built++)
-        if ((argv[built] = rebuild(c, args[built], 0)) == NULL)
+        if ((argv[built] = rebuild(c, args[built])) == NULL)
             goto done;
     if (dtype != NULL) {
         if (dtype_at >= 0) {
@@ -491,9 +511,12 @@ static PyObject *call_rebuilt(autocast_op *op, rebuild_ctx *c, PyObject *const *
             argv[built++] = Py_NewRef(dtype);
         }
     }
-    ampc_autocast.suppressed += suppress;
+    /* Put back as found, not counted down: func may leave regions (in any
+     * order), which restore the count their frames saved. */
+    const int suppressed = ampc_autocast.suppressed;
+    ampc_autocast.suppressed = suppressed + suppress;
     result = PyObject_Vectorcall(op->func, argv, (size_t)nargs, names);
-    ampc_autocast.suppressed -= suppress;
+    ampc_autocast.suppressed = suppressed;
 done:
     for (Py_ssize_t i = 0; i < built; i++)
         Py_DECREF(argv[i]);
@@ -509,7 +532,7 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
     ampc_state *st = op->st;
     const ampc_autocast_tls *t = &ampc_autocast;
     const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    rebuild_ctx c = {st, NULL, 0, AMPC_DEVICE_CPU, -1, 0};
+    rebuild_ctx c = {st, NULL, 0, AMPC_DEVICE_CPU, -1, 0, ampc_autocast.nesting};
     PyObject *result = NULL, *dtype = NULL;
     leaf_list leaves;
     leaves_init(&leaves);
@@ -521,7 +544,7 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
 
     Py_ssize_t first_leaves = 0;  /* leaves found in args[0] */
     for (Py_ssize_t i = 0; i < nargs + nkw; i++) {
-        if (scan(st, args[i], &leaves, 0) < 0)
+        if (scan(st, args[i], &leaves) < 0)
             goto done;
         if (i == 0)
             first_leaves = leaves.n;
@@ -537,6 +560,16 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
         goto done;
     c.leaves = &leaves;
     c.device = device;
+    if ((policy == AMPC_POLICY_LOWER_PRECISION_FP || policy == AMPC_POLICY_PROMOTE) &&
+        !AMPC_DTYPE_IS_FLOAT(t->dtype[device])) {
+        /* a disabled region's dtype (autocast("cpu", dtype=int32) warns and
+         * disables, as torch's) turned on by set_autocast_enabled: torch would
+         * cast to it; ampc casts only between floating dtypes */
+        PyErr_Format(PyExc_RuntimeError, "autocast: the region's dtype on %s is %s, which is not a floating dtype; "
+                     "%U cannot run in it", device == AMPC_DEVICE_CUDA ? "cuda" : "cpu",
+                     ampc_dtype_names[t->dtype[device]], op->entry->name);
+        goto done;
+    }
     switch (policy) {
     case AMPC_POLICY_NONE:
         break;
@@ -561,7 +594,7 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
         const int first_array = nargs > 0 && first_leaves == 1 && (leaves.items[0].obj == args[0] ||
                                                                    leaves.items[0].param == args[0]);
         if (!given && first_array && eligible(&leaves.items[0], device) &&
-            (dtype = float32_for(st, leaves.items[0].view.source)) == NULL)
+            (dtype = Py_XNewRef(float32_for(st, leaves.items[0].view.source))) == NULL)
             goto done;
         break;
     }
@@ -572,6 +605,7 @@ static PyObject *dispatch(autocast_op *op, PyObject *const *args, Py_ssize_t nar
     }
     result = call_rebuilt(op, &c, args, nargs, kwnames, dtype, policy != AMPC_POLICY_NONE);
 done:
+    Py_XDECREF(dtype);
     leaves_release(&leaves);
     return result;
 }
@@ -585,7 +619,7 @@ static PyObject *Op_vectorcall(PyObject *self, PyObject *const *args, size_t nar
     const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (!needs_unwrap(op->st, args, nargs + nkw))
         return PyObject_Vectorcall(op->func, args, nargsf, kwnames);
-    rebuild_ctx c = {op->st, NULL, 0, AMPC_DEVICE_CPU, -1, 0};
+    rebuild_ctx c = {op->st, NULL, 0, AMPC_DEVICE_CPU, -1, 0, 0};
     return call_rebuilt(op, &c, args, nargs, kwnames, NULL, 0);
 }
 
@@ -604,10 +638,12 @@ static PyObject *Op_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     if (entry == NULL)
         return NULL;
     autocast_op *self = (autocast_op *)type->tp_alloc(type, 0);
-    if (self == NULL)
+    if (self == NULL) {
+        Py_DECREF(entry);
         return NULL;
+    }
     self->func = Py_NewRef(func);
-    self->entry = (op_policy *)Py_NewRef((PyObject *)entry);
+    self->entry = entry;
     self->st = st;
     self->vectorcall = Op_vectorcall;
     return (PyObject *)self;
@@ -759,11 +795,13 @@ static PyObject *mod_register_autocast(PyObject *module, PyObject *args, PyObjec
             PyErr_Format(PyExc_ValueError, "autocast_op: '%U' already has policy '%s' on %s; give the op "
                          "another name= or change the policy with ampc.register_autocast", name,
                          ampc_policy_names[e->policy[d]], d == AMPC_DEVICE_CUDA ? "cuda" : "cpu");
+            Py_DECREF(e);
             return NULL;
         }
     }
     for (int d = first; d <= last; d++)
         e->policy[d] = (unsigned char)policy;
+    Py_DECREF(e);
     Py_RETURN_NONE;
 }
 
@@ -816,9 +854,9 @@ static PyObject *mod_autocast_cast(PyObject *module, PyObject *const *args, Py_s
     leaf_list leaves;
     leaves_init(&leaves);
     PyObject *result = NULL;
-    if (scan(st, args[0], &leaves, 0) == 0) {
-        rebuild_ctx c = {st, &leaves, 0, (ampc_device_type)device, dtype, 0};
-        result = rebuild(&c, args[0], 0);
+    if (scan(st, args[0], &leaves) == 0) {
+        rebuild_ctx c = {st, &leaves, 0, (ampc_device_type)device, dtype, 0, 0};
+        result = rebuild(&c, args[0]);
     }
     leaves_release(&leaves);
     return result;
@@ -855,6 +893,7 @@ int ampc_autocast_dispatch_init(PyObject *module, ampc_state *st)
             if (e == NULL)
                 return -1;
             e->policy[d] = (unsigned char)row->policy;
+            Py_DECREF(e);
         }
     }
     return PyModule_AddType(module, st->autocast_op_type);

@@ -10,6 +10,16 @@
  * function that recurses) or from several threads at once (a decorated
  * forward called by worker threads); torch keeps it on the object, and
  * leaves a recursing function's caller with autocast on.
+ *
+ * Regions may be left in any order, as torch's may: asyncio tasks that each
+ * hold a region across an `await` share their thread's state and leave in
+ * the order they resume. A region left while others entered after it are
+ * still open is taken out of the stack: what it saved is handed to the next
+ * region above it (of its device type, for the per-device state), so that
+ * leaving all of them, in whatever order, gives back the state from before
+ * the first, and the nesting count reaches 0 (the cache is dropped) when
+ * the last one is left. The state is per thread, not per task: a task sees
+ * the innermost region open on its thread, whichever task entered it.
  */
 #include "autocast.h"
 
@@ -134,6 +144,8 @@ static int add_overrides(ampc_state *st, PyObject *overrides, PyObject *names, c
     int rc = policy_obj != NULL ? 0 : -1;
     while (rc == 0 && (item = PyIter_Next(it)) != NULL) {
         PyObject *name = PyUnicode_Check(item) ? Py_NewRef(item) : PyObject_GetAttrString(item, "name");
+        if (name != NULL && PyUnicode_Check(name))  /* an exact str: the regions' lookups never run Python */
+            Py_SETREF(name, PyUnicode_FromObject(name));
         if (name == NULL || !PyUnicode_Check(name)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "autocast: %s holds %.200s; expected op names (str) or autocast ops",
@@ -204,16 +216,10 @@ static int Autocast_init(PyObject *op, PyObject *args, PyObject *kwargs)
     const int device = ampc_autocast_device_or_raise(device_obj);
     if (device < 0)
         return -1;
+    /* Any dtype ampc knows: torch checks it only where the region is enabled (below). */
     ampc_dtype dtype = ampc_autocast.dtype[device];
-    if (dtype_obj != Py_None) {
-        if (ampc_dtype_parse(st, dtype_obj, "autocast: dtype", &dtype) < 0)
-            return -1;
-        if (!AMPC_DTYPE_IS_FLOAT(dtype)) {
-            PyErr_Format(PyExc_TypeError, "autocast: dtype must be a floating dtype, got %s",
-                         ampc_dtype_names[dtype]);
-            return -1;
-        }
-    }
+    if (dtype_obj != Py_None && ampc_dtype_parse(st, dtype_obj, "autocast: dtype", &dtype) < 0)
+        return -1;
     int cache_enabled = ampc_autocast.cache_enabled;
     if (cache_obj != Py_None && (cache_enabled = PyObject_IsTrue(cache_obj)) < 0)
         return -1;
@@ -248,6 +254,12 @@ static int Autocast_init(PyObject *op, PyObject *args, PyObject *kwargs)
             goto fail;
         enabled = 0;
     }
+    /* torch would open an enabled CUDA region that casts floating arrays to
+     * an integer dtype; ampc refuses it (a disabled one is torch's: allowed). */
+    if (enabled && device == AMPC_DEVICE_CUDA && !AMPC_DTYPE_IS_FLOAT(dtype)) {
+        PyErr_Format(PyExc_TypeError, "autocast: dtype must be a floating dtype, got %s", ampc_dtype_names[dtype]);
+        goto fail;
+    }
     if (enabled && device == AMPC_DEVICE_CUDA && dtype == AMPC_BFLOAT16) {
         const int bf16 = ampc_cuda_bf16_supported(st);
         if (bf16 < 0)
@@ -270,7 +282,7 @@ fail:
     return -1;
 }
 
-static int push_frame(ampc_autocast_tls *t, const autocast_object *self)
+static int push_frame(ampc_autocast_tls *t, autocast_object *self)
 {
     if (t->frames == NULL) {
         t->frames = t->inline_frames;
@@ -291,7 +303,7 @@ static int push_frame(ampc_autocast_tls *t, const autocast_object *self)
     }
     const ampc_device_type d = self->device;
     ampc_autocast_frame *f = &t->frames[t->nframes++];
-    f->owner = self;
+    f->owner = Py_NewRef((PyObject *)self);
     f->device = d;
     f->enabled = t->enabled[d];
     f->cache_enabled = t->cache_enabled;
@@ -340,29 +352,64 @@ static PyObject *Autocast_enter(PyObject *op, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* The topmost frame `op` entered on this thread, or -1. */
+static int find_frame(const ampc_autocast_tls *t, PyObject *op)
+{
+    for (int i = t->nframes - 1; i >= 0; i--)
+        if (t->frames[i].owner == op)
+            return i;
+    return -1;
+}
+
 static PyObject *Autocast_exit(PyObject *op, PyObject *const *Py_UNUSED(args), Py_ssize_t Py_UNUSED(nargs))
 {
     ampc_autocast_tls *t = &ampc_autocast;
-    if (t->nframes == 0 || t->frames[t->nframes - 1].owner != (const void *)op) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        t->nframes == 0 ? "autocast.__exit__ without a matching __enter__ in this thread"
-                                        : "autocast regions must be left in the reverse order they were entered");
+    const int i = find_frame(t, op);
+    if (i < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "autocast.__exit__ without a matching __enter__ in this thread");
         return NULL;
     }
-    ampc_autocast_frame f = t->frames[--t->nframes];
-    if (t->nframes == 0 && t->frames != t->inline_frames) {  /* back to the frames in place */
+    const ampc_autocast_frame f = t->frames[i];
+    /* What the region saved goes to the region entered next above it, if
+     * one is still open (it saved what this one set), else to the thread. */
+    if (i + 1 < t->nframes) {
+        t->frames[i + 1].cache_enabled = f.cache_enabled;
+        t->frames[i + 1].suppressed = f.suppressed;
+    }
+    else {
+        t->cache_enabled = f.cache_enabled;
+        t->suppressed = f.suppressed;
+    }
+    int above = i + 1;
+    while (above < t->nframes && t->frames[above].device != f.device)
+        above++;
+    PyObject *dropped;  /* the overrides this region set: a dict of str, whose release runs no Python */
+    if (above < t->nframes) {
+        ampc_autocast_frame *g = &t->frames[above];
+        g->enabled = f.enabled;
+        g->dtype = f.dtype;
+        dropped = g->overrides;
+        g->overrides = f.overrides;
+    }
+    else {
+        t->enabled[f.device] = f.enabled;
+        t->dtype[f.device] = f.dtype;
+        dropped = t->overrides[f.device];
+        t->overrides[f.device] = f.overrides;
+    }
+    memmove(&t->frames[i], &t->frames[i + 1], (size_t)(t->nframes - i - 1) * sizeof *t->frames);
+    if (--t->nframes == 0 && t->frames != t->inline_frames) {  /* back to the frames in place */
         PyMem_Free(t->frames);
         t->frames = t->inline_frames;
         t->capacity = AMPC_AUTOCAST_INLINE_FRAMES;
     }
-    /* Drop the cache when leaving the outermost region (disabled ones count). */
+    Py_XDECREF(dropped);
+    /* Drop the cache when leaving the outermost region (disabled ones count).
+     * Last, with the state already restored: releasing a cast may run Python
+     * (a producer's deleter), which may enter and leave regions. */
     if (--t->nesting == 0)
         ampc_cast_cache_clear(ampc_state_from_type(Py_TYPE(op)));
-    t->enabled[f.device] = f.enabled;
-    t->dtype[f.device] = f.dtype;
-    t->cache_enabled = f.cache_enabled;
-    t->suppressed = f.suppressed;
-    Py_XSETREF(t->overrides[f.device], f.overrides);
+    Py_DECREF(f.owner);
     Py_RETURN_FALSE;
 }
 

@@ -188,16 +188,59 @@ def test_autocast_called_with_non_callable():
         ampc.autocast("cpu")(np.ones(2))
 
 
+CPU_WARNING = ("In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
+               "CPU Autocast only supports dtype of torch.bfloat16, torch.float16 currently.")
+
+
 def test_cpu_dtype_not_supported_warns_and_disables():
-    for dtype in (np.float32, np.float64):
+    # the integer dtypes and bool too (issue 50, instance 13: np.int32 raised TypeError), as torch
+    for dtype in (np.float32, np.float64, np.int32, np.int8, np.uint64, np.bool_, "int64"):
         with pytest.warns(UserWarning) as record:
             region = ampc.autocast("cpu", dtype=dtype)
-        assert str(record[0].message) == (
-            "In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
-            "CPU Autocast only supports dtype of torch.bfloat16, torch.float16 currently.")
-        assert region._enabled is False
+        assert [str(r.message) for r in record] == [CPU_WARNING]
+        assert region._enabled is False and region.fast_dtype == np.dtype(dtype)
         with region:
             assert not ampc.is_autocast_enabled("cpu")
+            assert ampc.get_autocast_dtype("cpu") == np.dtype(dtype)  # torch sets it too
+
+
+def test_integer_dtype_disabled_region_is_quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for device in ("cpu", "cuda"):
+            region = ampc.autocast(device, dtype=np.int32, enabled=False)
+            assert region._enabled is False and region.fast_dtype == np.dtype(np.int32)
+            with region:
+                assert not ampc.is_autocast_enabled(device)
+                assert ampc.get_autocast_dtype(device) == np.dtype(np.int32)
+        assert ampc.get_autocast_dtype("cuda") == F16
+
+
+@pytest.mark.skipif(ampc.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_integer_dtype_without_a_gpu_warns_and_disables():
+    # torch's CUDA check comes first and disables the region; its dtype is not looked at then
+    with pytest.warns(UserWarning) as record:
+        region = ampc.autocast("cuda", dtype=np.int32)
+    assert [str(r.message) for r in record] == [
+        "User provided device_type of 'cuda', but CUDA is not available. Disabling"]
+    assert region._enabled is False and region.fast_dtype == np.dtype(np.int32)
+
+
+def test_integer_region_dtype_turned_on_refuses_to_cast():
+    # set_autocast_enabled inside a disabled integer region: torch would cast floats to int32;
+    # ampc refuses the op, and a clear error (it crashed in the cast kernel before this check)
+    mm = make_op("mm", reference_mm)
+    a = np.ones((2, 2), np.float32)
+    with pytest.warns(UserWarning, match="target dtype is not supported"):
+        region = ampc.autocast("cpu", dtype=np.int32)
+    with region:
+        ampc.set_autocast_enabled("cpu", True)
+        try:
+            with pytest.raises(RuntimeError, match="region's dtype on cpu is int32, which is not a floating dtype"):
+                mm(a, a)
+            assert make_op("exp", reference_exp)(a).dtype == F32  # fp32 ops need no region dtype
+        finally:
+            ampc.set_autocast_enabled("cpu", False)
 
 
 def test_autocast_disabled_with_fp32_dtype():
@@ -221,10 +264,10 @@ def test_construction_arguments():
     region = ampc.autocast("cpu", dtype="float16", cache_enabled=False)
     assert region.device == "cpu" and region.fast_dtype == F16 and region._cache_enabled is False
     assert ampc.autocast("cpu").fast_dtype == BF16
-    with pytest.raises(TypeError, match="floating dtype"):
-        ampc.autocast("cpu", dtype=np.int8)
     with pytest.raises(TypeError):
         ampc.autocast("cpu", dtype="not a dtype")
+    with pytest.raises(TypeError, match="ampc does not support dtype"):
+        ampc.autocast("cpu", dtype=np.complex64)  # torch warns and disables; ampc has no such dtype
     # The default dtype and cache flag are this thread's at construction
     ampc.set_autocast_dtype("cpu", F16)
     ampc.set_autocast_cache_enabled(False)
@@ -333,17 +376,103 @@ def test_decorated_function_that_recurses_leaves_autocast_off():
     assert not ampc.is_autocast_enabled("cpu")
 
 
-def test_exit_must_match_enter():
-    a, b = ampc.autocast("cpu"), ampc.autocast("cpu", dtype=F16)
+def nesting():
+    """The thread's autocast nesting count."""
+    depth = ampc.autocast_increment_nesting() - 1
+    ampc.autocast_decrement_nesting()
+    return depth
+
+
+def test_exit_without_enter_is_refused():
+    a = ampc.autocast("cpu")
     with pytest.raises(RuntimeError, match="without a matching __enter__"):
         a.__exit__(None, None, None)
+    with a:
+        pass
+    with pytest.raises(RuntimeError, match="without a matching __enter__"):
+        a.__exit__(None, None, None)  # already left
+    assert nesting() == 0
+
+
+def test_regions_left_out_of_order():
+    # torch's regions may be left in any order (each restores what it saved and counts the
+    # nesting down); ampc's too, and the state from before the first comes back at the end
+    # (torch's leaves the second region's saved "on"). Was: RuntimeError "reverse order".
+    before = state()
+    a, b = ampc.autocast("cpu", dtype=F16, cache_enabled=False), ampc.autocast("cpu", dtype=BF16)
     a.__enter__()
     b.__enter__()
-    with pytest.raises(RuntimeError, match="reverse order"):
-        a.__exit__(None, None, None)
-    assert ampc.get_autocast_dtype("cpu") == F16  # unchanged by the refused exit
+    assert a.__exit__(None, None, None) is False
+    assert state() == (True, BF16, True)  # b is still open: its state holds
+    assert nesting() == 1
     b.__exit__(None, None, None)
+    assert state() == before and nesting() == 0
+
+
+def test_regions_of_two_devices_left_out_of_order():
+    cpu = ampc.autocast("cpu", dtype=F16, cache_enabled=False)
+    off = ampc.autocast("cuda", enabled=False, cache_enabled=False)
+    inner = ampc.autocast("cpu", dtype=BF16)
+    cpu.__enter__()
+    off.__enter__()
+    inner.__enter__()
+    cpu.__exit__(None, None, None)  # its saved CPU state goes to inner, its saved cache flag to off
+    assert state() == (True, BF16, True)
+    inner.__exit__(None, None, None)
+    assert state() == (False, BF16, False)  # off is still open, with its own cache flag
+    off.__exit__(None, None, None)
+    assert state() == (False, BF16, True) and nesting() == 0
+
+
+def test_cache_dropped_when_the_last_region_is_left_out_of_order(rng):
+    mm = make_op("mm", reference_mm)
+    w = ampc.Parameter(floats(rng, (4, 4), F32))
+    a, b = ampc.autocast("cpu"), ampc.autocast("cpu")
+    a.__enter__()
+    b.__enter__()
+    mm(w, w)
+    assert _C._autocast_cache_info()["entries"] == 1
     a.__exit__(None, None, None)
+    assert _C._autocast_cache_info()["entries"] == 1  # b still open
+    b.__exit__(None, None, None)
+    assert _C._autocast_cache_info()["entries"] == 0 and nesting() == 0
+
+
+def test_asyncio_tasks_holding_regions_across_an_await(rng):
+    # issue 50, instance 12: two tasks, each in a region across an await, leave in the order they
+    # resume (task 1 enters, task 2 enters, task 1 leaves, task 2 leaves). Was: RuntimeError in
+    # task 1 and a nesting count stuck at 1, so the cache was never dropped again on the thread.
+    import asyncio
+
+    mm = make_op("mm", reference_mm)
+    w = ampc.Parameter(floats(rng, (4, 4), F32))
+    seen = {}
+
+    async def main():
+        entered, left = asyncio.Event(), asyncio.Event()
+
+        async def first():
+            try:
+                with ampc.autocast("cpu"):
+                    mm(w, w)
+                    entered.set()
+                    while not seen.get("second in"):
+                        await asyncio.sleep(0)
+            finally:
+                left.set()
+
+        async def second():
+            await entered.wait()
+            with ampc.autocast("cpu", dtype=F16):
+                seen["second in"] = True
+                await left.wait()
+                seen["after first left"] = (ampc.get_autocast_dtype("cpu"), mm(w, w).dtype)
+        return await asyncio.gather(first(), second(), return_exceptions=True)
+
+    assert asyncio.run(main()) == [None, None]
+    assert seen["after first left"] == (F16, F16)  # the open region is second's
+    assert nesting() == 0 and not ampc.is_autocast_enabled("cpu")
+    assert _C._autocast_cache_info()["entries"] == 0
 
 
 def test_state_is_per_thread(rng):
@@ -574,6 +703,51 @@ def test_containers_are_cast_and_rebuilt(rng):
     assert tup is nested[2]  # nothing to cast: the very same container
     assert_same_bits(kwargs["key"][0], ampc.cast(c, BF16))
     assert nested[0][0] is a and nested[0][1][1]["k"] is c  # the caller's containers are not modified
+
+
+def endless_containers():
+    """Containers no walk can finish: RecursionError in torch's walk of them (torch.amp's _cast)."""
+    one = [np.ones(2, np.float32)]
+    one.append(one)
+    two = [np.ones(2, np.float32)]
+    two += [two, two]  # under the old depth cap of 32: 2^32 visits, a hang
+    d = {"x": np.ones(2, np.float32)}
+    d["self"] = d
+    deep = (np.ones(2, np.float32),)
+    for _ in range(10**6):
+        deep = (deep,)
+    return {"list holding itself": one, "list holding itself twice": two, "dict holding itself": d,
+            "10^6 nested tuples": deep}
+
+
+def test_endless_containers_raise_recursion_error():
+    # issue 50, class "recursion in C": scan() and rebuild() walk containers with
+    # Py_EnterRecursiveCall; before, they stopped at depth 32 without a word
+    op = probe("mm")
+    for name, value in endless_containers().items():
+        with ampc.autocast("cpu"):
+            with pytest.raises(RecursionError):
+                op(value)
+            with pytest.raises(RecursionError):
+                op(np.ones(2, np.float32), key=value)
+        with pytest.raises(RecursionError):  # outside a region: the walk that unwraps Parameters
+            op([ampc.Parameter(np.ones(2, np.float32)), value])
+        with pytest.raises(RecursionError):  # custom_fwd's cast_inputs
+            _C._autocast_cast(value, "cpu", np.float16)
+
+
+def test_deeply_nested_arrays_are_cast(rng):
+    # the walk has no depth cap of its own now (it had 32: deeper arrays were handed on uncast)
+    op = probe("mm")
+    a = floats(rng, (2, 2), F32)
+    nested = a
+    for _ in range(100):
+        nested = [nested]
+    with ampc.autocast("cpu"):
+        got, _ = op(nested)
+    for _ in range(101):
+        got = got[0]
+    assert_same_bits(got, ampc.cast(a, BF16))
 
 
 def test_out_calls_are_not_autocast(rng):

@@ -63,6 +63,16 @@ def test_every_cuda_op_gets_its_policy(name, policy, region_dtype):
             assert kwargs == {}
 
 
+def test_integer_dtype_of_an_enabled_cuda_region_is_refused():
+    # torch would open it and cast floating tensors to int32; ampc refuses it. Disabled, it is
+    # torch's: allowed without a word (issue 50, instance 13).
+    with pytest.raises(TypeError, match="autocast: dtype must be a floating dtype, got int32"):
+        ampc.autocast("cuda", dtype=torch.int32)
+    with ampc.autocast("cuda", dtype=torch.int32, enabled=False):
+        assert not ampc.is_autocast_enabled("cuda")
+    assert ampc.get_autocast_dtype("cuda") == ampc.float16
+
+
 def test_cpu_tensors_follow_the_cpu_region():
     mm = probe("mm")
     cpu, gpu = torch.randn(2, 2), torch.randn(2, 2, device="cuda")

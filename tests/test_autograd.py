@@ -280,6 +280,13 @@ def test_what_puts_a_call_on_the_tape():
     nested.append(nested)  # holds itself: an error, not a crash
     with pytest.raises(RecursionError):
         F.cat(nested)
+    deep = (x,)
+    for _ in range(10**6):
+        deep = (deep,)
+    with pytest.raises(RecursionError):  # the tape's walk, then autocast's
+        F.cat([deep])
+    with ampc.autocast("cpu"), pytest.raises(RecursionError):
+        F.cat(nested)
     frozen.requires_grad = True
     out = F.cat([x, frozen])
     assert isinstance(out, Tensor)
