@@ -602,6 +602,8 @@ static PyObject *mod_zero_(PyObject *module, PyObject *x)
     else
         rc = zero_view(st, &v);
     ampc_view_release(&v);
+    if (rc == 0)
+        ampc_count_write(st, x);  /* a Parameter's cached casts are stale now */
     return rc < 0 ? NULL : Py_NewRef(x);
 }
 

@@ -231,7 +231,11 @@ def _write_dropout(p):
     ampc.nn.functional.dropout(p, 0.5, True, inplace=True)
 
 
-@pytest.mark.parametrize("write", [_write_cast, _write_relu, _write_silu, _write_dropout])
+def _write_zero(p):
+    ampc._C.zero_(p)  # what Module.zero_grad(set_to_none=False) writes with
+
+
+@pytest.mark.parametrize("write", [_write_cast, _write_relu, _write_silu, _write_dropout, _write_zero])
 def test_in_place_writes_reach_the_weight_cast_cache(write):
     F = ampc.nn.functional
     x = np.eye(2, dtype=np.float32)
