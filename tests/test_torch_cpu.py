@@ -283,11 +283,12 @@ def test_sparse_gradients_are_unscaled_as_torch_unscales_them():
     for scaler in (ampc.GradScaler("cpu", init_scale=4.0), torch.amp.GradScaler("cpu", init_scale=4.0)):
         scaler.scale(torch.ones(()))
         p = torch.nn.Parameter(torch.zeros(4))
-        p.grad = torch.sparse_coo_tensor([[0, 2, 0]], torch.tensor([8.0, 4.0, 12.0]), (4,))
+        p.grad = torch.sparse_coo_tensor([[0, 2, 0]], torch.tensor([8.0, 4.0, 12.0]), (4,), check_invariants=True)
         scaler.unscale_(torch.optim.SGD([p], lr=1.0))
         assert p.grad._values().tolist() == [2.0, 1.0, 3.0]
         h = torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))
-        h.grad = torch.sparse_coo_tensor([[1, 1]], torch.tensor([40000.0, 40000.0], dtype=torch.float16), (4,))
+        h.grad = torch.sparse_coo_tensor([[1, 1]], torch.tensor([40000.0, 40000.0], dtype=torch.float16), (4,),
+                                         check_invariants=True)
         found = scaler._check_inf_per_device(torch.optim.SGD([h], lr=1.0))
         assert float(next(iter(found.values()))) == 1.0
         assert h.grad.is_coalesced() and torch.isinf(h.grad._values()).all()
