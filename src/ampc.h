@@ -37,6 +37,7 @@ typedef struct {
     /* While a list of arrays is read in one go (an optimizer's gradients),
      * the producer's current stream is asked once per (table, device). */
     int stream_cache_on;
+    unsigned long stream_cache_thread;         /* the thread reading the list: the cache is its alone */
     const void *stream_cache_api;
     int stream_cache_device;
     void *stream_cache_stream;

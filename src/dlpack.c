@@ -354,7 +354,10 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
             Py_DECREF(owner);
             return -1;
         }
-        if (st->stream_cache_on && st->stream_cache_api == api && st->stream_cache_device == v->device.index) {
+        /* The cache is the reading thread's: another thread reading its own list meanwhile (the GIL
+         * moves between them whenever Python runs) has streams of its own. */
+        const int cached = st->stream_cache_on && st->stream_cache_thread == PyThread_get_thread_ident();
+        if (cached && st->stream_cache_api == api && st->stream_cache_device == v->device.index) {
             stream = st->stream_cache_stream;
         }
         else {
@@ -362,9 +365,11 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
                 Py_DECREF(owner);
                 return -1;
             }
-            st->stream_cache_api = api;
-            st->stream_cache_device = v->device.index;
-            st->stream_cache_stream = stream;
+            if (cached) {
+                st->stream_cache_api = api;
+                st->stream_cache_device = v->device.index;
+                st->stream_cache_stream = stream;
+            }
         }
         v->stream = (uintptr_t)stream <= 1 ? NULL : stream;
     }

@@ -173,6 +173,7 @@ int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int 
     int rc = -1;
     ampc_grads_clear(g);
     st->stream_cache_on = 1;
+    st->stream_cache_thread = PyThread_get_thread_ident();
     st->stream_cache_api = NULL;
     groups = PyObject_GetAttrString(optimizer, "param_groups");
     if (groups == NULL) {

@@ -352,6 +352,7 @@ static int read_step(ampc_state *st, PyObject *const *lists, const char *const *
     /* A producer's current stream is asked once per device for the whole
      * step, as for a GradScaler's gradient list (grads.c). */
     st->stream_cache_on = 1;
+    st->stream_cache_thread = PyThread_get_thread_ident();
     st->stream_cache_api = NULL;
     int rc = 0;
     for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
