@@ -1571,50 +1571,27 @@ static PyObject *Scaler_is_enabled(PyObject *op, PyObject *Py_UNUSED(ignored))
     return PyBool_FromLong(SCALER(op)->cfg.enabled);
 }
 
-/* The option setters: plain attribute writes in torch; here checked as
- * load_state_dict checks the same values (check_config), so that whatever
- * a setter takes, the scaler's own state_dict() gives back loadable. */
-static PyObject *Scaler_get_growth_factor(PyObject *op, PyObject *Py_UNUSED(ignored))
-{
-    return PyFloat_FromDouble(SCALER(op)->cfg.growth_factor);
-}
-
-static PyObject *Scaler_set_growth_factor(PyObject *op, PyObject *value)
-{
-    double v;
-    if (as_double(value, "growth_factor", &v) < 0 || check_growth_factor(v) < 0)
-        return NULL;
-    SCALER(op)->cfg.growth_factor = v;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Scaler_get_backoff_factor(PyObject *op, PyObject *Py_UNUSED(ignored))
-{
-    return PyFloat_FromDouble(SCALER(op)->cfg.backoff_factor);
-}
-
-static PyObject *Scaler_set_backoff_factor(PyObject *op, PyObject *value)
-{
-    double v;
-    if (as_double(value, "backoff_factor", &v) < 0 || check_backoff_factor(v) < 0)
-        return NULL;
-    SCALER(op)->cfg.backoff_factor = v;
-    Py_RETURN_NONE;
-}
-
-static PyObject *Scaler_get_growth_interval(PyObject *op, PyObject *Py_UNUSED(ignored))
-{
-    return PyLong_FromLongLong(SCALER(op)->cfg.growth_interval);
-}
-
-static PyObject *Scaler_set_growth_interval(PyObject *op, PyObject *value)
-{
-    int64_t v;
-    if (as_int64(value, "growth_interval", &v) < 0 || check_growth_interval(v) < 0)
-        return NULL;
-    SCALER(op)->cfg.growth_interval = v;
-    Py_RETURN_NONE;
-}
+/* The option getters and setters: plain attribute writes in torch; here
+ * checked as load_state_dict checks the same values (check_config), so that
+ * whatever a setter takes, the scaler's own state_dict() gives back
+ * loadable. */
+#define OPTION(NAME, CTYPE, READ, CHECK, BOX)                                    \
+    static PyObject *Scaler_get_##NAME(PyObject *op, PyObject *Py_UNUSED(ignored)) \
+    {                                                                            \
+        return BOX(SCALER(op)->cfg.NAME);                                        \
+    }                                                                            \
+    static PyObject *Scaler_set_##NAME(PyObject *op, PyObject *value)           \
+    {                                                                            \
+        CTYPE v;                                                                 \
+        if (READ(value, #NAME, &v) < 0 || CHECK(v) < 0)                          \
+            return NULL;                                                         \
+        SCALER(op)->cfg.NAME = v;                                                \
+        Py_RETURN_NONE;                                                          \
+    }
+OPTION(growth_factor, double, as_double, check_growth_factor, PyFloat_FromDouble)
+OPTION(backoff_factor, double, as_double, check_backoff_factor, PyFloat_FromDouble)
+OPTION(growth_interval, int64_t, as_int64, check_growth_interval, PyLong_FromLongLong)
+#undef OPTION
 
 /* d[key] = value, stealing value. */
 static int set_item(PyObject *d, const char *key, PyObject *value)
