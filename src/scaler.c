@@ -579,29 +579,19 @@ static PyObject *as_like(ampc_state *st, PyObject *array, PyTypeObject *like)
 /* Construction                                                              */
 /* ------------------------------------------------------------------------ */
 
-static void set_defaults(ScalerObject *self)
-{
-    self->cfg.enabled = 1;
-    self->cfg.cuda = 1;
-    self->cfg.scale = 65536.0;
-    self->cfg.growth_factor = 2.0;
-    self->cfg.backoff_factor = 0.5;
-    self->cfg.growth_interval = 2000;
-    self->cfg.growth_tracker = 0;
-    self->cfg.min_scale = 0.0;
-    self->cfg.max_scale = INFINITY;
-    self->cfg.hysteresis = 1;
-    self->cfg.hysteresis_left = 1;
-    self->cfg.steps = 0;
-    self->cfg.skipped = 0;
-}
+/* torch's defaults, no bounds, hysteresis 1, nothing counted yet. */
+static const scaler_config DEFAULT_CONFIG = {
+    .enabled = 1, .cuda = 1, .growth_factor = 2.0, .backoff_factor = 0.5, .growth_interval = 2000,
+    .min_scale = 0.0, .max_scale = INFINITY, .hysteresis = 1, .scale = 65536.0, .growth_tracker = 0,
+    .hysteresis_left = 1, .steps = 0, .skipped = 0,
+};
 
 static PyObject *Scaler_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwargs))
 {
     ScalerObject *self = (ScalerObject *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
-    set_defaults(self);
+    self->cfg = DEFAULT_CONFIG;
     self->states = PyDict_New();
     self->lock = PyThread_allocate_lock();
     if (self->states == NULL || self->lock == NULL) {
@@ -781,9 +771,7 @@ static int Scaler_init(PyObject *op, PyObject *args, PyObject *kwargs)
                                      &growth, &backoff, &interval, &enabled, &min_scale, &max_scale,
                                      &hysteresis))
         return -1;
-    ScalerObject defaults;  /* parsed into a copy: a failure leaves self as it was */
-    set_defaults(&defaults);
-    scaler_config c = defaults.cfg;
+    scaler_config c = DEFAULT_CONFIG;  /* parsed into a copy: a failure leaves self as it was */
     if (device != NULL) {
         if (!PyUnicode_Check(device)) {
             PyErr_Format(PyExc_TypeError, "GradScaler: device must be a str such as 'cuda' or 'cpu', got "
