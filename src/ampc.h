@@ -269,9 +269,19 @@ typedef struct {
     PyObject *grad;             /* None or an array */
     char requires_grad;
     unsigned long long version; /* writes counted: the cast cache's check */
+    PyObject *counter_owner;    /* NULL, or the Parameter whose counter this one counts in */
     PyObject *dict;
     PyObject *weakreflist;
 } ampc_parameter;
+
+/* The counter p's writes go to: its own, or for Parameter(q) (which shares
+ * q's array, as torch's detach shares q's storage and version counter) q's,
+ * so that a write through either one makes the other's cached cast stale.
+ * One level: a Parameter that counts in another's never lends its counter. */
+static inline unsigned long long *ampc_parameter_version(ampc_parameter *p)
+{
+    return p->counter_owner != NULL ? &((ampc_parameter *)p->counter_owner)->version : &p->version;
+}
 
 static inline int ampc_is_parameter(ampc_state *st, PyObject *obj)
 {
@@ -286,7 +296,7 @@ static inline int ampc_is_parameter(ampc_state *st, PyObject *obj)
 static inline void ampc_count_write(ampc_state *st, PyObject *obj)
 {
     if (obj != NULL && ampc_is_parameter(st, obj))
-        ((ampc_parameter *)obj)->version++;
+        (*ampc_parameter_version((ampc_parameter *)obj))++;
 }
 
 int ampc_parameter_type_init(PyObject *module, ampc_state *st);

@@ -47,11 +47,11 @@ PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype)
     /* The entry is held: reading the data's _version runs Python (a property),
      * which may clear the cache or write the parameter. The parameter is read
      * after it. */
-    const ampc_parameter *p = (const ampc_parameter *)param;
+    ampc_parameter *p = (ampc_parameter *)param;
     PyObject *data = Py_NewRef(PyTuple_GET_ITEM(entry, ENTRY_DATA));
     const long long version = data_version(data);
     PyObject *hit = NULL;
-    if (data == p->data && PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, ENTRY_VERSION)) == p->version &&
+    if (data == p->data && PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, ENTRY_VERSION)) == *ampc_parameter_version(p) &&
         PyLong_AsLong(PyTuple_GET_ITEM(entry, ENTRY_DTYPE)) == (long)dtype &&
         PyLong_AsLongLong(PyTuple_GET_ITEM(entry, ENTRY_DATA_VERSION)) == version)
         hit = Py_NewRef(PyTuple_GET_ITEM(entry, ENTRY_CAST));
@@ -62,14 +62,14 @@ PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype)
 
 int ampc_cast_cache_put(ampc_state *st, PyObject *param, ampc_dtype dtype, PyObject *cast, int nesting)
 {
-    const ampc_parameter *p = (const ampc_parameter *)param;
+    ampc_parameter *p = (ampc_parameter *)param;
     PyObject *data = Py_NewRef(p->data);
     const long long version = data_version(data);  /* Python: may write the parameter */
     int rc = 0;
     /* else the cast is of data the parameter no longer has, or the region is gone: not kept */
     if (data == p->data && ampc_autocast.nesting >= nesting) {
         PyObject *key = PyLong_FromVoidPtr(param);
-        PyObject *entry = key ? Py_BuildValue("(OOKLiO)", param, data, p->version, version, (int)dtype, cast) : NULL;
+        PyObject *entry = key ? Py_BuildValue("(OOKLiO)", param, data, *ampc_parameter_version(p), version, (int)dtype, cast) : NULL;
         rc = entry ? PyDict_SetItem(st->cast_cache, key, entry) : -1;
         Py_XDECREF(key);
         Py_XDECREF(entry);

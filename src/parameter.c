@@ -37,20 +37,38 @@ static PyObject *array_to_hold(ampc_state *st, PyObject *value, const char *what
     return check_array(value, what) < 0 ? NULL : Py_NewRef(value);
 }
 
+/* The Parameter whose counter `self` (NULL while it is being made) is to
+ * count in once it holds value's array: a new reference to value's owner,
+ * where value is a Parameter that does not count in self's; else NULL, self's
+ * own counter. */
+static PyObject *counter_to_share(ampc_state *st, PyObject *self, PyObject *value)
+{
+    if (!ampc_is_parameter(st, value))
+        return NULL;
+    PyObject *owner = PARAM(value)->counter_owner != NULL ? PARAM(value)->counter_owner : value;
+    return owner == self ? NULL : Py_NewRef(owner);
+}
+
 static PyObject *Parameter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     static char *kwlist[] = {"data", "requires_grad", NULL};
-    PyObject *data;
+    ampc_state *st = ampc_state_from_type(type);
+    PyObject *value;
     int requires_grad = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:Parameter", kwlist, &data, &requires_grad) ||
-        (data = array_to_hold(ampc_state_from_type(type), data, "Parameter: data")) == NULL)
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:Parameter", kwlist, &value, &requires_grad))
         return NULL;
+    PyObject *data = array_to_hold(st, value, "Parameter: data");
+    if (data == NULL)
+        return NULL;
+    PyObject *counter_owner = counter_to_share(st, NULL, value);
     ampc_parameter *self = (ampc_parameter *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(data);
+        Py_XDECREF(counter_owner);
         return NULL;
     }
     self->data = data;
+    self->counter_owner = counter_owner;
     self->grad = Py_NewRef(Py_None);
     self->requires_grad = (char)requires_grad;
     return (PyObject *)self;
@@ -61,6 +79,7 @@ static int Parameter_traverse(PyObject *op, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(op));
     Py_VISIT(PARAM(op)->data);
     Py_VISIT(PARAM(op)->grad);
+    Py_VISIT(PARAM(op)->counter_owner);
     Py_VISIT(PARAM(op)->dict);
     return 0;
 }
@@ -69,6 +88,7 @@ static int Parameter_clear(PyObject *op)
 {
     Py_CLEAR(PARAM(op)->data);
     Py_CLEAR(PARAM(op)->grad);
+    Py_CLEAR(PARAM(op)->counter_owner);
     Py_CLEAR(PARAM(op)->dict);
     return 0;
 }
@@ -95,10 +115,17 @@ static int Parameter_set_data(PyObject *op, PyObject *value, void *Py_UNUSED(clo
         PyErr_SetString(PyExc_AttributeError, "Parameter.data cannot be deleted");
         return -1;
     }
-    if ((value = array_to_hold(ampc_state_from_type(Py_TYPE(op)), value, "Parameter.data")) == NULL)
+    ampc_state *st = ampc_state_from_type(Py_TYPE(op));
+    PyObject *data = array_to_hold(st, value, "Parameter.data");
+    if (data == NULL)
         return -1;
-    Py_SETREF(PARAM(op)->data, value);
-    PARAM(op)->version++;
+    /* q.data = p shares p's counter as Parameter(p) does; q.data = array, q's own again */
+    PyObject *old_data = PARAM(op)->data, *old_owner = PARAM(op)->counter_owner;
+    PARAM(op)->counter_owner = counter_to_share(st, op, value);
+    PARAM(op)->data = data;
+    (*ampc_parameter_version(PARAM(op)))++;
+    Py_DECREF(old_data);  /* last: a finalizer run here sees the new array and counter */
+    Py_XDECREF(old_owner);
     return 0;
 }
 
@@ -129,7 +156,7 @@ static int Parameter_set_requires_grad(PyObject *op, PyObject *value, void *Py_U
 
 static PyObject *Parameter_get_version(PyObject *op, void *Py_UNUSED(closure))
 {
-    return PyLong_FromUnsignedLongLong(PARAM(op)->version);
+    return PyLong_FromUnsignedLongLong(*ampc_parameter_version(PARAM(op)));
 }
 
 /* data's attribute `name`: data held across the lookup, which runs the array's Python (a property
@@ -192,7 +219,7 @@ static PyObject *Parameter_repr(PyObject *op)
 
 static PyObject *Parameter_bump_version(PyObject *op, PyObject *Py_UNUSED(ignored))
 {
-    PARAM(op)->version++;
+    (*ampc_parameter_version(PARAM(op)))++;
     Py_RETURN_NONE;
 }
 
@@ -324,7 +351,7 @@ static PyObject *mod_bump_versions(PyObject *module, PyObject *params)
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++)
         if (ampc_is_parameter(st, items[i]))
-            PARAM(items[i])->version++;
+            (*ampc_parameter_version(PARAM(items[i])))++;
     Py_DECREF(seq);
     Py_RETURN_NONE;
 }

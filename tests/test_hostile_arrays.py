@@ -251,6 +251,40 @@ def test_in_place_writes_reach_the_weight_cast_cache(write):
     np.testing.assert_array_equal(np.asarray(again, np.float32), want)
 
 
+@pytest.mark.parametrize("share", ["Parameter(p)", "q.data = p"])
+def test_a_parameter_sharing_an_array_shares_its_version_counter(share):
+    """Parameter(p) holds p's array, as torch's detach() shares p's storage and version counter: a
+    write through either one makes the other's cached cast stale."""
+    F = ampc.nn.functional
+    x = np.eye(2, dtype=np.float32)
+    p = ampc.Parameter(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32))
+    if share == "Parameter(p)":
+        q = ampc.Parameter(p)
+    else:
+        q = ampc.Parameter(np.zeros((2, 2), np.float32))
+        q.data = p
+    assert q.data is p.data
+    with ampc.autocast("cpu"):
+        F.linear(x, p)  # caches p's bfloat16 copy
+        F.linear(x, q)
+        with ampc.no_grad():
+            ampc.cast(np.full((2, 2), 8.0, np.float32), out=q)  # written through q ...
+        assert p._version == q._version
+        np.testing.assert_array_equal(np.asarray(F.linear(x, p), np.float32), 8.0)  # ... seen through p
+        q.grad = np.ones((2, 2), np.float32)
+        ampc.optim.SGD([p, q][1:], lr=1.0).step()  # a step of q
+        np.testing.assert_array_equal(np.asarray(F.linear(x, p), np.float32), 7.0)
+        p.bump_version()
+        assert q._version == p._version
+    r = ampc.Parameter(q)  # counts in p's counter too (one level)
+    r.bump_version()
+    assert p._version == q._version == r._version
+    q.data = np.zeros((2, 2), np.float32)  # q's own array again: its own counter
+    before = p._version
+    q.bump_version()
+    assert p._version == before
+
+
 def test_a_refused_write_counts_nothing():
     p = ampc.Parameter(np.zeros((2, 2), np.float32))
     with pytest.raises(ValueError, match="shape"):
