@@ -322,14 +322,12 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
     memset(v, 0, sizeof *v);
     PyObject *owner;
     DLTensor t;
-    if (api->dltensor_from_py_object_no_sync != NULL) {
-        /* Borrowed description: the tensor itself keeps the memory alive. */
-        if (api->dltensor_from_py_object_no_sync(obj, &t) < 0 || view_from_dltensor(&t, argname, v) < 0)
-            return -1;
-        owner = Py_NewRef(obj);
-    }
-    else {
-        /* An owned tensor, released with the ampc.Array that holds it. */
+    if (api->managed_tensor_from_py_object_no_sync != NULL) {
+        /* An owned tensor, released with the ampc.Array that holds it. Taken
+         * first: it holds the producer's memory itself, where a borrowed
+         * description holds only the object, whose memory Python code run
+         * before the kernel (another argument's __dlpack__ or __index__ calling
+         * torch's x.set_() or resize_()) could free under the view. */
         DLManagedTensorVersioned *m = NULL;
         if (api->managed_tensor_from_py_object_no_sync(obj, &m) < 0)
             return -1;
@@ -344,6 +342,13 @@ int ampc_dlpack_fast_view(ampc_state *st, PyObject *obj, const char *argname, am
         owner = ampc_array_from_dlpack(st, m, 1, v);
         if (owner == NULL)
             return -1;
+    }
+    else {
+        /* A borrowed description (its shape and strides copied into v): the
+         * object keeps the memory alive, as long as its type cannot swap it. */
+        if (api->dltensor_from_py_object_no_sync(obj, &t) < 0 || view_from_dltensor(&t, argname, v) < 0)
+            return -1;
+        owner = Py_NewRef(obj);
     }
     if (v->device.type == AMPC_DEVICE_CUDA) {
         /* Nothing was synchronised: the producer's work is ordered on its
