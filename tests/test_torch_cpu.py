@@ -277,6 +277,9 @@ def test_numpy_parameters_fed_torch_data_get_numpy_gradients():
         np.testing.assert_array_equal(got, want)
 
 
+# torch 2.11 warns that its invariant checks are "implicitly disabled" even for a tensor made with
+# check_invariants=True; the suite turns warnings into errors.
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks:UserWarning")
 def test_sparse_gradients_are_unscaled_as_torch_unscales_them():
     """torch unscales a sparse COO gradient's values; a float16 one is coalesced first where float16
     is allowed, so an overflow of its duplicates' sum is seen."""
