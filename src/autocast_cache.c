@@ -18,17 +18,36 @@ ampc_autocast_counters ampc_autocast_count;
 
 enum { ENTRY_PARAM, ENTRY_DATA, ENTRY_VERSION, ENTRY_DATA_VERSION, ENTRY_DTYPE, ENTRY_CAST };
 
-/* The data's own write counter (torch's Tensor._version), or -1 for data
- * without one (NumPy arrays, CuPy, ...). */
-static long long data_version(PyObject *data)
+/* The data's own write counter (torch's Tensor._version) as an exact int, None
+ * for data without one (NumPy arrays, CuPy, ...), or NULL (nothing raised)
+ * for a counter the cache cannot trust to compare without running Python (an
+ * int subclass, a float, a raising property): such data is never cached. Any
+ * size of int: one past int64 is not "no counter". */
+static PyObject *data_version(PyObject *data)
 {
     if (PyArray_Check(data))
-        return -1;
+        return Py_NewRef(Py_None);
     PyObject *v = PyObject_GetAttrString(data, "_version");
-    const long long version = v != NULL && PyLong_Check(v) ? PyLong_AsLongLong(v) : -1;
-    Py_XDECREF(v);
+    if (v == NULL) {
+        const int missing = PyErr_ExceptionMatches(PyExc_AttributeError);
+        PyErr_Clear();
+        return missing ? Py_NewRef(Py_None) : NULL;
+    }
+    if (!PyLong_CheckExact(v))
+        Py_CLEAR(v);
+    return v;
+}
+
+/* Whether two data_version results say "not written in between": both None, or equal exact ints. */
+static int same_version(PyObject *a, PyObject *b)
+{
+    if (a == NULL || b == NULL)
+        return 0;
+    if (a == Py_None || b == Py_None)
+        return a == b;
+    const int eq = PyObject_RichCompareBool(a, b, Py_EQ);  /* exact ints: no Python runs */
     PyErr_Clear();
-    return version;
+    return eq == 1;
 }
 
 PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype)
@@ -49,12 +68,14 @@ PyObject *ampc_cast_cache_get(ampc_state *st, PyObject *param, ampc_dtype dtype)
      * after it. */
     ampc_parameter *p = (ampc_parameter *)param;
     PyObject *data = Py_NewRef(PyTuple_GET_ITEM(entry, ENTRY_DATA));
-    const long long version = data_version(data);
+    PyObject *version = data_version(data);
     PyObject *hit = NULL;
-    if (data == p->data && PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, ENTRY_VERSION)) == *ampc_parameter_version(p) &&
+    if (data == p->data &&
+        PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, ENTRY_VERSION)) == *ampc_parameter_version(p) &&
         PyLong_AsLong(PyTuple_GET_ITEM(entry, ENTRY_DTYPE)) == (long)dtype &&
-        PyLong_AsLongLong(PyTuple_GET_ITEM(entry, ENTRY_DATA_VERSION)) == version)
+        same_version(PyTuple_GET_ITEM(entry, ENTRY_DATA_VERSION), version))
         hit = Py_NewRef(PyTuple_GET_ITEM(entry, ENTRY_CAST));
+    Py_XDECREF(version);
     Py_DECREF(data);
     Py_DECREF(entry);
     return hit;
@@ -64,16 +85,20 @@ int ampc_cast_cache_put(ampc_state *st, PyObject *param, ampc_dtype dtype, PyObj
 {
     ampc_parameter *p = (ampc_parameter *)param;
     PyObject *data = Py_NewRef(p->data);
-    const long long version = data_version(data);  /* Python: may write the parameter */
+    PyObject *version = data_version(data);  /* Python: may write the parameter */
     int rc = 0;
-    /* else the cast is of data the parameter no longer has, or the region is gone: not kept */
-    if (data == p->data && ampc_autocast.nesting >= nesting) {
+    /* else the cast is of data the parameter no longer has, the region is gone, or the data's
+     * counter cannot be trusted: not kept */
+    if (data == p->data && ampc_autocast.nesting >= nesting && version != NULL) {
         PyObject *key = PyLong_FromVoidPtr(param);
-        PyObject *entry = key ? Py_BuildValue("(OOKLiO)", param, data, *ampc_parameter_version(p), version, (int)dtype, cast) : NULL;
+        PyObject *entry = key ? Py_BuildValue("(OOKOiO)", param, data, *ampc_parameter_version(p), version,
+                                              (int)dtype, cast)
+                              : NULL;
         rc = entry ? PyDict_SetItem(st->cast_cache, key, entry) : -1;
         Py_XDECREF(key);
         Py_XDECREF(entry);
     }
+    Py_XDECREF(version);
     Py_DECREF(data);
     return rc;
 }
