@@ -71,6 +71,9 @@ typedef struct {
     ampc_autocast_frame inline_frames[AMPC_AUTOCAST_INLINE_FRAMES];
     ampc_autocast_frame *frames;
     int nframes, capacity;
+    /* Whether the thread's state dict holds the capsule that gives back what
+     * the frames hold when the thread ends inside a region. */
+    unsigned char release_at_exit;
 } ampc_autocast_tls;
 
 extern _Thread_local ampc_autocast_tls ampc_autocast;

@@ -282,8 +282,70 @@ fail:
     return -1;
 }
 
+/* A thread that ends inside a region (a thread function or a generator that
+ * entered one and never left it) would keep what its frames and overrides
+ * hold for good: the regions' autocast objects, their policy dicts, frames on
+ * the heap. CPython clears a thread's state dict on the thread itself as the
+ * thread ends, so a capsule kept there gives them back; its pointer is the
+ * thread's own state, so that a dict cleared by another thread gives back
+ * nothing of that one's. */
+static const char release_capsule_name[] = "ampc.autocast.release_at_exit";
+
+static void release_thread_frames(PyObject *capsule)
+{
+    ampc_autocast_tls *t = &ampc_autocast;
+    if (PyCapsule_GetPointer(capsule, release_capsule_name) != (void *)t) {
+        PyErr_Clear();
+        return;
+    }
+    t->release_at_exit = 0;
+    /* Everything taken out of the state before the first release, which may run Python. */
+    const int n = t->nframes;
+    ampc_autocast_frame *frames = t->frames;
+    PyObject *overrides[AMPC_AUTOCAST_DEVICES];
+    for (int d = 0; d < AMPC_AUTOCAST_DEVICES; d++) {
+        overrides[d] = t->overrides[d];
+        t->overrides[d] = NULL;
+    }
+    ampc_autocast_frame inline_copy[AMPC_AUTOCAST_INLINE_FRAMES];
+    if (frames == t->inline_frames) {
+        memcpy(inline_copy, t->inline_frames, sizeof inline_copy);
+        frames = inline_copy;
+    }
+    t->frames = t->inline_frames;
+    t->capacity = AMPC_AUTOCAST_INLINE_FRAMES;
+    t->nframes = 0;
+    t->nesting = 0;
+    for (int i = 0; i < n; i++) {
+        Py_XDECREF(frames[i].overrides);
+        Py_DECREF(frames[i].owner);
+    }
+    if (frames != inline_copy)
+        PyMem_Free(frames);
+    for (int d = 0; d < AMPC_AUTOCAST_DEVICES; d++)
+        Py_XDECREF(overrides[d]);
+}
+
+/* Keep the capsule in the thread's state dict, once a thread. */
+static int release_at_thread_exit(ampc_autocast_tls *t)
+{
+    if (t->release_at_exit)
+        return 0;
+    PyObject *dict = PyThreadState_GetDict();  /* borrowed; NULL (nothing raised) where there is none */
+    if (dict == NULL)
+        return 0;
+    PyObject *capsule = PyCapsule_New(t, release_capsule_name, release_thread_frames);
+    const int rc = capsule != NULL ? PyDict_SetItemString(dict, release_capsule_name, capsule) : -1;
+    Py_XDECREF(capsule);
+    if (rc == 0)
+        t->release_at_exit = 1;
+    return rc;
+}
+
 static int push_frame(ampc_autocast_tls *t, autocast_object *self)
 {
+    if (release_at_thread_exit(t) < 0)
+        return -1;
     if (t->frames == NULL) {
         t->frames = t->inline_frames;
         t->capacity = AMPC_AUTOCAST_INLINE_FRAMES;
@@ -572,11 +634,8 @@ static PyObject *mod_set_autocast_dtype(PyObject *module, PyObject *const *args,
     ampc_dtype dtype;
     if (d < 0 || ampc_dtype_parse(ampc_state_of(module), args[1], "set_autocast_dtype: dtype", &dtype) < 0)
         return NULL;
-    if (!AMPC_DTYPE_IS_FLOAT(dtype)) {
-        PyErr_Format(PyExc_TypeError, "set_autocast_dtype: dtype must be a floating dtype, got %s",
-                     ampc_dtype_names[dtype]);
-        return NULL;
-    }
+    /* Any dtype, as torch's: a region made with it warns and runs disabled (CPU) or is refused
+     * (CUDA), and an op in a state turned on by set_autocast_enabled refuses it (dispatch). */
     ampc_autocast.dtype[d] = dtype;
     Py_RETURN_NONE;
 }

@@ -115,8 +115,18 @@ def test_defaults_and_state_functions():
         ampc.set_autocast_enabled("cuda", False)
         ampc.set_autocast_dtype("cpu", BF16)
         ampc.set_autocast_cache_enabled(True)
-    with pytest.raises(TypeError, match="floating"):
-        ampc.set_autocast_dtype("cpu", np.int32)
+    # any dtype, as torch's setter: a region made with an integer one warns and runs disabled
+    ampc.set_autocast_dtype("cpu", np.int32)
+    try:
+        assert ampc.get_autocast_dtype("cpu") == np.int32
+        with pytest.warns(UserWarning, match="target dtype is not supported"):
+            region = ampc.autocast("cpu")
+        with region:
+            assert not ampc.is_autocast_enabled("cpu") and region.fast_dtype == np.int32
+    finally:
+        ampc.set_autocast_dtype("cpu", BF16)
+    with pytest.raises(TypeError):
+        ampc.set_autocast_dtype("cpu", "no such dtype")
     assert ampc.get_autocast_dtype("cpu") == BF16
 
 
@@ -507,6 +517,30 @@ def test_state_is_per_thread(rng):
     t.join()
     # a new thread starts with autocast off, the default dtypes and the cache on
     assert seen == {"enabled": False, "dtype": BF16, "cache": True, "mm": F32, "own region": F16}
+
+
+@pytest.mark.parametrize("depth", [1, 12])  # in place, and frames on the heap (8 in place)
+def test_a_thread_that_ends_inside_regions_gives_back_what_they_hold(depth):
+    """A thread function that enters regions and returns without leaving them: the regions' objects
+    and their policy dicts are released when the thread ends (they were kept for good)."""
+    held = []
+
+    class Region(ampc.autocast):  # weakly referable
+        pass
+
+    def worker():
+        for _ in range(depth):
+            region = Region("cpu", fp32_ops=["mm"])
+            region.__enter__()
+            held.append(weakref.ref(region))
+        assert nesting() == depth
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    gc.collect()
+    assert len(held) == depth and all(ref() is None for ref in held)
+    assert nesting() == 0  # this thread's state is its own
 
 
 def test_one_decorated_function_in_several_threads(rng):
@@ -1003,6 +1037,46 @@ def test_writes_invalidate_the_cached_cast(rng):
         assert fourth is not third
         assert_same_bits(fourth, ampc.cast(w.data, BF16))
         assert mm(w)[0][0] is fourth
+
+
+class CountedData:
+    """Array data with a write counter of its own, as a torch tensor's _version."""
+
+    def __init__(self, array, version):
+        self.array, self._version = array, version
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+@pytest.mark.parametrize("version", [0, 2**63 - 1, 2**63, 2**64 + 5, -1])
+def test_the_datas_own_counter_is_read_whatever_its_size(rng, version):
+    """A write counted by the data's own counter casts again: a counter past int64 (or -1) read as
+    "no counter" before, and the stale cast came back."""
+    mm = probe("mm")
+    data = CountedData(floats(rng, (5,), F32), version)
+    w = ampc.Parameter(data)
+    with ampc.autocast("cpu"):
+        first = mm(w)[0][0]
+        assert mm(w)[0][0] is first  # cached
+        data.array[...] = 2 * data.array
+        data._version += 1  # the write, as the data's owner counts it
+        second = mm(w)[0][0]
+        assert second is not first
+        assert_same_bits(second, ampc.cast(data.array, BF16))
+
+
+def test_data_whose_counter_is_not_an_int_is_never_cached(rng):
+    mm = probe("mm")
+    data = CountedData(floats(rng, (5,), F32), 1.0)  # a float compares by running Python's ==: not trusted
+    w = ampc.Parameter(data)
+    with ampc.autocast("cpu"):
+        first = mm(w)[0][0]
+        assert mm(w)[0][0] is not first
+        assert _C._autocast_cache_info()["entries"] == 0
 
 
 def test_nested_region_with_another_dtype_gets_its_own_cast(rng):
