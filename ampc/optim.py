@@ -137,6 +137,8 @@ class Optimizer:
                     self._drop_state_since(known)
                 else:
                     _C._bump_versions(params)  # a float16 copy cached by autocast is stale now
+                    if scaler["grad_scale"] is not None:
+                        _C._bump_versions(grads)  # unscaled in place: a gradient that is a Parameter too
 
     def _drop_state_since(self, known):
         """Forget the state entries after the first `known` (dicts keep insertion order)."""

@@ -24,10 +24,17 @@ void ampc_grads_clear(ampc_grads *g)
     for (int64_t i = 0; i < g->n; i++) {
         ampc_view_release(&g->entries[i].view);
         Py_XDECREF(g->entries[i].param);
+        Py_XDECREF(g->entries[i].written);
         PyMem_Free(g->entries[i].loop);
     }
     g->n = 0;
     g->ndevices = 0;
+}
+
+void ampc_grads_count_writes(ampc_state *st, const ampc_grads *g)
+{
+    for (int64_t i = 0; i < g->n; i++)
+        ampc_count_write(st, g->entries[i].written);
 }
 
 void ampc_grads_release(ampc_grads *g)
@@ -69,7 +76,7 @@ static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *gr
     if (grow(g) < 0)
         return -1;
     ampc_grad_entry *e = &g->entries[g->n];
-    e->param = NULL;
+    e->param = e->written = NULL;
     if (ampc_view_from_object(st, grad, "gradient", for_writing ? AMPC_FOR_WRITING : AMPC_FOR_READING,
                               &e->view) < 0) {
         describe(name, sizeof name, group, index);  /* say which gradient, keeping the message */
@@ -78,8 +85,8 @@ static int add_grad(ampc_state *st, ampc_grads *g, PyObject *param, PyObject *gr
     }
     e->loop = NULL;
     g->n++;  /* from here on released with the list */
-    Py_INCREF(param);
-    e->param = param;
+    e->param = Py_NewRef(param);
+    e->written = for_writing && ampc_is_parameter(st, grad) ? Py_NewRef(grad) : NULL;
     e->group = group;
     e->index = index;
     const ampc_view *v = &e->view;

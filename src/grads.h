@@ -15,6 +15,7 @@ typedef struct {
     int group, index;   /* where it sits in optimizer.param_groups */
     int device_slot;    /* index into ampc_grads.devices */
     PyObject *param;    /* strong */
+    PyObject *written;  /* strong: the gradient where it is a Parameter to be written, else NULL */
 } ampc_grad_entry;
 
 typedef struct {
@@ -34,6 +35,10 @@ typedef struct {
 int ampc_grads_collect(ampc_state *st, PyObject *optimizer, int allow_fp16, int for_writing, ampc_grads *g);
 /* Drop the gradients, keep the memory for the next collect. */
 void ampc_grads_clear(ampc_grads *g);
+
+/* Count the write in the version of each gradient that is a Parameter, after
+ * the gradients collected for writing were written. */
+void ampc_grads_count_writes(ampc_state *st, const ampc_grads *g);
 /* Drop everything. */
 void ampc_grads_release(ampc_grads *g);
 

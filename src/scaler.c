@@ -445,6 +445,8 @@ static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, clip_request
         int nonfinite;
         rc = cpu_unscale(st, g.refs, g.n, 1.0f, 0, clip, &nonfinite);
     }
+    if (rc == 0)
+        ampc_grads_count_writes(st, &g);
     ampc_grads_release(&g);
     if (rc < 0)
         clip_request_clear(clip);
@@ -517,6 +519,8 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
         if (clip->norm == NULL)
             goto done;
     }
+    if (!check_only)
+        ampc_grads_count_writes(st, &g);
     rc = 0;
 done:
     if (rc < 0 && clip != NULL)

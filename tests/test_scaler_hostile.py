@@ -409,3 +409,33 @@ def test_float16_sparse_gradients_are_coalesced_before_the_check():
     assert param.grad is not grad and param.grad.indices == [1] and np.isinf(param.grad.values[0])
     with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients."):
         s.unscale_(SimpleNamespace(param_groups=[{"params": [SimpleNamespace(grad=grad)]}]))
+
+
+# --------------------------------------------------------------------------------------------
+# Version counting: a gradient written in place that is itself an ampc.Parameter
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["unscale_", "unscale_ with max_norm", "fused step"])
+def test_an_unscaled_gradient_that_is_a_parameter_counts_the_write(how):
+    """The scaler (or a fused optimizer handed the scale) divides .grad in place: where that gradient
+    is an ampc.Parameter (used as a weight elsewhere), its version goes up, and a cast of it cached
+    in a region is not handed out again."""
+    F = ampc.nn.functional
+    x = np.eye(2, dtype=np.float32)
+    grad = ampc.Parameter(np.full((2, 2), 8.0, np.float32))
+    p = ampc.Parameter(np.zeros((2, 2), np.float32))
+    p.grad = grad
+    opt = ampc.optim.SGD([p], lr=1.0)
+    scaler = ampc.GradScaler("cpu", init_scale=4.0)
+    scaler.scale(np.float32(1.0))
+    with ampc.autocast("cpu"):
+        F.linear(x, grad)  # caches the gradient's bfloat16 copy
+        if how == "fused step":
+            scaler.step(opt)
+        elif how == "unscale_":
+            scaler.unscale_(opt)
+        else:
+            scaler.unscale_(opt, max_norm=100.0)
+        assert grad._version == 1
+        np.testing.assert_array_equal(np.asarray(F.linear(x, grad), np.float32), 2.0)
