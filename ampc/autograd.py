@@ -21,7 +21,8 @@ import ml_dtypes
 import numpy as np
 
 from ampc import _C
-from ampc._interop import library_of
+from ampc._arguments import as_int, non_array_error
+from ampc._interop import array_namespace, library_of
 
 __all__ = ["Arithmetic", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
 
@@ -353,8 +354,6 @@ def _index_reduction(x, name, dim, keepdim):
     keepdims)."""
     a = _array(x)
     if dim is not None:
-        from ampc.nn._common import as_int  # ampc.nn imports this module: not at its top
-
         dim = as_int(name, "dim", dim)
     if library_of(type(a)) == "torch":
         return getattr(a, name)(dim=dim, keepdim=keepdim)
@@ -543,16 +542,12 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
                 return in_place
             return Tensor(output, node)
         except AttributeError as error:  # an argument that is no array: named, as names_non_arrays does
-            from ampc.nn._common import non_array_error  # ampc.nn imports this module: not at its top
-
             named = non_array_error(op, error, args, kwargs, arguments)
             if named is None:
                 raise
             raise named from None
 
     def explain(error, args, kwargs):  # the op's AttributeError off the tape, named as above
-        from ampc.nn._common import non_array_error
-
         return non_array_error(op, error, args, kwargs)
 
     # every call asks whether it goes on the tape: in C, the op called at once where it does not
@@ -645,9 +640,7 @@ def _like_parameter(grad, param):
 
 
 def _ones_like(x):
-    from ampc.nn._glue import _library
-
-    return _library(x).ones_like(x)
+    return array_namespace(x).ones_like(x)
 
 
 def _modified(p, version):

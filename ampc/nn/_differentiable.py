@@ -12,6 +12,7 @@ import numbers
 import numpy as np
 
 from ampc import _C
+from ampc._interop import array_namespace
 from ampc.autograd import differentiable
 from ampc.nn import functional as F
 from ampc.nn import _attention, _embedding, _glue, _spatial
@@ -363,7 +364,7 @@ def _is_basic(key):
 def index(input, key):
     """input[key]: ints and slices (a view where the library makes one), index arrays and masks (a
     copy), as the array's library reads them."""
-    lib = _glue._library(input)
+    lib = array_namespace(input)
     if hasattr(lib, "take_slice"):
         return lib.getitem(input, key)
     if isinstance(input, np.ndarray) and _is_basic(key):

@@ -19,8 +19,9 @@ import numpy as np
 
 from ampc import _C
 from ampc._C import as_dtype
+from ampc._arguments import as_int as _as_int, as_ints as _as_ints
 from ampc.amp import autocast_op
-from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc
 from ampc.nn._common import cast_for_dtype as _cast_for_dtype
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
 from ampc.nn._common import is_floating_array as _is_floating_array
@@ -799,7 +800,7 @@ for _name, _value in _DIFFERENTIABLE.items():  # pickled by the name they are pu
         _value.__module__, _value.__qualname__ = __name__, _name
 
 # Arguments that are no arrays: the TypeError naming them, from every public function.
-from ampc.nn._common import names_non_arrays as _names_non_arrays  # noqa: E402
+from ampc._arguments import names_non_arrays as _names_non_arrays  # noqa: E402
 
 for _name, _value in list(globals().items()):
     if (not _name.startswith("_") and callable(_value) and not isinstance(_value, type)
