@@ -20,7 +20,7 @@ import weakref
 import ml_dtypes
 import numpy as np
 
-from ampc import _C
+from ampc import _C, amp
 from ampc._arguments import as_int, non_array_error
 from ampc._interop import array_namespace, library_of
 
@@ -388,6 +388,18 @@ def _source(value):
 
 def _array(value):
     return value.data if isinstance(value, (Tensor, _C.Parameter)) else value
+
+
+def _scale_loss(loss, scale):
+    """GradScaler.scale(loss) for a Tensor loss, scale being the C scaler's own: the scaled loss is a
+    Tensor too, whose backward() starts from the scale, as torch's does."""
+    if not is_grad_enabled():
+        return scale(loss.data)
+    node = Node("scale", lambda args, saved, grad, needs: (scale(grad),), {}, None, (_source(loss),), (loss.dtype,))
+    return Tensor(scale(loss.data), node)
+
+
+amp._register_loss_tensor(Tensor, _scale_loss)
 
 
 def _capture(op):
