@@ -127,6 +127,26 @@ class Node:
         return f"<{self.name}Backward>"
 
 
+# The module whose ops the Tensor operators and backward's sums call: ampc.nn.functional, which
+# registers itself with set_tensor_ops when it is imported (`import ampc` imports it). autograd sits
+# below ampc.nn and does not import it.
+_tensor_ops = None
+
+
+def set_tensor_ops(namespace):
+    """Make the Tensor operators (a + b, a @ b, .reshape, .sum, ...) call namespace's ops."""
+    global _tensor_ops
+    _tensor_ops = namespace
+
+
+def _ops():
+    ops = _tensor_ops
+    if ops is None:
+        raise RuntimeError("Tensor operators run the ops of ampc.nn.functional, which has not been imported yet "
+                           "(import ampc imports it)")
+    return ops
+
+
 class Arithmetic:
     """Operators and shape methods through ampc's ops (recorded like any other op), for Tensor and
     ampc.nn.Parameter, so that a model's forward reads as it would in torch."""
@@ -134,10 +154,7 @@ class Arithmetic:
     __slots__ = ()
     __array_ufunc__ = None  # NumPy's operators defer to these: `array + tensor` stays on the tape
 
-    def _f(self):
-        from ampc.nn import functional
-
-        return functional
+    _f = staticmethod(_ops)
 
     def __add__(self, other):
         return self._f().add(self, other)
@@ -617,9 +634,7 @@ def _order(root):
 
 
 def _add(a, b):
-    from ampc.nn import functional
-
-    return functional.add.raw(a, b)
+    return _ops().add.raw(a, b)
 
 
 def _to_dtype(grad, dtype):

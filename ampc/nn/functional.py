@@ -14,6 +14,7 @@ the gradients of the inputs, in the dtypes the forward ran in.
 
 import math
 import numbers
+import sys as _sys
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from ampc import _C
 from ampc._C import as_dtype
 from ampc._arguments import as_int as _as_int, as_ints as _as_ints
 from ampc.amp import autocast_op
+from ampc.autograd import set_tensor_ops as _set_tensor_ops
 from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc
 from ampc.nn._common import cast_for_dtype as _cast_for_dtype
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
@@ -808,3 +810,7 @@ for _name, _value in list(globals().items()):
             and not hasattr(_value, "raw")):  # the differentiable ops name them in autograd's call
         globals()[_name] = _names_non_arrays(_value)
 del _name, _value
+
+# The ops that the Tensor operators (a + b, .sum(), ...) and backward's sums call: this module,
+# complete now.
+_set_tensor_ops(_sys.modules[__name__])
