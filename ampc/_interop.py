@@ -39,12 +39,12 @@ def library_of(tp):
 
 
 _NAMESPACES = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy",
-               "ampc": "ampc.nn._ampc_arrays"}
+               "ampc": "ampc._array_namespace"}
 _namespace_by_type = {}
 
 
 def array_namespace(x):
-    """The module whose functions take x: numpy, torch, cupy, jax.numpy, or ampc.nn._ampc_arrays
+    """The module whose functions take x: numpy, torch, cupy, jax.numpy, or ampc._array_namespace
     for ampc's own arrays."""
     found = _namespace_by_type.get(type(x))
     if found is None:

@@ -174,7 +174,7 @@ def _positions(idx, t):
         return np.arange(t)
     if lib.__name__ == "torch":
         return lib.arange(t, device=idx.device)
-    if lib.__name__ == "ampc.nn._ampc_arrays":
+    if lib.__name__ == "ampc._array_namespace":
         return lib.arange(t, like=idx)
     return lib.arange(t)
 

@@ -36,7 +36,7 @@ from ampc._interop import array_namespace
 from ampc.amp import autocast_op
 from ampc.nn._common import OPS as _OPS, acc_dtype as _acc, floating_dtype, numel as _numel
 from ampc.nn._embedding import _check_p, dropout_backward
-from ampc.nn._glue import _slice, cat, reshape
+from ampc.nn._shape_ops import _slice, cat, reshape
 
 
 def _check(query, key, value, attn_mask, is_causal, enable_gqa):

@@ -33,8 +33,8 @@ from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     scaled_dot_product_attention_backward)
 from ampc.nn._embedding import (  # noqa: F401
     _dropout_forward, dropout, dropout_backward, embedding, embedding_backward)
-from ampc.nn._glue import _dim, reshape as _glue_reshape
-from ampc.nn._glue import (  # noqa: F401
+from ampc.nn._shape_ops import _dim, reshape as _bare_reshape
+from ampc.nn._shape_ops import (  # noqa: F401
     cat, cat_backward, chunk, flatten, permute, permute_backward, reshape, reshape_backward, split, squeeze, stack,
     stack_backward, transpose, transpose_backward, unsqueeze)
 from ampc.nn._spatial import (  # noqa: F401 - re-exported under torch's names
@@ -67,7 +67,7 @@ def _check_reduction(op, reduction):
 
 
 def _reshape(x, shape):
-    return _glue_reshape(x, shape)
+    return _bare_reshape(x, shape)
 
 
 def _reduce(op, loss, reduction, dtype):
@@ -387,11 +387,11 @@ def _cross_entropy_target_grad(grad_output, input, target, weight=None, reductio
     log_probs = _C._softmax(input, class_dim, True, _acc(dtype))
     rows = _numel(input) // shape[class_dim] if shape[class_dim] else 0
     if reduction == "none" and class_dim == 1:
-        grad_output = _glue_reshape(grad_output, shape[:1] + (1,) + shape[2:])
+        grad_output = _bare_reshape(grad_output, shape[:1] + (1,) + shape[2:])
     scale = -(1.0 - float(label_smoothing)) / (rows if reduction == "mean" and rows else 1.0)
     if weight is None:
         return _ew("mul", log_probs, grad_output, scale=scale, dtype=dtype, name=op, names=("input", "grad_output"))
-    weight = _glue_reshape(weight, (shape[class_dim],) + (1,) * (len(shape) - class_dim - 1))
+    weight = _bare_reshape(weight, (shape[class_dim],) + (1,) * (len(shape) - class_dim - 1))
     return _ew("mul", log_probs, grad_output, weight, scale=scale, dtype=dtype, name=op,
                names=("input", "grad_output", "weight"))
 
@@ -589,7 +589,7 @@ def _dims(dim, op="sum", ndim=None):
     if not dims:
         return None
     for d in dims if ndim is not None else ():
-        _dim(op, d, ndim)  # the glue ops' range check and IndexError text
+        _dim(op, d, ndim)  # the shape ops' range check and IndexError text
     return dims
 
 

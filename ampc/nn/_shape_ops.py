@@ -1,5 +1,5 @@
-"""The glue between layers: reshape, transpose, permute, flatten, unsqueeze, squeeze, cat, stack,
-split, chunk, and their backward passes.
+"""The shape ops, the glue between layers: reshape, transpose, permute, flatten, unsqueeze,
+squeeze, cat, stack, split, chunk, and their backward passes.
 
 These move no numbers that need precision, so they run in the array's own library (NumPy, torch,
 CuPy, JAX), as views where that library makes views: ampc adds no copy. cat and stack are on
