@@ -80,6 +80,16 @@ def _step_takes_grad_scaler(optimizer):
     return takes
 
 
+# (Tensor type, its scale(tensor, scale_array)): ampc.autograd registers its Tensor when it is imported
+# (which `import ampc` does), since amp sits below autograd and does not import it.
+_loss_tensor = None
+
+
+def _register_loss_tensor(tensor_type, scale):
+    global _loss_tensor
+    _loss_tensor = (tensor_type, scale)
+
+
 class GradScaler(_C.GradScaler):
     """torch.amp.GradScaler (ampc._C.GradScaler: dynamic loss scaling, and more, in C). ``scale``
     also takes the ampc.autograd.Tensor a training step's loss is: the scaled loss is a Tensor
@@ -88,16 +98,10 @@ class GradScaler(_C.GradScaler):
     __slots__ = ()
 
     def scale(self, outputs):
-        from ampc import autograd
-
-        if not isinstance(outputs, autograd.Tensor):
+        loss_tensor = _loss_tensor
+        if loss_tensor is None or not isinstance(outputs, loss_tensor[0]):
             return super().scale(outputs)
-        scale = super().scale
-        if not autograd.is_grad_enabled():
-            return scale(outputs.data)
-        node = autograd.Node("scale", lambda args, saved, grad, needs: (scale(grad),), {}, None,
-                             (autograd._source(outputs),), (outputs.dtype,))
-        return autograd.Tensor(scale(outputs.data), node)
+        return loss_tensor[1](outputs, super().scale)
 
 
 # -- autocast ---------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ import weakref
 import ml_dtypes
 import numpy as np
 
-from ampc import _C
-from ampc._interop import library_of
+from ampc import _C, amp
+from ampc._arguments import as_int, non_array_error
+from ampc._interop import array_namespace, library_of
 
 __all__ = ["Arithmetic", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
 
@@ -126,6 +127,26 @@ class Node:
         return f"<{self.name}Backward>"
 
 
+# The module whose ops the Tensor operators and backward's sums call: ampc.nn.functional, which
+# registers itself with set_tensor_ops when it is imported (`import ampc` imports it). autograd sits
+# below ampc.nn and does not import it.
+_tensor_ops = None
+
+
+def set_tensor_ops(namespace):
+    """Make the Tensor operators (a + b, a @ b, .reshape, .sum, ...) call namespace's ops."""
+    global _tensor_ops
+    _tensor_ops = namespace
+
+
+def _ops():
+    ops = _tensor_ops
+    if ops is None:
+        raise RuntimeError("Tensor operators run the ops of ampc.nn.functional, which has not been imported yet "
+                           "(import ampc imports it)")
+    return ops
+
+
 class Arithmetic:
     """Operators and shape methods through ampc's ops (recorded like any other op), for Tensor and
     ampc.nn.Parameter, so that a model's forward reads as it would in torch."""
@@ -133,10 +154,7 @@ class Arithmetic:
     __slots__ = ()
     __array_ufunc__ = None  # NumPy's operators defer to these: `array + tensor` stays on the tape
 
-    def _f(self):
-        from ampc.nn import functional
-
-        return functional
+    _f = staticmethod(_ops)
 
     def __add__(self, other):
         return self._f().add(self, other)
@@ -353,8 +371,6 @@ def _index_reduction(x, name, dim, keepdim):
     keepdims)."""
     a = _array(x)
     if dim is not None:
-        from ampc.nn._common import as_int  # ampc.nn imports this module: not at its top
-
         dim = as_int(name, "dim", dim)
     if library_of(type(a)) == "torch":
         return getattr(a, name)(dim=dim, keepdim=keepdim)
@@ -389,6 +405,18 @@ def _source(value):
 
 def _array(value):
     return value.data if isinstance(value, (Tensor, _C.Parameter)) else value
+
+
+def _scale_loss(loss, scale):
+    """GradScaler.scale(loss) for a Tensor loss, scale being the C scaler's own: the scaled loss is a
+    Tensor too, whose backward() starts from the scale, as torch's does."""
+    if not is_grad_enabled():
+        return scale(loss.data)
+    node = Node("scale", lambda args, saved, grad, needs: (scale(grad),), {}, None, (_source(loss),), (loss.dtype,))
+    return Tensor(scale(loss.data), node)
+
+
+amp._register_loss_tensor(Tensor, _scale_loss)
 
 
 def _capture(op):
@@ -543,16 +571,12 @@ def differentiable(op, grad_args, forward, backward, name=None, keep_uncast=()):
                 return in_place
             return Tensor(output, node)
         except AttributeError as error:  # an argument that is no array: named, as names_non_arrays does
-            from ampc.nn._common import non_array_error  # ampc.nn imports this module: not at its top
-
             named = non_array_error(op, error, args, kwargs, arguments)
             if named is None:
                 raise
             raise named from None
 
     def explain(error, args, kwargs):  # the op's AttributeError off the tape, named as above
-        from ampc.nn._common import non_array_error
-
         return non_array_error(op, error, args, kwargs)
 
     # every call asks whether it goes on the tape: in C, the op called at once where it does not
@@ -610,9 +634,7 @@ def _order(root):
 
 
 def _add(a, b):
-    from ampc.nn import functional
-
-    return functional.add.raw(a, b)
+    return _ops().add.raw(a, b)
 
 
 def _to_dtype(grad, dtype):
@@ -645,9 +667,7 @@ def _like_parameter(grad, param):
 
 
 def _ones_like(x):
-    from ampc.nn._glue import _library
-
-    return _library(x).ones_like(x)
+    return array_namespace(x).ones_like(x)
 
 
 def _modified(p, version):

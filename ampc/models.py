@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from ampc import nn
+from ampc._interop import array_namespace
 from ampc.nn import functional as F
 from ampc.nn.modules import _generator
 
@@ -168,14 +169,12 @@ class GPT(nn.Module):
 
 def _positions(idx, t):
     """0 .. t-1 as an index array in idx's library and on its device."""
-    from ampc.nn._glue import _library
-
-    lib = _library(idx)
+    lib = array_namespace(idx)
     if lib is np:
         return np.arange(t)
     if lib.__name__ == "torch":
         return lib.arange(t, device=idx.device)
-    if lib.__name__ == "ampc.nn._ampc_arrays":
+    if lib.__name__ == "ampc._array_namespace":
         return lib.arange(t, like=idx)
     return lib.arange(t)
 

@@ -306,7 +306,7 @@ def test_a_tape_op_passes_for_its_function():
     assert isinstance(op, ampc._C.TapeOp)
     assert (op.__name__, op.__module__, op.__doc__) == (op.raw.__name__, op.raw.__module__, op.raw.__doc__)
     assert str(inspect.signature(op)) == str(inspect.signature(op.raw)) and op.__wrapped__ is op.raw
-    for public in (F.layer_norm, F.cat, F.relu):  # by name, as functions (cat's body lives in _glue)
+    for public in (F.layer_norm, F.cat, F.relu):  # by name, as functions (cat's body lives in _shape_ops)
         assert pickle.loads(pickle.dumps(public)) is public and copy.deepcopy(public) is public
 
     class Holder:

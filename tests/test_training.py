@@ -273,14 +273,14 @@ def _gpt_losses(to_ampc_arrays, steps=3):
 
 def test_ampc_arrays_train_as_numpy_arrays_do():
     """Parameters held as ampc arrays (reshape, transpose and split as views, cat as copies, in
-    ampc/nn/_ampc_arrays.py) train to the same bits as NumPy parameters."""
+    ampc/_array_namespace.py) train to the same bits as NumPy parameters."""
     theirs, _ = _gpt_losses(False)
     ours, logits = _gpt_losses(True)
     assert ours == theirs and isinstance(logits, ampc.Array)
 
 
 def test_ampc_array_glue():
-    from ampc.nn import _ampc_arrays as lib
+    from ampc import _array_namespace as lib
 
     base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     a = ampc.from_dlpack(base.copy())

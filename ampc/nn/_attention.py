@@ -32,10 +32,11 @@ import os
 import numpy as np
 
 from ampc import _C, random
+from ampc._interop import array_namespace
 from ampc.amp import autocast_op
 from ampc.nn._common import OPS as _OPS, acc_dtype as _acc, floating_dtype, numel as _numel
 from ampc.nn._embedding import _check_p, dropout_backward
-from ampc.nn._glue import _library, _slice, cat, reshape
+from ampc.nn._shape_ops import _slice, cat, reshape
 
 
 def _check(query, key, value, attn_mask, is_causal, enable_gqa):
@@ -78,7 +79,7 @@ def _additive_mask(attn_mask):
     those rows and 1 for the rest. torch (2.5 on) gives such a row 0 where the softmax of -inf
     alone is NaN: the probabilities are multiplied by live (the gradients then follow). (live is
     None for a mask of ampc's own arrays, which have no where(): there such a row stays NaN.)"""
-    lib = _library(attn_mask)
+    lib = array_namespace(attn_mask)
     if not hasattr(lib, "where"):  # ampc's own arrays (a Module's parameters on a GPU): float masks as they are
         return attn_mask, None
     torch = lib.__name__ == "torch"

@@ -12,9 +12,10 @@ import numbers
 import numpy as np
 
 from ampc import _C
+from ampc._interop import array_namespace
 from ampc.autograd import differentiable
 from ampc.nn import functional as F
-from ampc.nn import _attention, _embedding, _glue, _spatial
+from ampc.nn import _attention, _embedding, _shape_ops, _spatial
 
 
 def raw(op):
@@ -261,7 +262,7 @@ def _div_backward(a, saved, g, needs):
     return (_unbroadcast(gi, x) if needs[0] else None), go
 
 
-# -- pools, embedding, attention, glue --------------------------------------------------------
+# -- pools, embedding, attention, shape ops ---------------------------------------------------
 
 def _max_pool_forward(a):
     y, indices = _spatial.max_pool2d_with_indices(a["input"], a["kernel_size"], a["stride"], a["padding"],
@@ -311,22 +312,22 @@ def _attention_backward(a, state, g, needs):
 
 
 def _to_shape_of_input(a, saved, g, needs):
-    return (_glue.reshape_backward(g, tuple(a["input"].shape)),)
+    return (_shape_ops.reshape_backward(g, tuple(a["input"].shape)),)
 
 
 def _transpose_backward(a, saved, g, needs):
-    return (_glue.transpose_backward(g, a["dim0"], a["dim1"]),)
+    return (_shape_ops.transpose_backward(g, a["dim0"], a["dim1"]),)
 
 
 def _permute_backward(a, saved, g, needs):
-    return (_glue.permute_backward(g, a["dims"]),)
+    return (_shape_ops.permute_backward(g, a["dims"]),)
 
 
 def _pieces_backward(dim_name):
     def run(a, shapes, grads, needs):
         x = a[dim_name[0]]
         pieces = [g if g is not None else _C.zeros_like(x, shape=shape) for g, shape in zip(grads, shapes)]
-        return (_glue.cat(pieces, a[dim_name[1]]),)
+        return (_shape_ops.cat(pieces, a[dim_name[1]]),)
     return run
 
 
@@ -340,12 +341,12 @@ def _pieces_forward(op):
 
 
 def _cat_backward(a, saved, g, needs):
-    return tuple(_glue.cat_backward(g, [t.shape[_glue._dim("cat", a["dim"], len(t.shape))] for t in a["tensors"]],
-                                    a["dim"]))
+    sizes = [t.shape[_shape_ops._dim("cat", a["dim"], len(t.shape))] for t in a["tensors"]]
+    return tuple(_shape_ops.cat_backward(g, sizes, a["dim"]))
 
 
 def _stack_backward(a, saved, g, needs):
-    return tuple(_glue.stack_backward(g, len(a["tensors"]), a["dim"]))
+    return tuple(_shape_ops.stack_backward(g, len(a["tensors"]), a["dim"]))
 
 
 def cast(input, dtype):
@@ -363,7 +364,7 @@ def _is_basic(key):
 def index(input, key):
     """input[key]: ints and slices (a view where the library makes one), index arrays and masks (a
     copy), as the array's library reads them."""
-    lib = _glue._library(input)
+    lib = array_namespace(input)
     if hasattr(lib, "take_slice"):
         return lib.getitem(input, key)
     if isinstance(input, np.ndarray) and _is_basic(key):
@@ -453,15 +454,20 @@ def _ops():
         "scaled_dot_product_attention": differentiable(
             _attention.scaled_dot_product_attention, ("query", "key", "value", "attn_mask"), _attention_forward,
             _attention_backward),
-        "reshape": differentiable(_glue.reshape, ("input",), _plain_forward(_glue.reshape), _to_shape_of_input),
-        "flatten": differentiable(_glue.flatten, ("input",), _plain_forward(_glue.flatten), _to_shape_of_input),
-        "unsqueeze": differentiable(_glue.unsqueeze, ("input",), _plain_forward(_glue.unsqueeze), _to_shape_of_input),
-        "squeeze": differentiable(_glue.squeeze, ("input",), _plain_forward(_glue.squeeze), _to_shape_of_input),
-        "transpose": differentiable(_glue.transpose, ("input",), _plain_forward(_glue.transpose),
+        "reshape": differentiable(_shape_ops.reshape, ("input",), _plain_forward(_shape_ops.reshape),
+                                  _to_shape_of_input),
+        "flatten": differentiable(_shape_ops.flatten, ("input",), _plain_forward(_shape_ops.flatten),
+                                  _to_shape_of_input),
+        "unsqueeze": differentiable(_shape_ops.unsqueeze, ("input",), _plain_forward(_shape_ops.unsqueeze),
+                                    _to_shape_of_input),
+        "squeeze": differentiable(_shape_ops.squeeze, ("input",), _plain_forward(_shape_ops.squeeze),
+                                  _to_shape_of_input),
+        "transpose": differentiable(_shape_ops.transpose, ("input",), _plain_forward(_shape_ops.transpose),
                                     _transpose_backward),
-        "permute": differentiable(_glue.permute, ("input",), _plain_forward(_glue.permute), _permute_backward),
-        "cat": differentiable(_glue.cat, ("tensors",), _plain_forward(_glue.cat), _cat_backward),
-        "stack": differentiable(_glue.stack, ("tensors",), _plain_forward(_glue.stack), _stack_backward),
+        "permute": differentiable(_shape_ops.permute, ("input",), _plain_forward(_shape_ops.permute),
+                                  _permute_backward),
+        "cat": differentiable(_shape_ops.cat, ("tensors",), _plain_forward(_shape_ops.cat), _cat_backward),
+        "stack": differentiable(_shape_ops.stack, ("tensors",), _plain_forward(_shape_ops.stack), _stack_backward),
         "sigmoid": differentiable(F.sigmoid, ("input",), _keeping_output(F.sigmoid), _sigmoid_backward),
         "tanh": differentiable(F.tanh, ("input",), _keeping_output(F.tanh), _tanh_backward),
         "addmm": differentiable(F.addmm, ("input", "mat1", "mat2"), _plain_forward(F.addmm), _addmm_backward),
@@ -474,9 +480,9 @@ def _ops():
             lambda a: _max_pool_forward({**a, "return_indices": True}), _max_pool_backward),
         "_cast": differentiable(cast, ("input",), _plain_forward(cast), lambda a, s, g, n: (g,)),  # Tensor.to
         "_index": differentiable(index, ("input",), _plain_forward(index), _index_backward),  # Tensor[key]
-        "split": differentiable(_glue.split, ("tensor",), _pieces_forward(_glue.split),
+        "split": differentiable(_shape_ops.split, ("tensor",), _pieces_forward(_shape_ops.split),
                                 _pieces_backward(("tensor", "dim"))),
-        "chunk": differentiable(_glue.chunk, ("input",), _pieces_forward(_glue.chunk),
+        "chunk": differentiable(_shape_ops.chunk, ("input",), _pieces_forward(_shape_ops.chunk),
                                 _pieces_backward(("input", "dim"))),
     }
 

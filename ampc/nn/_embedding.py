@@ -2,9 +2,9 @@
 (torch's autocast lists neither)."""
 
 from ampc import _C, random
-from ampc._interop import library_of
-from ampc.nn._common import OPS, as_int, in_place, is_number, numel as _numel, shape_of as _shape_of
-from ampc.nn._glue import _library
+from ampc._arguments import as_int
+from ampc._interop import array_namespace, library_of
+from ampc.nn._common import OPS, in_place, is_number, numel as _numel, shape_of as _shape_of
 
 
 def _padding_index(op, padding_idx, num):
@@ -92,7 +92,7 @@ def embedding_backward(grad_output, input, num_weights, padding_idx=None, scale_
 def _index_counts(input, n):
     """How often each of 0 .. n-1 occurs in input (at least 1: rows never named have no gradient to
     scale), as an (n, 1) integer array of input's library."""
-    lib = _library(input)
+    lib = array_namespace(input)
     flat = lib.reshape(input, (-1,))
     if lib.__name__ == "torch":
         counts = lib.bincount(flat, minlength=n)

@@ -9,9 +9,9 @@ keeps them. On the GPU the convolutions and batch norm are cuDNN's, and a channe
 
 from ampc import _C
 from ampc._C import as_dtype
+from ampc._arguments import as_int
 from ampc.amp import autocast_op
-from ampc.nn._common import as_int
-from ampc.nn._glue import _slice, reshape
+from ampc.nn._shape_ops import _slice, reshape
 
 _OPS = _C._ew_ops()
 _MAX, _AVG, _ADAPTIVE_AVG = 0, 1, 2

@@ -14,13 +14,16 @@ the gradients of the inputs, in the dtypes the forward ran in.
 
 import math
 import numbers
+import sys as _sys
 
 import numpy as np
 
 from ampc import _C
 from ampc._C import as_dtype
+from ampc._arguments import as_int as _as_int, as_ints as _as_ints
 from ampc.amp import autocast_op
-from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc, as_int as _as_int, as_ints as _as_ints
+from ampc.autograd import set_tensor_ops as _set_tensor_ops
+from ampc.nn._common import F32, F64, OPS, acc_dtype as _acc
 from ampc.nn._common import cast_for_dtype as _cast_for_dtype
 from ampc.nn._common import floating_dtype as _floating_dtype, in_place as _in_place, numel as _numel
 from ampc.nn._common import is_floating_array as _is_floating_array
@@ -30,8 +33,8 @@ from ampc.nn._attention import (  # noqa: F401 - re-exported under torch's names
     scaled_dot_product_attention_backward)
 from ampc.nn._embedding import (  # noqa: F401
     _dropout_forward, dropout, dropout_backward, embedding, embedding_backward)
-from ampc.nn._glue import _dim, reshape as _glue_reshape
-from ampc.nn._glue import (  # noqa: F401
+from ampc.nn._shape_ops import _dim, reshape as _bare_reshape
+from ampc.nn._shape_ops import (  # noqa: F401
     cat, cat_backward, chunk, flatten, permute, permute_backward, reshape, reshape_backward, split, squeeze, stack,
     stack_backward, transpose, transpose_backward, unsqueeze)
 from ampc.nn._spatial import (  # noqa: F401 - re-exported under torch's names
@@ -64,7 +67,7 @@ def _check_reduction(op, reduction):
 
 
 def _reshape(x, shape):
-    return _glue_reshape(x, shape)
+    return _bare_reshape(x, shape)
 
 
 def _reduce(op, loss, reduction, dtype):
@@ -384,11 +387,11 @@ def _cross_entropy_target_grad(grad_output, input, target, weight=None, reductio
     log_probs = _C._softmax(input, class_dim, True, _acc(dtype))
     rows = _numel(input) // shape[class_dim] if shape[class_dim] else 0
     if reduction == "none" and class_dim == 1:
-        grad_output = _glue_reshape(grad_output, shape[:1] + (1,) + shape[2:])
+        grad_output = _bare_reshape(grad_output, shape[:1] + (1,) + shape[2:])
     scale = -(1.0 - float(label_smoothing)) / (rows if reduction == "mean" and rows else 1.0)
     if weight is None:
         return _ew("mul", log_probs, grad_output, scale=scale, dtype=dtype, name=op, names=("input", "grad_output"))
-    weight = _glue_reshape(weight, (shape[class_dim],) + (1,) * (len(shape) - class_dim - 1))
+    weight = _bare_reshape(weight, (shape[class_dim],) + (1,) * (len(shape) - class_dim - 1))
     return _ew("mul", log_probs, grad_output, weight, scale=scale, dtype=dtype, name=op,
                names=("input", "grad_output", "weight"))
 
@@ -586,7 +589,7 @@ def _dims(dim, op="sum", ndim=None):
     if not dims:
         return None
     for d in dims if ndim is not None else ():
-        _dim(op, d, ndim)  # the glue ops' range check and IndexError text
+        _dim(op, d, ndim)  # the shape ops' range check and IndexError text
     return dims
 
 
@@ -799,7 +802,7 @@ for _name, _value in _DIFFERENTIABLE.items():  # pickled by the name they are pu
         _value.__module__, _value.__qualname__ = __name__, _name
 
 # Arguments that are no arrays: the TypeError naming them, from every public function.
-from ampc.nn._common import names_non_arrays as _names_non_arrays  # noqa: E402
+from ampc._arguments import names_non_arrays as _names_non_arrays  # noqa: E402
 
 for _name, _value in list(globals().items()):
     if (not _name.startswith("_") and callable(_value) and not isinstance(_value, type)
@@ -807,3 +810,7 @@ for _name, _value in list(globals().items()):
             and not hasattr(_value, "raw")):  # the differentiable ops name them in autograd's call
         globals()[_name] = _names_non_arrays(_value)
 del _name, _value
+
+# The ops that the Tensor operators (a + b, .sum(), ...) and backward's sums call: this module,
+# complete now.
+_set_tensor_ops(_sys.modules[__name__])

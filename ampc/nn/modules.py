@@ -12,10 +12,10 @@ import operator
 
 import numpy as np
 
-from ampc import _C, random
+from ampc import _C, _array_namespace, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
-from ampc.nn import _ampc_arrays, _embedding
+from ampc.nn import _embedding
 from ampc.nn._common import is_floating_array, shape_of
 
 __all__ = [
@@ -401,9 +401,9 @@ def _relaid(x, memory_format):
     if not isinstance(x, _C.Array):
         raise TypeError(f"to: memory_format needs NumPy or ampc arrays, got {type(x).__name__}")
     if not channels_last:
-        return _ampc_arrays.contiguous(x)
+        return _array_namespace.contiguous(x)
     n, c, h, w = x.shape
-    out = _ampc_arrays.transpose(_C.zeros_like(x, shape=(n, h, w, c)), (0, 3, 1, 2))
+    out = _array_namespace.transpose(_C.zeros_like(x, shape=(n, h, w, c)), (0, 3, 1, 2))
     _C.cast(x, out=out)
     return out
 

@@ -1,7 +1,8 @@
 """NumPy's shape functions for ampc.Array (parameters moved to a GPU by Module.to live in ampc's
-pool as ampc arrays): the glue ops find these where they would find numpy's or torch's. Views where
-the layout allows (Array._view checks each stays inside its array's memory); otherwise a copy
-through ampc's cast kernels, into a C-order array from ampc's pool."""
+pool as ampc arrays): the array namespace of ampc's own arrays, where the shape ops
+(ampc.nn._shape_ops) find them as they find numpy's or torch's (ampc._interop.array_namespace).
+Views where the layout allows (Array._view checks each stays inside its array's memory); otherwise a
+copy through ampc's cast kernels, into a C-order array from ampc's pool."""
 
 import math
 

@@ -1,34 +1,17 @@
-"""The glue between layers: reshape, transpose, permute, flatten, unsqueeze, squeeze, cat, stack,
-split, chunk, and their backward passes.
+"""The shape ops, the glue between layers: reshape, transpose, permute, flatten, unsqueeze,
+squeeze, cat, stack, split, chunk, and their backward passes.
 
 These move no numbers that need precision, so they run in the array's own library (NumPy, torch,
 CuPy, JAX), as views where that library makes views: ampc adds no copy. cat and stack are on
 torch's promote list: under autocast their floating inputs meet in the widest dtype, as torch's.
 """
 
-import importlib
 import math
 
-from ampc._interop import library_of
+from ampc._arguments import as_int, as_ints
+from ampc._interop import array_namespace
 from ampc.amp import autocast_op
-from ampc.nn._common import as_int, as_ints, result_type, shape_of
-
-
-_LIBRARIES = {"numpy": "numpy", "torch": "torch", "cupy": "cupy", "jax": "jax.numpy", "jaxlib": "jax.numpy",
-              "ampc": "ampc.nn._ampc_arrays"}
-_by_type = {}
-
-
-def _library(x):
-    """The module whose functions take x: numpy, torch, cupy, jax.numpy, or ampc.nn._ampc_arrays
-    for ampc's own arrays."""
-    found = _by_type.get(type(x))
-    if found is None:
-        name = _LIBRARIES.get(library_of(type(x)))
-        if name is None:
-            raise TypeError(f"expected a NumPy, torch, CuPy, JAX or ampc array, got {type(x).__name__}")
-        found = _by_type[type(x)] = importlib.import_module(name)
-    return found
+from ampc.nn._common import result_type, shape_of
 
 
 def _dim(op, dim, ndim, name="dim"):
@@ -47,7 +30,7 @@ def _reshaped(op, input, shape, name):
     if shape.count(-1) > 1 or any(s < -1 for s in shape) or (
             known != size if -1 not in shape else known == 0 or size % known != 0):
         raise ValueError(f"{op}: shape '{list(shape)}' is invalid for input of size {size}")  # torch's text
-    return _library(input).reshape(input, shape)
+    return array_namespace(input).reshape(input, shape)
 
 
 def reshape(input, shape):
@@ -60,7 +43,8 @@ def reshape_backward(grad_output, input_shape):
 
 def transpose(input, dim0, dim1):
     nd = len(input.shape)
-    return _library(input).swapaxes(input, _dim("transpose", dim0, nd, "dim0"), _dim("transpose", dim1, nd, "dim1"))
+    return array_namespace(input).swapaxes(input, _dim("transpose", dim0, nd, "dim0"),
+                                           _dim("transpose", dim1, nd, "dim1"))
 
 
 def transpose_backward(grad_output, dim0, dim1):
@@ -74,7 +58,7 @@ def permute(input, dims):
     dims = tuple(_dim("permute", d, nd, "dims") for d in as_ints("permute", "dims", dims))
     if sorted(dims) != list(range(nd)):
         raise ValueError(f"permute: dims {dims} are not a permutation of the input's {nd} dimensions")
-    lib = _library(input)
+    lib = array_namespace(input)
     return lib.permute(input, dims) if lib.__name__ == "torch" else lib.transpose(input, dims)
 
 
@@ -117,7 +101,7 @@ def squeeze(input, dim=None):
 
 
 def _slice(x, dim, start, stop):
-    lib = _library(x)
+    lib = array_namespace(x)
     if hasattr(lib, "take_slice"):
         return lib.take_slice(x, dim, start, stop)
     return x[(slice(None),) * dim + (slice(start, stop),)]
@@ -134,7 +118,7 @@ def _array_list(op, tensors):
     for t in tensors:
         shape_of(t, op, "each of tensors")
     for i, t in enumerate(tensors):
-        if _library(t) is not _library(tensors[0]):
+        if array_namespace(t) is not array_namespace(tensors[0]):
             raise TypeError(f"{op}: expected arrays of one library, got {type(tensors[0]).__name__} (tensor number 0) "
                             f"and {type(t).__name__} (tensor number {i})")
     return tensors
@@ -144,7 +128,7 @@ def _joined(op, arrays, dim, dtypes):
     """arrays joined along dim (cat) or stacked along a new dim (stack) in their library's function,
     in torch's promotion of dtypes (torch's own functions promote so; NumPy would make float32 with
     int32 float64, and ampc's own arrays took the first array's dtype)."""
-    lib = _library(arrays[0])
+    lib = array_namespace(arrays[0])
     if lib.__name__ == "torch":
         return getattr(lib, op)(arrays, dim)
     return getattr(lib, "concatenate" if op == "cat" else "stack")(arrays, dim, dtype=result_type(op, dtypes))
