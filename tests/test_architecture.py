@@ -63,21 +63,12 @@ ALLOWED_CYCLES = [
     ("ampc.nn._differentiable", "ampc.nn.functional"),
 ]
 
-# (importing module, enclosing function, imported ampc module). Steps P1 (autograd's helpers,
-# models' library lookup), P2 (amp -> autograd), P3 (Tensor's op namespace) and P6 (the demo)
-# remove them; _demo -> _plot loads the PNG writer only when asked for a plot.
+# (importing module, enclosing function, imported ampc module). Step P6 (the demo) removes these;
+# _demo -> _plot loads the PNG writer only when asked for a plot.
 ALLOWED_FUNCTION_IMPORTS = [
     ("ampc._demo", "run", "ampc._demo_torch"),
     ("ampc._demo", "run", "ampc._plot"),
     ("ampc._demo", "run_synthetic", "ampc._demo_torch"),
-    ("ampc.amp", "GradScaler.scale", "ampc.autograd"),
-    ("ampc.autograd", "Arithmetic._f", "ampc.nn.functional"),
-    ("ampc.autograd", "_add", "ampc.nn.functional"),
-    ("ampc.autograd", "_index_reduction", "ampc.nn._common"),
-    ("ampc.autograd", "_ones_like", "ampc.nn._glue"),
-    ("ampc.autograd", "differentiable.explain", "ampc.nn._common"),
-    ("ampc.autograd", "differentiable.record", "ampc.nn._common"),
-    ("ampc.models", "_positions", "ampc.nn._glue"),
 ]
 
 # Modules that assign to their own globals() (plan step P4 makes functional.py a plain re-export).

@@ -697,3 +697,17 @@ def test_backward_refuses_parameters_written_since_the_forward():
     loss = F.sum(w * v)
     loss.backward()
     np.testing.assert_array_equal(w.grad, v.data)
+
+
+def test_tensor_operators_before_their_ops_are_registered_raise_a_clear_error():
+    """autograd sits below nn: its operators reach ampc.nn.functional through set_tensor_ops, which
+    functional calls at its import. Without it they raise, naming what is missing."""
+    a = ampc.autograd.Tensor(np.ones(3, np.float32), None)
+    ampc.autograd.set_tensor_ops(None)
+    try:
+        for use in (lambda: a + 1, lambda: -a, lambda: a.sum()):
+            with pytest.raises(RuntimeError, match="ampc.nn.functional, which has not been imported yet"):
+                use()
+    finally:
+        ampc.autograd.set_tensor_ops(ampc.nn.functional)
+    np.testing.assert_array_equal(np.asarray((a + 1).data), 2.0)
