@@ -27,7 +27,7 @@ import sys
 import torch
 
 import ampc
-from ampc.nn import _differentiable
+from ampc.nn import _bare_ops, _differentiable, _spatial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from scaler import copy_bandwidth, timed as timed_with_wall  # noqa: E402
@@ -150,7 +150,7 @@ def bench_layer_norm(limits, repeat):
             shape = f"{rows}x{n}"
             row("layer_norm fwd", shape, dn, lambda: F.layer_norm(x, (n,), w, b),
                 lambda: TF.layer_norm(x, (n,), w, b), repeat, nbytes=2 * rows * n * size, limits=limits)
-            _, mean, rstd = F._layer_norm_forward(x, (n,), w, b)
+            _, mean, rstd = _bare_ops.layer_norm_forward(x, (n,), w, b)
             _, tmean, trstd = torch.ops.aten.native_layer_norm(x, (n,), w, b, 1e-5)
             row("layer_norm bwd", shape, dn,
                 lambda: F.layer_norm_backward(g, x, (n,), w, b, mean=mean, rstd=rstd),
@@ -169,7 +169,7 @@ def bench_group_norm(limits, repeat):
             shape = f"{batch}x{c}x{h}^2 /{groups}"
             row("group_norm fwd", shape, dn, lambda: F.group_norm(x, groups, w, b),
                 lambda: TF.group_norm(x, groups, w, b), repeat, nbytes=2 * nbytes, limits=limits)
-            _, mean, rstd = F._group_norm_forward(x, groups, w, b)
+            _, mean, rstd = _bare_ops.group_norm_forward(x, groups, w, b)
             _, tmean, trstd = torch.ops.aten.native_group_norm(x, w, b, batch, c, h * h, groups, 1e-5)
             row("group_norm bwd", shape, dn,
                 lambda: F.group_norm_backward(g, x, groups, w, b, mean=mean, rstd=rstd),
@@ -209,7 +209,7 @@ def bench_cross_entropy(limits, repeat):
                 TF.cross_entropy(xr, t).backward()
 
             def ampc_both():
-                loss, lse, denom = F._cross_entropy_forward(x, t)
+                loss, lse, denom = _bare_ops.cross_entropy_forward(x, t)
                 F.cross_entropy_backward(one, x, t, lse=lse, denom=denom)
 
             row("cross_entropy fwd+bwd", shape, dn, ampc_both, torch_both, repeat, nbytes=3 * rows * n * size,
@@ -290,7 +290,7 @@ def bench_batch_norm(limits, repeat, batch=256):
                 nbytes = x.numel() * x.element_size()
                 row("batch_norm fwd (train)", shape, dn, lambda: F.batch_norm(x, rm, rv, w, b, training=True),
                     lambda: TF.batch_norm(x, rm, rv, w, b, training=True), repeat, nbytes=2 * nbytes, limits=limits)
-                _, mean, rstd = F._batch_norm_forward(x, rm, rv, w, b, True)
+                _, mean, rstd = _spatial.batch_norm_forward(x, rm, rv, w, b, True)
                 xr, wr, br = x.clone().requires_grad_(True), w.clone().requires_grad_(True), b.clone().requires_grad_(True)
                 yr = TF.batch_norm(xr, rm, rv, wr, br, training=True)
                 row("batch_norm bwd", shape, dn,

@@ -7,7 +7,7 @@ compute-sanitizer (not collected by pytest):
 import torch
 
 import ampc
-from ampc.nn import _attention
+from ampc.nn import _attention, _bare_ops, _embedding, _spatial
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -117,12 +117,12 @@ for dt in DTYPES:
             F.log_softmax_backward(g, F.log_softmax(x, dim=dim), dim)
             F.sum(x, dim=dim)
         F.sum(x)
-        y, mean, rstd = F._layer_norm_forward(x, (n,), w, b)
+        y, mean, rstd = _bare_ops.layer_norm_forward(x, (n,), w, b)
         F.layer_norm_backward(g, x, (n,), w, b, mean=mean, rstd=rstd)
         F.layer_norm_backward(g, x, (n,), None, b, mean=mean, rstd=rstd)
         t = torch.randint(0, n, (rows,), device="cuda")
         for kw in ({}, dict(reduction="none"), dict(label_smoothing=0.1, weight=w.abs()), dict(ignore_index=0)):
-            loss, lse, denom = F._cross_entropy_forward(x, t, **kw)
+            loss, lse, denom = _bare_ops.cross_entropy_forward(x, t, **kw)
             F.cross_entropy_backward(torch.ones_like(loss), x, t, lse=lse, denom=denom, **kw)
         F.cross_entropy(x, torch.softmax(g.float(), 1).to(dt))
         F.mse_loss(x, g)
@@ -140,25 +140,25 @@ for dt in DTYPES:
     idx = torch.randint(-1, 38, (5, 9), device="cuda")
     F.embedding(idx, w)
     F.embedding_backward(torch.randn(5, 9, 130, device="cuda", dtype=dt), idx, 37, 3)
-    y, state = F._dropout_forward(torch.randn(1001, device="cuda", dtype=dt), 0.3)
+    y, state = _embedding.dropout_forward(torch.randn(1001, device="cuda", dtype=dt), 0.3)
     F.dropout_backward(y, state, 0.3)
     x = torch.randn(3, 8, 5, 5, device="cuda", dtype=dt)
     c = torch.randn(8, device="cuda", dtype=dt)
     F.group_norm_backward(x, x, 4, c, c)
     q = torch.randn(2, 3, 33, 16, device="cuda", dtype=dt)
-    out, probs, _ = F._scaled_dot_product_attention_forward(q, q, q, is_causal=True)
+    out, probs, _ = _attention._forward(q, q, q, is_causal=True)
     F.scaled_dot_product_attention_backward(out, q, q, q, probs)
     bands = [(0, 9), (9, 18), (18, 27), (27, 33)]  # causal_bands composes by bands on the host only
     _attention.banded_backward(_attention.banded_forward(q, q, q, bands), q, q, q, bands)
     for n in (128, 129, 1024, 2048, 4096, 8192, 16384, 16392, 50257):
         x = torch.randn(6, n, device="cuda", dtype=dt)
-        ln, mean, rstd = F._layer_norm_forward(x, (n,), x[0], x[1])
+        ln, mean, rstd = _bare_ops.layer_norm_forward(x, (n,), x[0], x[1])
         F.layer_norm_backward(ln, x, (n,), x[0], x[1], mean=mean, rstd=rstd)
         F.softmax_backward(x, F.softmax(x, -1), -1)
-        F._C._softmax(x.view(2, 3, n), -1, True, None, causal=True)
-        F._C._softmax(x.view(2, 3, n), -1, False, None, causal=True, causal_offset=2)  # a band's rows
+        ampc._C._softmax(x.view(2, 3, n), -1, True, None, causal=True)
+        ampc._C._softmax(x.view(2, 3, n), -1, False, None, causal=True, causal_offset=2)  # a band's rows
         t = torch.randint(0, n, (6,), device="cuda")
-        loss, lse, denom = F._cross_entropy_forward(x[:, 1:], t - 1, label_smoothing=0.1)
+        loss, lse, denom = _bare_ops.cross_entropy_forward(x[:, 1:], t - 1, label_smoothing=0.1)
         F.cross_entropy_backward(torch.ones_like(loss), x[:, 1:], t - 1, label_smoothing=0.1, lse=lse, denom=denom)
     # channels-last batch norm: ampc's kernels (cuDNN for 12 channels in 16 bits), lanes sharing
     # a pack of columns (16, 64), chunks added by column_finish (the 64 x 16 x 16 images)
@@ -167,7 +167,7 @@ for dt in DTYPES:
         if dt != torch.float64:
             acc = torch.float32
             stats = [torch.randn(c, device="cuda", dtype=acc) for _ in range(2)]
-            y, sm, sr = F._batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
+            y, sm, sr = _spatial.batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
             F.batch_norm_backward(y, x, stats[0], training=True, save_mean=sm, save_rstd=sr)
     # NCHW planes: runs of short planes (5 x 6, 7 x 7 in one run and in two, 14 x 14), slabs of 8
     # channels' short planes read 1, 2 or 4 at a time (7 x 7 in one chunk and in three, 5 x 6,
@@ -179,7 +179,7 @@ for dt in DTYPES:
         if dt != torch.float64:
             x = torch.randn(n, c, h, w, device="cuda", dtype=dt)
             stats = [torch.randn(c, device="cuda") for _ in range(2)]
-            y, sm, sr = F._batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
+            y, sm, sr = _spatial.batch_norm_forward(x, stats[0], stats[1].abs(), stats[0], stats[1], True)
             F.batch_norm_backward(y, x, stats[0], training=True, save_mean=sm, save_rstd=sr)
 # Pools, NCHW and channels-last (a thread per 16-byte pack of channels where they come whole:
 # 8, 16 and 24 in 16 bits, 12 in float32; 12 16-bit channels take the element kernels), forward
@@ -210,18 +210,18 @@ for dt in (torch.float16, torch.bfloat16):
     for L, S in ((70, 37), (5, 130), (64, 64)):
         q, k, v = (torch.randn(2, 3, n, 64, device="cuda", dtype=dt) for n in (L, S, S))
         for causal in (False, True):
-            served = F._C._attention(q, k, v, causal, 0.125)
+            served = ampc._C._attention(q, k, v, causal, 0.125)
             if served is not None:
-                F._C._attention_backward(torch.randn_like(q), q, k, v, *served, causal, 0.125)
+                ampc._C._attention_backward(torch.randn_like(q), q, k, v, *served, causal, 0.125)
     q, kv = torch.randn(1, 4, 70, 64, device="cuda", dtype=dt), torch.randn(1, 2, 77, 64, device="cuda", dtype=dt)
-    served = F._C._attention(q, kv, kv, True, 0.125, 0.3, 7, 11)  # grouped heads, dropout
+    served = ampc._C._attention(q, kv, kv, True, 0.125, 0.3, 7, 11)  # grouped heads, dropout
     if served is not None:
-        F._C._attention_backward(torch.randn_like(q), q, kv, kv, *served, True, 0.125, 0.3, 7, 11)
+        ampc._C._attention_backward(torch.randn_like(q), q, kv, kv, *served, True, 0.125, 0.3, 7, 11)
     qkv = torch.randn(2, 77, 3 * 128, device="cuda", dtype=dt)
     q, k, v = (z.reshape(2, 77, 2, 64).transpose(1, 2) for z in qkv.split(128, dim=2))
-    served = F._C._attention(q, k, v, True, 0.125)
+    served = ampc._C._attention(q, k, v, True, 0.125)
     if served is not None:
-        F._C._attention_backward(served[0], q, k, v, *served, True, 0.125)
+        ampc._C._attention_backward(served[0], q, k, v, *served, True, 0.125)
 torch.cuda.synchronize()
 print("layer ops done", flush=True)
 # Convolutions: the first call of each shape times cuDNN's legacy algorithms and graph API engines

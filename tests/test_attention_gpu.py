@@ -164,7 +164,7 @@ def test_dropout_drops_what_the_composed_attention_drops(causal, dtype, monkeypa
         served = _attention.fused_forward(q, k, v, dropout_p=0.4, is_causal=causal,
                                           dropout_state=_attention.draw_dropout(q, k, 0.4))
         ampc.manual_seed(5)
-        out, probs, state = F._scaled_dot_product_attention_forward(q, k, v, dropout_p=0.4, is_causal=causal)
+        out, probs, state = _attention._forward(q, k, v, dropout_p=0.4, is_causal=causal)
         grads = F.scaled_dot_product_attention_backward(g, q, k, v, probs, 0.4, None, state)
         return served, out, grads
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ampc
-from ampc.nn import _attention
+from ampc.nn import _attention, _embedding
 import ops_reference as ref
 from ops_reference import BF16, F16, F32, F64, FLOATS, assert_close, f64, numeric_grad
 
@@ -53,7 +53,7 @@ def test_dropout_is_the_philox_mask(rng, dtype):
     ampc.manual_seed(1234)
     x = ref.random(rng, (3, 37), dtype)
     p = 0.3
-    y, state = F._dropout_forward(x, p)
+    y, state = _embedding.dropout_forward(x, p)
     assert state == (1234, 0)
     keep = dropout_mask(1234, 0, x.size, p).reshape(x.shape)
     scale = np.float64(1 / (1 - p)) if dtype == F64 else np.float64(np.float32(1 / (1 - p)))
@@ -62,7 +62,7 @@ def test_dropout_is_the_philox_mask(rng, dtype):
     assert y.dtype == dtype and np.array_equal(f64(y), f64(np.asarray(want).astype(dtype)))
     # the stream moved on by ceil(111 / 4) counters; the next draw differs
     assert ampc.random.get_rng_state() == (1234, 28)
-    y2, state2 = F._dropout_forward(x, p)
+    y2, state2 = _embedding.dropout_forward(x, p)
     assert state2 == (1234, 28) and not np.array_equal(y2 != 0, y != 0)
     # backward: the same mask and scale
     g = ref.random(rng, x.shape, dtype)
@@ -99,9 +99,9 @@ def test_dropout_thread_count_does_not_change_bits(rng):
     old = ampc.get_num_threads()
     try:
         ampc.set_num_threads(1)
-        one = F._dropout_forward(x, 0.4)
+        one = _embedding.dropout_forward(x, 0.4)
         ampc.set_num_threads(2)
-        two = F._C._dropout(x, 0.4, *one[1])
+        two = ampc._C._dropout(x, 0.4, *one[1])
     finally:
         ampc.set_num_threads(old)
     assert np.array_equal(one[0].view(np.uint16), two.view(np.uint16))
@@ -329,7 +329,7 @@ def test_sdpa(rng, dtype, causal, L, S):
     assert_close(out, sdpa_ref(q, k, v, causal=causal), dtype, rtol=rtol, scale=np.abs(f64(v)).max(), what="sdpa")
     # backward against finite differences of the float64 reference
     g = ref.random(rng, out.shape, dtype)
-    _, probs, state = F._scaled_dot_product_attention_forward(q, k, v, is_causal=causal)
+    _, probs, state = _attention._forward(q, k, v, is_causal=causal)
     gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
     for got, which in ((gq, 0), (gk, 1), (gv, 2)):
         args = [f64(q), f64(k), f64(v)]
@@ -349,10 +349,10 @@ def test_fused_attention_serves_no_numpy_arrays(rng):
     """The fused kernels are the GPU's: on NumPy arrays _attention answers None (composed instead),
     and its backward refuses nothing it has not read."""
     q = ref.random(rng, (1, 2, 4, 64), F16)
-    assert F._C._attention(q, q, q, True, 0.125) is None
-    assert F._C._attention_backward(q, q, q, q, q, q[..., 0].astype(F32), True, 0.125) is None
+    assert ampc._C._attention(q, q, q, True, 0.125) is None
+    assert ampc._C._attention_backward(q, q, q, q, q, q[..., 0].astype(F32), True, 0.125) is None
     with pytest.raises(TypeError, match="scaled_dot_product_attention: query must be an array"):
-        F._C._attention(None, q, q, True, 0.125)
+        ampc._C._attention(None, q, q, True, 0.125)
 
 
 def test_sdpa_with_no_embedding_is_the_mean_of_the_values(rng):
@@ -363,7 +363,7 @@ def test_sdpa_with_no_embedding_is_the_mean_of_the_values(rng):
     np.testing.assert_allclose(F.scaled_dot_product_attention(q, k, v), np.repeat(v.mean(1, keepdims=True), 3, 1))
     causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     np.testing.assert_allclose(causal, np.cumsum(v, 1)[:, :3] / np.arange(1, 4)[None, :, None])
-    probs = F._scaled_dot_product_attention_forward(q, k, v)[1]
+    probs = _attention._forward(q, k, v)[1]
     g = ref.random(rng, (2, 3, 5), F64)
     gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
     assert gq.shape == q.shape and gk.shape == k.shape
@@ -380,8 +380,8 @@ def test_sdpa_masks_scale_dropout(rng):
     assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=add, scale=0.3),
                  sdpa_ref(q, k, v, mask=add, scale=0.3), F32, rtol=1e-5, what="additive mask, scale")
     ampc.manual_seed(3)
-    out, probs, state = F._scaled_dot_product_attention_forward(q, k, v, dropout_p=0.5)
-    dropped = F._C._dropout(probs, 0.5, *state)
+    out, probs, state = _attention._forward(q, k, v, dropout_p=0.5)
+    dropped = ampc._C._dropout(probs, 0.5, *state)
     assert_close(out, f64(dropped) @ f64(v), F32, rtol=1e-5, what="dropout")
     with pytest.raises(ValueError, match="is_causal"):
         F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True)
@@ -408,7 +408,7 @@ def test_sdpa_rows_that_attend_to_nothing_are_zero(rng, gqa):
                      F64, rtol=1e-12)
         assert not np.isnan(out).any() and not out[:, 1, 2].any() and not out[:, 0, 4].any()
         g = ref.random(rng, out.shape, F64)
-        probs = F._scaled_dot_product_attention_forward(q, k, v, attn_mask=m, enable_gqa=gqa)[1]
+        probs = _attention._forward(q, k, v, attn_mask=m, enable_gqa=gqa)[1]
         gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
         assert not gq[:, 1, 2].any() and not gq[:, 0, 4].any()
 
@@ -429,7 +429,7 @@ def test_sdpa_dropout_draws_its_mask_once(rng):
     same elements whichever runs (on a GPU, the fused kernels take the same draw)."""
     q, k, v = (ref.random(rng, s, F32) for s in [(2, 3, 4, 6), (2, 3, 5, 6), (2, 3, 5, 3)])
     ampc.manual_seed(11)
-    want, _, state = F._scaled_dot_product_attention_forward(q, k, v, dropout_p=0.4)
+    want, _, state = _attention._forward(q, k, v, dropout_p=0.4)
     after = ampc.random.get_rng_state()
     ampc.manual_seed(11)
     assert _attention.draw_dropout(q, k, 0.4) == state and ampc.random.get_rng_state() == after
@@ -621,10 +621,10 @@ def test_sdpa_grouped_query_heads(rng, dtype, causal):
     assert out.shape == (2, 6, 5, 4) and out.dtype == dtype
     assert_close(out, sdpa_ref(q, k3, v3, causal=causal), dtype, rtol=rtol, scale=np.abs(f64(v)).max(), what="gqa")
     g = ref.random(rng, out.shape, dtype)
-    _, probs, _ = F._scaled_dot_product_attention_forward(q, k, v, is_causal=causal, enable_gqa=True)
+    _, probs, _ = _attention._forward(q, k, v, is_causal=causal, enable_gqa=True)
     gq, gk, gv = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
     rq, rk, rv = F.scaled_dot_product_attention_backward(
-        f64(g), f64(q), k3, v3, F._scaled_dot_product_attention_forward(f64(q), k3, v3, is_causal=causal)[1])
+        f64(g), f64(q), k3, v3, _attention._forward(f64(q), k3, v3, is_causal=causal)[1])
     assert gq.shape == q.shape and gk.shape == k.shape and gv.shape == v.shape
     for got, want, name in ((gq, rq, "q"), (gk, rk.reshape(2, 2, 3, 7, 8).sum(2), "k"),
                             (gv, rv.reshape(2, 2, 3, 7, 4).sum(2), "v")):

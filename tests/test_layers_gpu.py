@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import ampc
+from ampc.nn import _attention, _embedding
 
 pytestmark = pytest.mark.gpu
 
@@ -88,13 +89,13 @@ def test_embedding_long_runs():
 def test_dropout_mask_is_the_cpus(dtype):
     x = randn(1000, 37, dtype=dtype)
     ampc.manual_seed(99)
-    y, state = F._dropout_forward(x, 0.2)
-    cpu = F._C._dropout(numpy_of(x), 0.2, *state)
+    y, state = _embedding.dropout_forward(x, 0.2)
+    cpu = ampc._C._dropout(numpy_of(x), 0.2, *state)
     assert torch.equal(bits(y), bits(cpu)), "GPU and CPU dropout differ for one seed and offset"
     kept = (y != 0).float().mean().item()
     assert abs(kept - 0.8) < 0.01
     g = randn(1000, 37, dtype=dtype)
-    assert torch.equal(bits(F.dropout_backward(g, state, 0.2)), bits(F._C._dropout(numpy_of(g), 0.2, *state)))
+    assert torch.equal(bits(F.dropout_backward(g, state, 0.2)), bits(ampc._C._dropout(numpy_of(g), 0.2, *state)))
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
@@ -183,7 +184,7 @@ def test_sdpa(L, S, E, causal, dtype):
     close(out, fn(q.double(), k.double(), v.double()), dtype, rtol=rtol, scale=1.0, what="sdpa vs float64")
     close(out, fn(q, k, v), dtype, rtol=2 * rtol, scale=1.0, what="sdpa vs torch")
     g = randn(*out.shape, dtype=dtype)
-    _, probs, _ = F._scaled_dot_product_attention_forward(q, k, v, is_causal=causal)
+    _, probs, _ = _attention._forward(q, k, v, is_causal=causal)
     got = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
     want = autograd(fn, [q, k, v], g)
     for name, a, b in zip("qkv", got, want):
@@ -197,8 +198,6 @@ def test_attention_probabilities_round_once_from_float32_scores(L, S, causal, dt
     """The float32 scores' softmax rounded once to the 16-bit probabilities (a warp's registers hold a
     row of 64 or 1024, a block's 5000; 70 is no whole number of 16-byte packs), a causal row's masked
     end exactly zero whether or not it was read."""
-    from ampc.nn import _attention
-
     q, k = randn(2, 3, L, 32, dtype=dtype), randn(2, 3, S, 32, dtype=dtype)
     got = _attention.probabilities(q, k, is_causal=causal)
     scores = q.double() @ k.double().transpose(-1, -2) / math.sqrt(32)
@@ -240,7 +239,7 @@ def test_causal_softmax_matches_cpu_rule(n, dtype):
     """The kernel's causal mask (every path: cached, block, shared memory, streamed) against a masked
     softmax."""
     x = randn(3, 5, n, dtype=dtype, scale=3.0)
-    y = F._C._softmax(x, -1, False, None, causal=True)
+    y = ampc._C._softmax(x, -1, False, None, causal=True)
     keep = torch.ones(5, n, device="cuda", dtype=torch.bool).tril()
     want = torch.softmax(x.double().masked_fill(~keep, float("-inf")), -1)
     close(y, want, dtype, rtol=2 * RTOL[dtype], scale=0.0, what="causal softmax")
@@ -254,7 +253,7 @@ def test_sdpa_grouped_query_heads(causal):
     out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     close(out, fn(q.double(), k.double(), v.double()), torch.float32, rtol=1e-5, scale=1.0, what="gqa vs float64")
     g = randn(*out.shape)
-    _, probs, _ = F._scaled_dot_product_attention_forward(q, k, v, is_causal=causal, enable_gqa=True)
+    _, probs, _ = _attention._forward(q, k, v, is_causal=causal, enable_gqa=True)
     got = F.scaled_dot_product_attention_backward(g, q, k, v, probs)
     for name, a, b in zip("qkv", got, autograd(fn, [q, k, v], g)):
         close(a, b, torch.float32, rtol=1e-4, scale=b.abs().max().item(), what=f"gqa grad_{name}")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import ampc
+from ampc.nn import _spatial
 import ops_reference as ref
 import spatial_reference as sref
 from ops_reference import BF16, F16, F32, F64, FLOATS, assert_close, f64, numeric_grad
@@ -276,7 +277,7 @@ def test_batch_norm_training(rng, shape, dtype):
     w, b = ref.random(rng, (c,), acc), ref.random(rng, (c,), acc)
     rm, rv = ref.random(rng, (c,), acc), np.abs(ref.random(rng, (c,), acc)) + 0.5
     rm0, rv0 = rm.copy(), rv.copy()
-    y, mean, rstd = F._batch_norm_forward(x, rm, rv, w, b, True, 0.1, 1e-5)
+    y, mean, rstd = _spatial.batch_norm_forward(x, rm, rv, w, b, True, 0.1, 1e-5)
     m, v, vu = sref.batch_stats(x)
     assert_close(y, sref.batch_norm(x, m, v, w, b), dtype, what="batch_norm output")
     assert_close(mean, m, acc, scale=float(np.abs(f64(x)).max()), what="save_mean")

@@ -5,6 +5,7 @@ references (torch in float64), NCHW and channels-last, torch's autocast dtypes, 
 import pytest
 
 import ampc
+from ampc.nn import _spatial
 
 pytestmark = pytest.mark.gpu
 
@@ -248,7 +249,7 @@ def test_batch_norm_training_repeats_bit_for_bit(layout, shape):
     w, b = randn(shape[1]), randn(shape[1])
     runs = []
     for _ in range(2):
-        y, mean, rstd = F._batch_norm_forward(x, None, None, w, b, True)
+        y, mean, rstd = _spatial.batch_norm_forward(x, None, None, w, b, True)
         runs.append((y, mean, rstd) + tuple(F.batch_norm_backward(g, x, w, training=True, save_mean=mean,
                                                                   save_rstd=rstd)))
     for first, second in zip(*runs):
@@ -277,7 +278,7 @@ def test_batch_norm_training_either_path(monkeypatch, path, layout, shape, dtype
     close(y, ref, dtype, rtol=RTOL[dtype] * 4, what=f"batch_norm by {path}")
     close(rm, trm, torch.float32, rtol=1e-5, what=f"running_mean by {path}")
     close(rv, trv, torch.float32, rtol=1e-5, what=f"running_var by {path}")
-    _, mean, rstd = F._batch_norm_forward(x, None, None, w, b, True)
+    _, mean, rstd = _spatial.batch_norm_forward(x, None, None, w, b, True)
     xd = x.double()
     close(mean, xd.mean(dim=(0, 2, 3)).float(), torch.float32, rtol=1e-5, scale=xd.abs().max().item(),
           what=f"saved mean by {path}")

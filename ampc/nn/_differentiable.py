@@ -1,10 +1,12 @@
 """Each op of ampc.nn.functional on ampc.autograd's tape: which arguments carry gradients, what its
 forward keeps, and which backward kernel turns the output's gradient into theirs.
 
-functional.py imports this module last and takes these versions of the public ops in place of
-the bare ones: with plain arrays (or under no_grad) they run the bare op unchanged; with an
-argument that needs a gradient they return an ampc.autograd.Tensor. A forward here runs on its
+OPS holds these versions of the ops, built from the bare ones (_bare_ops and the modules of
+their own: _attention, _embedding, _shape_ops, _spatial); ampc.nn.functional publishes them in
+place of the bare ones. With plain arrays (or under no_grad) they run the bare op unchanged; with
+an argument that needs a gradient they return an ampc.autograd.Tensor. A forward here runs on its
 arguments as autocast already cast them, so it calls the op's body (``raw``), not the op again.
+The backward functions here get plain arrays, so they call the bare ops.
 """
 
 import numbers
@@ -14,8 +16,9 @@ import numpy as np
 from ampc import _C
 from ampc._interop import array_namespace
 from ampc.autograd import differentiable
-from ampc.nn import functional as F
 from ampc.nn import _attention, _embedding, _shape_ops, _spatial
+from ampc.nn import _bare_ops as bare
+from ampc.nn._common import PUBLISHED_IN, acc_dtype, dtype_of, ew
 
 
 def raw(op):
@@ -25,7 +28,7 @@ def raw(op):
 
 def _unbroadcast(grad, like):
     # a number (2.0) needs no gradient; a NumPy scalar (np.float64 is a float too) has a shape and one
-    return None if getattr(like, "shape", None) is None else F._unbroadcast(grad, tuple(like.shape))
+    return None if getattr(like, "shape", None) is None else bare.unbroadcast(grad, tuple(like.shape))
 
 
 def _plain_forward(op):
@@ -37,13 +40,13 @@ def _plain_forward(op):
 
 def _linear_backward(a, saved, g, needs):
     bias = a["bias"]
-    return F.linear_backward(g, a["input"], a["weight"], input_grad=needs[0], weight_grad=needs[1],
-                             bias_grad=needs[2], bias_shape=None if bias is None else tuple(bias.shape))
+    return bare.linear_backward(g, a["input"], a["weight"], input_grad=needs[0], weight_grad=needs[1],
+                                bias_grad=needs[2], bias_shape=None if bias is None else tuple(bias.shape))
 
 
 def _matmul_backward(a, saved, g, needs):
     first, second = list(a)[:2]  # input and other (matmul) or mat2 (mm, bmm), in the op's order
-    return F.matmul_backward(g, a[first], a[second])
+    return bare.matmul_backward(g, a[first], a[second])
 
 
 def _conv_backward(backward):
@@ -56,8 +59,8 @@ def _conv_backward(backward):
 # -- softmax, norms, losses -------------------------------------------------------------------
 
 def _softmax(log):
-    body = raw(F.log_softmax if log else F.softmax)
-    backward = F.log_softmax_backward if log else F.softmax_backward
+    body = raw(bare.log_softmax if log else bare.softmax)
+    backward = bare.log_softmax_backward if log else bare.softmax_backward
 
     def forward(a):
         out = body(**a)
@@ -65,33 +68,33 @@ def _softmax(log):
 
     def grad(a, out, g, needs):
         x = a["input"]
-        return (backward(g, out, F._softmax_dim("softmax", x, a["dim"]), x.dtype),)
+        return (backward(g, out, bare.softmax_dim("softmax", x, a["dim"]), x.dtype),)
     return forward, grad
 
 
 def _layer_norm_forward(a):
-    y, mean, rstd = F._layer_norm_forward(a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"])
+    y, mean, rstd = bare.layer_norm_forward(a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"])
     return y, (mean, rstd)
 
 
 def _layer_norm_backward(a, saved, g, needs):
-    return F.layer_norm_backward(g, a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"],
-                                 mean=saved[0], rstd=saved[1], weight_grads=needs[1] or needs[2])
+    return bare.layer_norm_backward(g, a["input"], a["normalized_shape"], a["weight"], a["bias"], a["eps"],
+                                    mean=saved[0], rstd=saved[1], weight_grads=needs[1] or needs[2])
 
 
 def _group_norm_forward(a):
-    y, mean, rstd = F._group_norm_forward(a["input"], a["num_groups"], a["weight"], a["bias"], a["eps"])
+    y, mean, rstd = bare.group_norm_forward(a["input"], a["num_groups"], a["weight"], a["bias"], a["eps"])
     return y, (mean, rstd)
 
 
 def _group_norm_backward(a, saved, g, needs):
-    return F.group_norm_backward(g, a["input"], a["num_groups"], a["weight"], a["bias"], a["eps"], mean=saved[0],
-                                 rstd=saved[1], weight_grads=needs[1] or needs[2])
+    return bare.group_norm_backward(g, a["input"], a["num_groups"], a["weight"], a["bias"], a["eps"],
+                                    mean=saved[0], rstd=saved[1], weight_grads=needs[1] or needs[2])
 
 
 def _batch_norm_forward(a):
-    y, mean, rstd = _spatial._batch_norm_forward(a["input"], a["running_mean"], a["running_var"], a["weight"],
-                                                 a["bias"], a["training"], a["momentum"], a["eps"])
+    y, mean, rstd = _spatial.batch_norm_forward(a["input"], a["running_mean"], a["running_var"], a["weight"],
+                                                a["bias"], a["training"], a["momentum"], a["eps"])
     return y, (mean, rstd)
 
 
@@ -102,58 +105,59 @@ def _batch_norm_backward(a, saved, g, needs):
 
 
 def _reduction(a):
-    return F._legacy_reduction(a["size_average"], a["reduce"], a["reduction"])
+    return bare.legacy_reduction(a["size_average"], a["reduce"], a["reduction"])
 
 
 def _cross_entropy_forward(a):
-    loss, lse, denom = F._cross_entropy_forward(a["input"], a["target"], a["weight"], a["ignore_index"],
-                                                _reduction(a), a["label_smoothing"])
+    loss, lse, denom = bare.cross_entropy_forward(a["input"], a["target"], a["weight"], a["ignore_index"],
+                                                  _reduction(a), a["label_smoothing"])
     return loss, (lse, denom)
 
 
 def _cross_entropy_backward(a, saved, g, needs):
-    grad_input = F.cross_entropy_backward(g, a["input"], a["target"], a["weight"], a["ignore_index"], _reduction(a),
-                                          a["label_smoothing"], lse=saved[0], denom=saved[1]) if needs[0] else None
-    grad_target = F._cross_entropy_target_grad(g, a["input"], a["target"], a["weight"], _reduction(a),
-                                               a["label_smoothing"]) if needs[1] else None
+    grad_input = bare.cross_entropy_backward(g, a["input"], a["target"], a["weight"], a["ignore_index"],
+                                             _reduction(a), a["label_smoothing"], lse=saved[0],
+                                             denom=saved[1]) if needs[0] else None
+    grad_target = bare.cross_entropy_target_grad(g, a["input"], a["target"], a["weight"], _reduction(a),
+                                                 a["label_smoothing"]) if needs[1] else None
     return grad_input, grad_target
 
 
 def _nll_loss_backward(a, saved, g, needs):
-    return (F.nll_loss_backward(g, a["input"], a["target"], a["weight"], a["ignore_index"], _reduction(a)),)
+    return (bare.nll_loss_backward(g, a["input"], a["target"], a["weight"], a["ignore_index"], _reduction(a)),)
 
 
 def _pointwise_loss_backward(backward):
     def run(a, saved, g, needs):
         gi = backward(g, a["input"], a["target"], _reduction(a))
-        return gi, (F.mul(gi, -1.0) if needs[1] else None)
+        return gi, (bare.mul(gi, -1.0) if needs[1] else None)
     return run
 
 
 def _bce_backward(a, saved, g, needs):
-    grad_input = F.binary_cross_entropy_backward(g, a["input"], a["target"], a["weight"], _reduction(a)) \
+    grad_input = bare.binary_cross_entropy_backward(g, a["input"], a["target"], a["weight"], _reduction(a)) \
         if needs[0] else None
-    grad_target = F._bce_target_grad("bce", "binary_cross_entropy_backward", g, a["input"], a["target"], a["weight"],
-                                     _reduction(a)) if needs[1] else None
+    grad_target = bare.bce_target_grad("bce", "binary_cross_entropy_backward", g, a["input"], a["target"],
+                                       a["weight"], _reduction(a)) if needs[1] else None
     return grad_input, grad_target
 
 
 def _bce_logits_backward(a, saved, g, needs):
-    grad_input = F.binary_cross_entropy_with_logits_backward(g, a["input"], a["target"], a["weight"], _reduction(a),
-                                                             a["pos_weight"]) if needs[0] else None
-    grad_target = F._bce_target_grad("bce_logits", "binary_cross_entropy_with_logits_backward", g, a["input"],
-                                     a["target"], a["weight"], _reduction(a), a["pos_weight"]) if needs[1] else None
+    grad_input = bare.binary_cross_entropy_with_logits_backward(g, a["input"], a["target"], a["weight"],
+                                                                _reduction(a), a["pos_weight"]) if needs[0] else None
+    grad_target = bare.bce_target_grad("bce_logits", "binary_cross_entropy_with_logits_backward", g, a["input"],
+                                       a["target"], a["weight"], _reduction(a), a["pos_weight"]) if needs[1] else None
     return grad_input, grad_target
 
 
 # -- reductions, pointwise maths --------------------------------------------------------------
 
 def _sum_backward(a, saved, g, needs):
-    return (F.sum_backward(g, tuple(a["input"].shape), a["dim"], a["keepdim"]),)
+    return (bare.sum_backward(g, tuple(a["input"].shape), a["dim"], a["keepdim"]),)
 
 
 def _mean_backward(a, saved, g, needs):
-    return (F.mean_backward(g, tuple(a["input"].shape), a["dim"], a["keepdim"]),)
+    return (bare.mean_backward(g, tuple(a["input"].shape), a["dim"], a["keepdim"]),)
 
 
 def _keeping_output(op):
@@ -167,34 +171,33 @@ def _keeping_output(op):
 
 def _derivative_times(g, out, derivative):
     """g * derivative(out), derivative's steps in the accumulation dtype, rounded once to g's."""
-    acc = F._acc(F._dtype(out))
-    return (F._ew("mul", g, derivative(out, acc), dtype=F._dtype(g)),)
+    acc = acc_dtype(dtype_of(out))
+    return (ew("mul", g, derivative(out, acc), dtype=dtype_of(g)),)
 
 
 def _sigmoid_backward(a, out, g, needs):  # s (1 - s)
-    return _derivative_times(g, out, lambda s, acc: F._ew("mul", s, F._ew("add", F._ew("mul", s, -1.0, dtype=acc),
-                                                                          1.0, dtype=acc), dtype=acc))
+    return _derivative_times(g, out, lambda s, acc: ew("mul", s, ew("add", ew("mul", s, -1.0, dtype=acc), 1.0,
+                                                                    dtype=acc), dtype=acc))
 
 
 def _tanh_backward(a, out, g, needs):  # 1 - t^2
-    return _derivative_times(g, out, lambda t, acc: F._ew("add", F._ew("mul", t, t, scale=-1.0, dtype=acc), 1.0,
-                                                          dtype=acc))
+    return _derivative_times(g, out, lambda t, acc: ew("add", ew("mul", t, t, scale=-1.0, dtype=acc), 1.0, dtype=acc))
 
 
 def _addmm_backward(a, saved, g, needs):
     """beta * input + alpha * mat1 @ mat2 (batch1 @ batch2 for baddbmm)."""
     first, second = ("mat1", "mat2") if "mat1" in a else ("batch1", "batch2")
     alpha, beta = float(a["alpha"]), float(a["beta"])
-    g_in = _unbroadcast(g if beta == 1 else F.mul(g, beta), a["input"]) if needs[0] else None
-    g_scaled = g if alpha == 1 else F.mul(g, alpha)
-    g1, g2 = F.matmul_backward(g_scaled, a[first], a[second]) if needs[1] or needs[2] else (None, None)
+    g_in = _unbroadcast(g if beta == 1 else bare.mul(g, beta), a["input"]) if needs[0] else None
+    g_scaled = g if alpha == 1 else bare.mul(g, alpha)
+    g1, g2 = bare.matmul_backward(g_scaled, a[first], a[second]) if needs[1] or needs[2] else (None, None)
     return g_in, g1, g2
 
 
 def _pow_backward(a, saved, g, needs):
     x, exponent = a["input"], a["exponent"]
-    return (_unbroadcast(F.pow_backward(g, x, exponent), x) if needs[0] else None,
-            _unbroadcast(F.pow_exponent_backward(g, x, exponent), exponent) if needs[1] else None)
+    return (_unbroadcast(bare.pow_backward(g, x, exponent), x) if needs[0] else None,
+            _unbroadcast(bare.pow_exponent_backward(g, x, exponent), exponent) if needs[1] else None)
 
 
 class _Shape:
@@ -222,7 +225,7 @@ def _keeping_shapes(op, names):
 def _relu_forward(a):
     """relu's backward reads its output (positive exactly where the input was; NaN in neither), as
     torch's does: the input, often a batch norm's output nothing else keeps, is let go."""
-    out = raw(F.relu)(**a)
+    out = raw(bare.relu)(**a)
     a["input"] = None
     return out, out
 
@@ -234,7 +237,7 @@ def _unary_backward(backward, *extra):
 
 
 def _dropout_forward(a):
-    return _embedding._dropout_forward(a["input"], a["p"], a["training"])
+    return _embedding.dropout_forward(a["input"], a["p"], a["training"])
 
 
 def _add_backward(sign):
@@ -242,23 +245,23 @@ def _add_backward(sign):
         x, other = a["input"], a["other"]
         go = None
         if needs[1]:
-            go = _unbroadcast(g if sign * a["alpha"] == 1 else F.mul(g, float(sign * a["alpha"])), other)
+            go = _unbroadcast(g if sign * a["alpha"] == 1 else bare.mul(g, float(sign * a["alpha"])), other)
         return (_unbroadcast(g, x) if needs[0] else None), go
     return run
 
 
 def _mul_backward(a, saved, g, needs):
     x, other = a["input"], a["other"]
-    return (_unbroadcast(F.mul(g, other), x) if needs[0] else None,
-            _unbroadcast(F.mul(g, x), other) if needs[1] else None)
+    return (_unbroadcast(bare.mul(g, other), x) if needs[0] else None,
+            _unbroadcast(bare.mul(g, x), other) if needs[1] else None)
 
 
 def _div_backward(a, saved, g, needs):
     x, other = a["input"], a["other"]
-    gi = F.div(g, other)
+    gi = bare.div(g, other)
     go = None
     if needs[1]:  # -g * x / other^2
-        go = _unbroadcast(F.mul(F.div(F.mul(gi, x), other), -1.0), other)
+        go = _unbroadcast(bare.mul(bare.div(bare.mul(gi, x), other), -1.0), other)
     return (_unbroadcast(gi, x) if needs[0] else None), go
 
 
@@ -307,7 +310,7 @@ def _attention_backward(a, state, g, needs):
                                                           a["scale"], state)
     # an additive mask that is learned (T5's, Swin's relative position biases); the tape casts the
     # gradient to the mask's dtype, as every gradient to its input's
-    grad_mask = F._unbroadcast(grad_scores, tuple(a["attn_mask"].shape)) if needs[3] else None
+    grad_mask = bare.unbroadcast(grad_scores, tuple(a["attn_mask"].shape)) if needs[3] else None
     return (*grads, grad_mask)
 
 
@@ -341,7 +344,7 @@ def _pieces_forward(op):
 
 
 def _cat_backward(a, saved, g, needs):
-    sizes = [t.shape[_shape_ops._dim("cat", a["dim"], len(t.shape))] for t in a["tensors"]]
+    sizes = [t.shape[_shape_ops.wrap_dim("cat", a["dim"], len(t.shape))] for t in a["tensors"]]
     return tuple(_shape_ops.cat_backward(g, sizes, a["dim"]))
 
 
@@ -397,53 +400,58 @@ def _index_backward(a, saved, g, needs):
 def _ops():
     sp = _spatial
     return {
-        "linear": differentiable(F.linear, ("input", "weight", "bias"), _plain_forward(F.linear), _linear_backward),
-        "matmul": differentiable(F.matmul, ("input", "other"), _plain_forward(F.matmul), _matmul_backward),
-        "mm": differentiable(F.mm, ("input", "mat2"), _plain_forward(F.mm), _matmul_backward),
-        "bmm": differentiable(F.bmm, ("input", "mat2"), _plain_forward(F.bmm), _matmul_backward),
+        "linear": differentiable(bare.linear, ("input", "weight", "bias"), _plain_forward(bare.linear),
+                                 _linear_backward),
+        "matmul": differentiable(bare.matmul, ("input", "other"), _plain_forward(bare.matmul), _matmul_backward),
+        "mm": differentiable(bare.mm, ("input", "mat2"), _plain_forward(bare.mm), _matmul_backward),
+        "bmm": differentiable(bare.bmm, ("input", "mat2"), _plain_forward(bare.bmm), _matmul_backward),
         "conv2d": differentiable(sp.conv2d, ("input", "weight", "bias"), _plain_forward(sp.conv2d),
                                  _conv_backward(sp.conv2d_backward)),
         "conv1d": differentiable(sp.conv1d, ("input", "weight", "bias"), _plain_forward(sp.conv1d),
                                  _conv_backward(sp.conv1d_backward)),
-        "softmax": differentiable(F.softmax, ("input",), *_softmax(False)),
-        "log_softmax": differentiable(F.log_softmax, ("input",), *_softmax(True)),
-        "layer_norm": differentiable(F.layer_norm, ("input", "weight", "bias"), _layer_norm_forward,
+        "softmax": differentiable(bare.softmax, ("input",), *_softmax(False)),
+        "log_softmax": differentiable(bare.log_softmax, ("input",), *_softmax(True)),
+        "layer_norm": differentiable(bare.layer_norm, ("input", "weight", "bias"), _layer_norm_forward,
                                      _layer_norm_backward),
-        "group_norm": differentiable(F.group_norm, ("input", "weight", "bias"), _group_norm_forward,
+        "group_norm": differentiable(bare.group_norm, ("input", "weight", "bias"), _group_norm_forward,
                                      _group_norm_backward),
         "batch_norm": differentiable(sp.batch_norm, ("input", "weight", "bias"), _batch_norm_forward,
                                      _batch_norm_backward),
-        "cross_entropy": differentiable(F.cross_entropy, ("input", "target"), _cross_entropy_forward,
+        "cross_entropy": differentiable(bare.cross_entropy, ("input", "target"), _cross_entropy_forward,
                                         _cross_entropy_backward,
                                         keep_uncast=("input",)),
-        "nll_loss": differentiable(F.nll_loss, ("input",), _plain_forward(F.nll_loss), _nll_loss_backward),
-        "mse_loss": differentiable(F.mse_loss, ("input", "target"), _plain_forward(F.mse_loss),
-                                   _pointwise_loss_backward(F.mse_loss_backward)),
-        "l1_loss": differentiable(F.l1_loss, ("input", "target"), _plain_forward(F.l1_loss),
-                                  _pointwise_loss_backward(F.l1_loss_backward)),
+        "nll_loss": differentiable(bare.nll_loss, ("input",), _plain_forward(bare.nll_loss), _nll_loss_backward),
+        "mse_loss": differentiable(bare.mse_loss, ("input", "target"), _plain_forward(bare.mse_loss),
+                                   _pointwise_loss_backward(bare.mse_loss_backward)),
+        "l1_loss": differentiable(bare.l1_loss, ("input", "target"), _plain_forward(bare.l1_loss),
+                                  _pointwise_loss_backward(bare.l1_loss_backward)),
         "binary_cross_entropy_with_logits": differentiable(
-            F.binary_cross_entropy_with_logits, ("input", "target"),
-            _plain_forward(F.binary_cross_entropy_with_logits), _bce_logits_backward),
-        "sum": differentiable(F.sum, ("input",), _plain_forward(F.sum), _sum_backward),
-        "mean": differentiable(F.mean, ("input",), _plain_forward(F.mean), _mean_backward),
-        "exp": differentiable(F.exp, ("input",), _keeping_output(F.exp), lambda a, out, g, n: (F.exp_backward(g, out),)),
-        "log": differentiable(F.log, ("input",), _plain_forward(F.log), _unary_backward(F.log_backward)),
-        "sqrt": differentiable(F.sqrt, ("input",), _keeping_output(F.sqrt),
-                               lambda a, out, g, n: (F.sqrt_backward(g, out),)),
-        "rsqrt": differentiable(F.rsqrt, ("input",), _keeping_output(F.rsqrt),
-                                lambda a, out, g, n: (F.rsqrt_backward(g, out),)),
-        "abs": differentiable(F.abs, ("input",), _plain_forward(F.abs), _unary_backward(F.abs_backward)),
-        "pow": differentiable(F.pow, ("input", "exponent"), _plain_forward(F.pow), _pow_backward),
-        "relu": differentiable(F.relu, ("input",), _relu_forward, lambda a, out, g, n: (F.relu_backward(g, out),)),
-        "gelu": differentiable(F.gelu, ("input",), _plain_forward(F.gelu),
-                               _unary_backward(F.gelu_backward, "approximate")),
-        "silu": differentiable(F.silu, ("input",), _plain_forward(F.silu), _unary_backward(F.silu_backward)),
+            bare.binary_cross_entropy_with_logits, ("input", "target"),
+            _plain_forward(bare.binary_cross_entropy_with_logits), _bce_logits_backward),
+        "sum": differentiable(bare.sum, ("input",), _plain_forward(bare.sum), _sum_backward),
+        "mean": differentiable(bare.mean, ("input",), _plain_forward(bare.mean), _mean_backward),
+        "exp": differentiable(bare.exp, ("input",), _keeping_output(bare.exp),
+                              lambda a, out, g, n: (bare.exp_backward(g, out),)),
+        "log": differentiable(bare.log, ("input",), _plain_forward(bare.log), _unary_backward(bare.log_backward)),
+        "sqrt": differentiable(bare.sqrt, ("input",), _keeping_output(bare.sqrt),
+                               lambda a, out, g, n: (bare.sqrt_backward(g, out),)),
+        "rsqrt": differentiable(bare.rsqrt, ("input",), _keeping_output(bare.rsqrt),
+                                lambda a, out, g, n: (bare.rsqrt_backward(g, out),)),
+        "abs": differentiable(bare.abs, ("input",), _plain_forward(bare.abs), _unary_backward(bare.abs_backward)),
+        "pow": differentiable(bare.pow, ("input", "exponent"), _plain_forward(bare.pow), _pow_backward),
+        "relu": differentiable(bare.relu, ("input",), _relu_forward,
+                               lambda a, out, g, n: (bare.relu_backward(g, out),)),
+        "gelu": differentiable(bare.gelu, ("input",), _plain_forward(bare.gelu),
+                               _unary_backward(bare.gelu_backward, "approximate")),
+        "silu": differentiable(bare.silu, ("input",), _plain_forward(bare.silu), _unary_backward(bare.silu_backward)),
         "dropout": differentiable(_embedding.dropout, ("input",), _dropout_forward,
                                   lambda a, state, g, n: (_embedding.dropout_backward(g, state, a["p"]),)),
-        "add": differentiable(F.add, ("input", "other"), _keeping_shapes(F.add, ("input", "other")), _add_backward(1)),
-        "sub": differentiable(F.sub, ("input", "other"), _keeping_shapes(F.sub, ("input", "other")), _add_backward(-1)),
-        "mul": differentiable(F.mul, ("input", "other"), _plain_forward(F.mul), _mul_backward),
-        "div": differentiable(F.div, ("input", "other"), _plain_forward(F.div), _div_backward),
+        "add": differentiable(bare.add, ("input", "other"), _keeping_shapes(bare.add, ("input", "other")),
+                              _add_backward(1)),
+        "sub": differentiable(bare.sub, ("input", "other"), _keeping_shapes(bare.sub, ("input", "other")),
+                              _add_backward(-1)),
+        "mul": differentiable(bare.mul, ("input", "other"), _plain_forward(bare.mul), _mul_backward),
+        "div": differentiable(bare.div, ("input", "other"), _plain_forward(bare.div), _div_backward),
         "max_pool2d": differentiable(sp.max_pool2d, ("input",), _max_pool_forward, _max_pool_backward),
         "avg_pool2d": differentiable(sp.avg_pool2d, ("input",), _plain_forward(sp.avg_pool2d), _avg_pool_backward),
         "adaptive_avg_pool2d": differentiable(
@@ -468,13 +476,13 @@ def _ops():
                                   _permute_backward),
         "cat": differentiable(_shape_ops.cat, ("tensors",), _plain_forward(_shape_ops.cat), _cat_backward),
         "stack": differentiable(_shape_ops.stack, ("tensors",), _plain_forward(_shape_ops.stack), _stack_backward),
-        "sigmoid": differentiable(F.sigmoid, ("input",), _keeping_output(F.sigmoid), _sigmoid_backward),
-        "tanh": differentiable(F.tanh, ("input",), _keeping_output(F.tanh), _tanh_backward),
-        "addmm": differentiable(F.addmm, ("input", "mat1", "mat2"), _plain_forward(F.addmm), _addmm_backward),
-        "baddbmm": differentiable(F.baddbmm, ("input", "batch1", "batch2"), _plain_forward(F.baddbmm),
+        "sigmoid": differentiable(bare.sigmoid, ("input",), _keeping_output(bare.sigmoid), _sigmoid_backward),
+        "tanh": differentiable(bare.tanh, ("input",), _keeping_output(bare.tanh), _tanh_backward),
+        "addmm": differentiable(bare.addmm, ("input", "mat1", "mat2"), _plain_forward(bare.addmm), _addmm_backward),
+        "baddbmm": differentiable(bare.baddbmm, ("input", "batch1", "batch2"), _plain_forward(bare.baddbmm),
                                   _addmm_backward),
-        "binary_cross_entropy": differentiable(F.binary_cross_entropy, ("input", "target"),
-                                               _plain_forward(F.binary_cross_entropy), _bce_backward),
+        "binary_cross_entropy": differentiable(bare.binary_cross_entropy, ("input", "target"),
+                                               _plain_forward(bare.binary_cross_entropy), _bce_backward),
         "max_pool2d_with_indices": differentiable(
             sp.max_pool2d_with_indices, ("input",),
             lambda a: _max_pool_forward({**a, "return_indices": True}), _max_pool_backward),
@@ -488,3 +496,7 @@ def _ops():
 
 
 OPS = _ops()
+for _name, _op in OPS.items():  # as ampc.nn.functional.<name>, where help() and pickle look them up
+    if not _name.startswith("_"):  # Tensor.to's and Tensor[key]'s are not published
+        _op.__module__, _op.__qualname__ = PUBLISHED_IN, _name
+del _name, _op

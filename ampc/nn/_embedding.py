@@ -111,7 +111,7 @@ def _check_p(p, op="dropout"):
     return float(p)
 
 
-def _dropout_forward(input, p=0.5, training=True):
+def dropout_forward(input, p=0.5, training=True):
     """(output, state): dropout, and the (seed, offset) of its mask for dropout_backward (None when
     nothing was dropped: evaluation)."""
     p = _check_p(p)
@@ -126,12 +126,12 @@ def dropout(input, p=0.5, training=True, inplace=False):
     """torch.nn.functional.dropout: each element zeroed with probability p, the others scaled by
     1 / (1 - p), from ampc.random's stream (seeded by ampc.random.manual_seed; the CPU and a GPU
     draw the same mask). inplace writes the result into input."""
-    return in_place(input, _dropout_forward(input, p, training)[0], inplace)
+    return in_place(input, dropout_forward(input, p, training)[0], inplace)
 
 
 def dropout_backward(grad_output, state, p=0.5):
     """The gradient of dropout's input: grad_output through the forward's mask (state as
-    _dropout_forward returned it; None for evaluation: grad_output itself)."""
+    dropout_forward returned it; None for evaluation: grad_output itself)."""
     if state is None:
         return grad_output
     if not isinstance(state, tuple):

@@ -14,7 +14,9 @@ from ampc.amp import autocast_op
 from ampc.nn._common import result_type, shape_of
 
 
-def _dim(op, dim, ndim, name="dim"):
+def wrap_dim(op, dim, ndim, name="dim"):
+    """dim as an index into ndim dimensions (a negative one counts from the end), or torch's IndexError
+    (its maybe_wrap_dim: a 0-d array takes -1 and 0)."""
     dim = as_int(op, name, dim)
     n = max(ndim, 1)
     if not -n <= dim < n:
@@ -43,19 +45,19 @@ def reshape_backward(grad_output, input_shape):
 
 def transpose(input, dim0, dim1):
     nd = len(input.shape)
-    return array_namespace(input).swapaxes(input, _dim("transpose", dim0, nd, "dim0"),
-                                           _dim("transpose", dim1, nd, "dim1"))
+    return array_namespace(input).swapaxes(input, wrap_dim("transpose", dim0, nd, "dim0"),
+                                           wrap_dim("transpose", dim1, nd, "dim1"))
 
 
 def transpose_backward(grad_output, dim0, dim1):
     nd = len(grad_output.shape)
-    return transpose(grad_output, _dim("transpose_backward", dim0, nd, "dim0"),
-                     _dim("transpose_backward", dim1, nd, "dim1"))
+    return transpose(grad_output, wrap_dim("transpose_backward", dim0, nd, "dim0"),
+                     wrap_dim("transpose_backward", dim1, nd, "dim1"))
 
 
 def permute(input, dims):
     nd = len(input.shape)
-    dims = tuple(_dim("permute", d, nd, "dims") for d in as_ints("permute", "dims", dims))
+    dims = tuple(wrap_dim("permute", d, nd, "dims") for d in as_ints("permute", "dims", dims))
     if sorted(dims) != list(range(nd)):
         raise ValueError(f"permute: dims {dims} are not a permutation of the input's {nd} dimensions")
     lib = array_namespace(input)
@@ -64,7 +66,7 @@ def permute(input, dims):
 
 def permute_backward(grad_output, dims):
     nd = len(grad_output.shape)
-    dims = [_dim("permute_backward", d, nd, "dims") for d in as_ints("permute_backward", "dims", dims)]
+    dims = [wrap_dim("permute_backward", d, nd, "dims") for d in as_ints("permute_backward", "dims", dims)]
     inverse = [0] * nd
     for i, d in enumerate(dims):
         inverse[d] = i
@@ -75,7 +77,7 @@ def flatten(input, start_dim=0, end_dim=-1):
     shape = tuple(input.shape)
     if not shape:
         return reshape(input, (1,))
-    s, e = _dim("flatten", start_dim, len(shape), "start_dim"), _dim("flatten", end_dim, len(shape), "end_dim")
+    s, e = wrap_dim("flatten", start_dim, len(shape), "start_dim"), wrap_dim("flatten", end_dim, len(shape), "end_dim")
     if s > e:
         raise ValueError("flatten: start_dim cannot come after end_dim")
     n = 1
@@ -86,7 +88,7 @@ def flatten(input, start_dim=0, end_dim=-1):
 
 def unsqueeze(input, dim):
     shape = tuple(input.shape)
-    d = _dim("unsqueeze", dim, len(shape) + 1)
+    d = wrap_dim("unsqueeze", dim, len(shape) + 1)
     return reshape(input, shape[:d] + (1,) + shape[d:])
 
 
@@ -95,7 +97,7 @@ def squeeze(input, dim=None):
     shape = tuple(input.shape)
     if dim is None:
         return reshape(input, tuple(s for s in shape if s != 1))
-    dims = {_dim("squeeze", d, len(shape)) for d in as_ints("squeeze", "dim", dim, "an int or a tuple of ints")}
+    dims = {wrap_dim("squeeze", d, len(shape)) for d in as_ints("squeeze", "dim", dim, "an int or a tuple of ints")}
     kept = tuple(s for d, s in enumerate(shape) if not (d in dims and s == 1))
     return reshape(input, kept) if kept != shape else input
 
@@ -144,7 +146,7 @@ def cat(tensors, dim=0):
             raise ValueError(f"cat: zero-dimensional tensor (at position {i}) cannot be concatenated")  # torch's texts
     kept = [(i, t) for i, t in enumerate(tensors) if tuple(t.shape) != (0,)] or [(0, tensors[0])]
     shape = tuple(kept[0][1].shape)
-    dim = _dim("cat", dim, len(shape))
+    dim = wrap_dim("cat", dim, len(shape))
     for i, t in kept[1:]:
         other = tuple(t.shape)
         if len(other) != len(shape):
@@ -158,7 +160,7 @@ def cat(tensors, dim=0):
 
 def cat_backward(grad_output, sizes, dim=0):
     """The gradients of cat's inputs: grad_output cut into sizes along dim (views)."""
-    dim = _dim("cat_backward", dim, len(grad_output.shape))
+    dim = wrap_dim("cat_backward", dim, len(grad_output.shape))
     out, start = [], 0
     for n in as_ints("cat_backward", "sizes", sizes):
         out.append(_slice(grad_output, dim, start, start + n))
@@ -174,7 +176,7 @@ def stack(tensors, dim=0):
     """torch.stack: arrays of one shape and library stacked along a new dim, promoted as cat."""
     tensors = _array_list("stack", tensors)
     shape = tuple(tensors[0].shape)
-    dim = _dim("stack", dim, len(shape) + 1)
+    dim = wrap_dim("stack", dim, len(shape) + 1)
     for i, t in enumerate(tensors):
         if tuple(t.shape) != shape:
             raise ValueError(f"stack: stack expects each tensor to be equal size, but got {list(shape)} at entry 0 "
@@ -184,7 +186,7 @@ def stack(tensors, dim=0):
 
 def stack_backward(grad_output, count, dim=0):
     """The gradients of stack's count inputs: grad_output's slices along dim (count of them)."""
-    dim = _dim("stack_backward", dim, len(grad_output.shape))
+    dim = wrap_dim("stack_backward", dim, len(grad_output.shape))
     count = as_int("stack_backward", "count", count)
     if count != grad_output.shape[dim]:
         raise ValueError(f"stack_backward: count ({count}) must be grad_output's size along dim {dim} "
@@ -194,7 +196,7 @@ def stack_backward(grad_output, count, dim=0):
 
 def split(tensor, split_size_or_sections, dim=0):
     """torch.split: pieces of split_size along dim (the last may be shorter), or of the listed sizes."""
-    dim = _dim("split", dim, len(tensor.shape))
+    dim = wrap_dim("split", dim, len(tensor.shape))
     n = tensor.shape[dim]
     if not isinstance(split_size_or_sections, (list, tuple)):
         size = as_int("split", "split_size_or_sections", split_size_or_sections, "an int or a list of ints")
@@ -214,5 +216,5 @@ def chunk(input, chunks, dim=0):
     chunks = as_int("chunk", "chunks", chunks)
     if chunks <= 0:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
-    n = input.shape[_dim("chunk", dim, len(input.shape))]
+    n = input.shape[wrap_dim("chunk", dim, len(input.shape))]
     return split(input, max(-(-n // chunks), 1), dim)

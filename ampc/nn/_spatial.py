@@ -169,8 +169,8 @@ def conv1d_backward(grad_output, input, weight, stride=1, padding=0, dilation=1,
 # --------------------------------------------------------------------------------------------
 
 
-def _batch_norm_forward(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
-                        eps=1e-5):
+def batch_norm_forward(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+                       eps=1e-5):
     """(output, save_mean, save_rstd); the saved statistics are None in evaluation mode."""
     if momentum is None:
         raise ValueError("batch_norm: momentum must be a number (torch.nn.BatchNorm turns None into a cumulative "
@@ -185,7 +185,7 @@ def _batch_norm_forward(input, running_mean, running_var, weight=None, bias=None
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """torch.nn.functional.batch_norm over input (N, C, ...): per channel; when training the running
     statistics move in place towards the batch's mean and unbiased variance."""
-    return _batch_norm_forward(input, running_mean, running_var, weight, bias, training, momentum, eps)[0]
+    return batch_norm_forward(input, running_mean, running_var, weight, bias, training, momentum, eps)[0]
 
 
 def _channel_shape(input, values):
@@ -200,7 +200,7 @@ def _channel_dims(input):
 def batch_norm_backward(grad_output, input, weight=None, running_mean=None, running_var=None, training=False,
                         eps=1e-5, *, save_mean=None, save_rstd=None, input_grad=True, weight_grads=True):
     """(grad_input, grad_weight, grad_bias) of batch_norm; save_mean and save_rstd as
-    _batch_norm_forward returned them (recomputed when not given). In evaluation mode the running
+    batch_norm_forward returned them (recomputed when not given). In evaluation mode the running
     statistics are constants. grad_weight/grad_bias are None without weight."""
     weight_grads = weight_grads and weight is not None
     wdtype = as_dtype(weight.dtype) if weight is not None else None

@@ -16,6 +16,7 @@ from ampc import _C, _array_namespace, random
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
 from ampc.nn import _embedding
+from ampc.nn._bare_ops import legacy_reduction
 from ampc.nn._common import is_floating_array, shape_of
 
 __all__ = [
@@ -915,7 +916,7 @@ class _Loss(Module):
 
     def __init__(self, size_average=None, reduce=None, reduction="mean"):
         super().__init__()
-        self.reduction = F._legacy_reduction(size_average, reduce, reduction)
+        self.reduction = legacy_reduction(size_average, reduce, reduction)
 
 
 class _WeightedLoss(_Loss):

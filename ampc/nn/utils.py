@@ -10,8 +10,7 @@ import numpy as np
 
 from ampc import _C
 from ampc.autograd import _host_scalar
-from ampc.nn import functional as F
-from ampc.nn._common import floating_dtype, is_number
+from ampc.nn._common import ew, floating_dtype, is_number
 
 __all__ = ["clip_grad_norm_", "clip_grad_value_"]
 
@@ -73,6 +72,6 @@ def clip_grad_value_(parameters, clip_value, foreach=None):
     grads = [p.grad for p in _with_grads(op, parameters)]
     for g in grads:
         floating_dtype(op, "a parameter's .grad", g)
-    clamped = [F._ew("maximum", F._ew("minimum", g, clip_value, name=op), -clip_value, name=op) for g in grads]
+    clamped = [ew("maximum", ew("minimum", g, clip_value, name=op), -clip_value, name=op) for g in grads]
     for g, c in zip(grads, clamped):
         _C.cast(c, out=g)
