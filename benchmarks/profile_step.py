@@ -15,7 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import ampc
-from ampc import _demo, _demo_torch
+from ampc.cli import demo_torch, workloads
 
 F = ampc.nn.functional
 
@@ -75,10 +75,10 @@ def ampc_step(args):
     optimizer = (ampc.optim.SGD(params, lr=0.1, momentum=0.9) if args.model == "resnet50"
                  else ampc.optim.AdamW(params, lr=3e-4))
     scaler = ampc.GradScaler("cuda")
-    x, y = _demo.synthetic_batch(args.model, args.batch_size, 0, channels_last=args.channels_last)
+    x, y = workloads.synthetic_batch(args.model, args.batch_size, 0, channels_last=args.channels_last)
     loss_of = (lambda: F.cross_entropy(model(x), y)) if args.model == "resnet50" else (lambda: model(x, y)[1])
     dtype = None if args.dtype == "float32" else getattr(ampc, args.dtype)  # None: autocast off
-    return lambda: _demo.training_step(loss_of, optimizer, scaler, "cuda", dtype)
+    return lambda: workloads.training_step(loss_of, optimizer, scaler, "cuda", dtype)
 
 
 def torch_step(args):
@@ -93,11 +93,11 @@ def torch_step(args):
         model = torchvision.models.resnet50().cuda().to(memory_format=fmt)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     else:  # the demo's torch GPT-2, the layout and initialisation of ampc.models.gpt
-        model = _demo_torch._torch_gpt(torch).cuda()
+        model = demo_torch._torch_gpt(torch).cuda()
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     scaler = torch.amp.GradScaler("cuda")
-    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(args.model, args.batch_size, 0,
-                                                                   channels_last=args.channels_last))
+    x, y = (torch.from_dlpack(a) for a in workloads.synthetic_batch(args.model, args.batch_size, 0,
+                                                                       channels_last=args.channels_last))
     loss_of = (lambda: torch.nn.functional.cross_entropy(model(x), y)) if args.model == "resnet50" \
         else (lambda: model(x, y))
 

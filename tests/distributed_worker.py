@@ -9,7 +9,7 @@ import numpy as np
 
 import ampc
 from ampc import distributed as dist, nn
-from ampc._demo import digits_split, mlp
+from ampc.cli.workloads import digits_split, mlp
 
 F = nn.functional
 

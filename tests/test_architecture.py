@@ -63,12 +63,8 @@ ALLOWED_INCLUDES = [
 ALLOWED_CYCLES = [
 ]
 
-# (importing module, enclosing function, imported ampc module). Step P6 (the demo) removes these;
-# _demo -> _plot loads the PNG writer only when asked for a plot.
+# (importing module, enclosing function, imported ampc module).
 ALLOWED_FUNCTION_IMPORTS = [
-    ("ampc._demo", "run", "ampc._demo_torch"),
-    ("ampc._demo", "run", "ampc._plot"),
-    ("ampc._demo", "run_synthetic", "ampc._demo_torch"),
 ]
 
 # Modules that assign to their own globals(). None is left: functional.py names each op it
@@ -95,9 +91,9 @@ MAY_INCLUDE = {
 
 PACKAGE = "ampc"
 EXTENSIONS = ("ampc._C", "ampc._cuda")  # modules built from C: they import no Python module
-# The command line loads each command's modules only when that command runs, by design (plan step
-# P6 moves it into ampc.cli: its entry module goes here then).
-LAZY_BY_RULE = ("ampc.__main__",)
+# The command line's entry module loads each command's modules only when that command runs, by design
+# (ampc/__main__.py is a shim that imports it at its top).
+LAZY_BY_RULE = ("ampc.cli.main",)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +430,8 @@ def test_planted_python_violations_are_reported(tmp_path):
         "ampc/nn/layers.py": "import json\nfrom ..core import helper\n\nclass Layer:\n"
                              "    def forward(self):\n        from ampc.nn import other\n",
         "ampc/nn/other.py": "def f():\n    import ampc.core\n    import json\n",
-        "ampc/__main__.py": "def main():\n    from ampc import core\n",
+        "ampc/cli/__init__.py": "",
+        "ampc/cli/main.py": "def main():\n    from ampc import core\n",
         "ampc/rewrites.py": "def _f():\n    pass\nglobals()['g'] = _f\n",
         "ampc/reads.py": "NAMES = list(globals().items())\n",
     })

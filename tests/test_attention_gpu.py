@@ -289,7 +289,7 @@ def test_gpt_trains_the_same_on_the_fused_kernels(dtype, monkeypatch):
 
 def test_the_gpt2_demo_says_how_attention_runs(capsys):
     """The GPT-2 table names the attention it was measured with, and the run trains all three rows."""
-    from ampc.__main__ import main
+    from ampc.cli.main import main
 
     assert main(["demo", "--model", "gpt2", "--device", "cuda", "--batch-size", "1", "--seq-len", "64",
                  "--steps", "1", "--warmup", "0"]) == 0

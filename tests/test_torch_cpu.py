@@ -152,7 +152,7 @@ def test_module_constructors_take_torch_s_arguments_and_defaults():
 def test_the_demo_adds_torch_s_rows(capsys):
     """`python -m ampc demo --compare-torch` on the CPU: torch's three runs of the same MLP and recipe
     after ampc's, each trained (better than chance on the held-out digits), fp16 with torch's scaler."""
-    from ampc.__main__ import main
+    from ampc.cli.main import main
 
     assert main(["demo", "--epochs", "1", "--compare-torch"]) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()

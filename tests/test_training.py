@@ -10,31 +10,32 @@ import numpy as np
 import pytest
 
 import ampc
-from ampc import _demo, _demo_torch, nn
-from ampc.__main__ import main
+from ampc import nn
+from ampc.cli import demo, demo_torch, workloads
+from ampc.cli.main import main
 
 F = nn.functional
 
 
 @pytest.fixture(scope="module")
 def digits():
-    return _demo.digits_split(0)
+    return workloads.digits_split(0)
 
 
 @pytest.fixture(scope="module")
 def fp32_run(digits):
-    return _demo.train(_demo.RECIPES[0], digits, epochs=8, progress=False)
+    return demo.train(workloads.RECIPES[0], digits, epochs=8, progress=False)
 
 
 def test_bf16_reaches_the_fp32_accuracy(digits, fp32_run):
-    bf16 = _demo.train(_demo.RECIPES[1], digits, epochs=8, progress=False)
+    bf16 = demo.train(workloads.RECIPES[1], digits, epochs=8, progress=False)
     assert fp32_run["accuracy"] > 0.95
     assert abs(bf16["accuracy"] - fp32_run["accuracy"]) <= 0.01
     assert bf16["skipped"] == 0 and bf16["losses"] != fp32_run["losses"]  # it did run in bfloat16
 
 
 def test_fp16_with_the_scaler_skips_an_overflowed_step(digits, fp32_run):
-    fp16 = _demo.train(_demo.RECIPES[2], digits, epochs=8, inject_inf_at=3, progress=False)
+    fp16 = demo.train(workloads.RECIPES[2], digits, epochs=8, inject_inf_at=3, progress=False)
     assert fp16["skipped"] == 1
     assert fp16["scales"][2] == 65536.0 and fp16["scales"][3] == 32768.0  # backed off at the injected step
     assert fp16["scale"] == 32768.0  # 184 steps: no growth interval (2000) completed since
@@ -77,7 +78,7 @@ def test_the_demo_with_a_nan_in_the_data_says_what_each_run_did(capsys):
     out = capsys.readouterr().out
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in out.splitlines() if line.startswith("| ") and "---" not in line}
-    digits_of_class_0 = np.mean(_demo.digits_split(0)[3] == 0)
+    digits_of_class_0 = np.mean(workloads.digits_split(0)[3] == 0)
     for name in ("fp32", "AMP bf16"):
         assert float(rows[name][4].rstrip(" %")) == pytest.approx(100 * digits_of_class_0, abs=0.01)
         assert f"{name}: the final loss is nan" in out
@@ -97,7 +98,7 @@ def test_the_demo_without_torch_says_so_and_keeps_its_own_rows(capsys, monkeypat
 def test_torch_has_no_resnet50_without_torchvision(monkeypatch):
     """What keeps --compare-torch's ResNet-50 rows out, single-process and distributed alike: a note,
     not a crash, where torchvision is missing; GPT-2 needs torch alone."""
-    assert _demo_torch.no_torch_model("gpt2") is None
+    assert demo_torch.no_torch_model("gpt2") is None
     find_spec = importlib.util.find_spec
 
     def without_torchvision(name, package=None):
@@ -105,8 +106,8 @@ def test_torch_has_no_resnet50_without_torchvision(monkeypatch):
 
     monkeypatch.setattr(importlib.util, "find_spec", without_torchvision)
     note = "--compare-torch: torchvision is not installed: no torch rows for ResNet-50"
-    assert _demo_torch.no_torch_model("resnet50") == note
-    assert _demo_torch.torch_model(None, "resnet50", None) is None  # torch itself is never touched
+    assert demo_torch.no_torch_model("resnet50") == note
+    assert demo_torch.torch_model(None, "resnet50", None) is None  # torch itself is never touched
 
 
 def model():
@@ -244,7 +245,7 @@ def test_model_gradients_match_finite_differences():
 
 
 def test_wrong_label_dtype_is_a_clear_error(digits):
-    m = _demo.mlp()
+    m = workloads.mlp()
     with pytest.raises(TypeError, match="target of shape .4,. has a floating dtype .float64.: class indices must"):
         F.cross_entropy(m(digits[0][:4]), digits[1][:4].astype(np.float64))
 
@@ -471,13 +472,13 @@ def test_nan_data_the_scaler_skips_and_the_demo_says_so(digits):
     x_train, y_train, x_test, y_test = (a.copy() for a in digits)
     x_train[::50, 3] = np.nan  # one image in 50: most batches of 64 hold one
     data = (x_train, y_train, x_test, y_test)
-    fp32 = _demo.train(_demo.RECIPES[0], data, epochs=1, progress=False)
-    fp16 = _demo.train(_demo.RECIPES[2], data, epochs=1, progress=False)
+    fp32 = demo.train(workloads.RECIPES[0], data, epochs=1, progress=False)
+    fp16 = demo.train(workloads.RECIPES[2], data, epochs=1, progress=False)
     order = np.random.default_rng(0).permutation(len(x_train))  # train()'s shuffle for seed 0, epoch 0
     batches_with_nan = sum(np.isnan(x_train[order[i:i + 64]]).any() for i in range(0, len(x_train), 64))
     assert fp16["skipped"] == batches_with_nan > 0
     assert not np.isfinite(fp32["final_loss"])
-    lines = _demo.notes([fp32, fp16])
+    lines = demo.notes([fp32, fp16])
     assert any("fp32: the final loss is nan" in line for line in lines)
     assert any(f"AMP fp16: the GradScaler skipped {fp16['skipped']} step(s)" in line for line in lines)
 
@@ -488,13 +489,13 @@ def test_table_shows_the_warm_up_peak_where_the_runs_measured_one():
     row = {"library": "ampc", "accuracy": None, "skipped": 0, "scale": None}
     fp32 = dict(row, name="fp32", step_ms=10.0, peak_bytes=3 * 2**20, warmup_peak_bytes=5 * 2**20)
     fp16 = dict(row, name="AMP fp16", step_ms=4.0, peak_bytes=2**20, warmup_peak_bytes=2 * 2**20, scale=1024.0)
-    lines = _demo.table([fp32, fp16]).splitlines()
+    lines = demo.table([fp32, fp16]).splitlines()
     assert lines[0].split(" | ")[5] == "warm-up peak MB"
     assert lines[3].split(" | ")[1:6] == ["4.000", "2.50x", "1.00", "0.33x", "2.00"]
     assert lines[3].endswith("| 1024 |")
     for r in (fp32, fp16):
         del r["warmup_peak_bytes"]
-    plain = _demo.table([fp32, fp16]).splitlines()
+    plain = demo.table([fp32, fp16]).splitlines()
     assert "warm-up" not in plain[0] and plain[3].split(" | ")[1:6] == ["4.000", "2.50x", "1.00", "0.33x", "—"]
 
 

@@ -22,9 +22,10 @@ import time
 import numpy as np
 
 import ampc
-from ampc import _demo, _demo_torch
 from ampc import distributed as dist
-from ampc._demo import RECIPES, digits_split, mlp, training_step
+from ampc.cli import demo_torch
+from ampc.cli.workloads import (RECIPES, digits_split, mlp, synchronize, synthetic_batch, synthetic_loss,
+                                synthetic_model, training_step)
 
 F = ampc.nn.functional
 
@@ -130,22 +131,22 @@ def _data_parallel_steps(kind, args, group, index, inject_at):
     rank, size = group.rank(), group.size()
     device_type = "cpu" if index < 0 else "cuda"
     ampc.manual_seed(args.seed + rank)  # different on each rank: DataParallel broadcasts rank 0's
-    model, optimizer = _demo.synthetic_model(kind, index, args.seq_len, args.channels_last)
+    model, optimizer = synthetic_model(kind, index, args.seq_len, args.channels_last)
     model = dist.DataParallel(model, group=group)
     scaler = ampc.GradScaler(device_type)
-    x, y = _demo.synthetic_batch(kind, _batch(args), index, args.image_size, args.seq_len, seed=args.seed + 1 + rank,
-                                 channels_last=args.channels_last)
+    x, y = synthetic_batch(kind, _batch(args), index, args.image_size, args.seq_len, seed=args.seed + 1 + rank,
+                           channels_last=args.channels_last)
     times = []
     for step in range(args.warmup + args.steps):
-        _demo._synchronize(index)
+        synchronize(index)
         began = time.perf_counter()
 
         def loss_of(overflow=step == inject_at and rank == size - 1):
-            loss = _demo.synthetic_loss(kind, model, x, y)
+            loss = synthetic_loss(kind, model, x, y)
             return loss * float("inf") if overflow else loss  # one rank overflows: every rank must skip
 
-        _demo.training_step(loss_of, optimizer, scaler, device_type, ampc.float16)
-        _demo._synchronize(index)
+        training_step(loss_of, optimizer, scaler, device_type, ampc.float16)
+        synchronize(index)
         if step >= args.warmup:
             times.append(time.perf_counter() - began)
     stats = scaler.stats()
@@ -161,23 +162,23 @@ def _torch_data_parallel_steps(torch, kind, args, group, index, inject_at):
     rank, size = td.get_rank(group), td.get_world_size(group)
     device = torch.device("cuda", index)
     torch.manual_seed(args.seed + rank)  # DistributedDataParallel broadcasts rank 0's
-    model, optimizer = _demo_torch.torch_model(torch, kind, device, args.seq_len, args.channels_last)
+    model, optimizer = demo_torch.torch_model(torch, kind, device, args.seq_len, args.channels_last)
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[index], process_group=group)
     scaler = torch.amp.GradScaler("cuda")
-    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(
+    x, y = (torch.from_dlpack(a) for a in synthetic_batch(
         kind, _batch(args), index, args.image_size, args.seq_len, seed=args.seed + 1 + rank,
         channels_last=args.channels_last))
     times, skipped = [], 0
 
     def loss_of():
-        loss = _demo_torch.torch_loss(torch, kind, model, x, y)
+        loss = demo_torch.torch_loss(torch, kind, model, x, y)
         return loss * float("inf") if step == inject_at and rank == size - 1 else loss
 
     for step in range(args.warmup + args.steps):
         before = scaler.get_scale()  # read outside the timed step: it waits for the GPU
         torch.cuda.synchronize(device)
         began = time.perf_counter()
-        _demo_torch.torch_training_step(torch, loss_of, optimizer, scaler, "cuda", torch.float16)
+        demo_torch.torch_training_step(torch, loss_of, optimizer, scaler, "cuda", torch.float16)
         torch.cuda.synchronize(device)
         if step >= args.warmup:
             times.append(time.perf_counter() - began)
@@ -237,7 +238,7 @@ def _run_synthetic(args, world, alone, index, engine, torch_alone):
     if args.compare_torch and (torch_alone is False or index < 0):
         if world.rank() == 0:
             print("--compare-torch: torch's DistributedDataParallel rows are measured under torchrun on GPUs")
-    elif args.compare_torch and (why := _demo_torch.no_torch_model(args.model)) is not None:
+    elif args.compare_torch and (why := demo_torch.no_torch_model(args.model)) is not None:
         if world.rank() == 0:  # the same answer on every rank: none of them starts torch's rows
             print(why)
     elif args.compare_torch:

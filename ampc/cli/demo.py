@@ -14,7 +14,6 @@ each run's step time, peak memory, final accuracy, skipped steps and final loss 
 
 import gc
 import math
-import sys
 import time
 import tracemalloc
 
@@ -22,79 +21,15 @@ import numpy as np
 
 import ampc
 from ampc import nn
-from ampc.data import load_digits
+from ampc.cli.demo_torch import train_torch, train_torch_mlp
+from ampc.cli.plot import save_training_plot
+from ampc.cli.progress import Progress
+from ampc.cli.workloads import (RECIPES, batches, digits_split, mlp, synchronize, synthetic_batch, synthetic_loss,
+                                synthetic_model, training_step)
 from ampc.nn import _attention
 from ampc.nn.modules import _device_index
 
 F = nn.functional
-
-# (name, autocast dtype or None, GradScaler enabled)
-RECIPES = (("fp32", None, False), ("AMP bf16", ampc.bfloat16, False), ("AMP fp16", ampc.float16, True))
-
-
-def digits_split(seed=0, test_fraction=0.2):
-    """(train images, train labels, test images, test labels): a fixed shuffle of the digits."""
-    images, labels = load_digits()
-    order = np.random.default_rng(seed).permutation(len(images))
-    cut = len(images) - int(round(len(images) * test_fraction))
-    train, test = order[:cut], order[cut:]
-    return images[train], labels[train], images[test], labels[test]
-
-
-def mlp(hidden=256, nn=nn):
-    """The demo's MLP from nn's layers: ampc.nn's, or torch.nn's for --compare-torch (the same names)."""
-    return nn.Sequential(nn.Linear(64, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(),
-                         nn.Linear(hidden, 10))
-
-
-class Progress:
-    """A one-line progress bar on stderr, redrawn as it fills; off a terminal, one line at the end."""
-
-    def __init__(self, name, total, stream=None, width=30):
-        # sys.stderr as it is now, not as it was at import (pytest had closed that capture on the GPU machine)
-        stream = sys.stderr if stream is None else stream
-        self.name, self.total, self.stream, self.width = name, total, stream, width
-        self.live = getattr(stream, "isatty", lambda: False)()
-        self.drawn = -1
-
-    def show(self, done, loss):
-        filled = self.width * done // max(self.total, 1)
-        if done != self.total and (not self.live or filled == self.drawn):
-            return
-        self.drawn = filled
-        self.stream.write(f"\r{self.name:14s} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} "
-                          f"loss {loss:.4f}" + ("\n" if done == self.total else ""))
-        self.stream.flush()
-
-
-def training_step(loss_of, optimizer, scaler, device_type, dtype, before_step=None):
-    """One step of the recipe, the loss and what follows it: zero the gradients, loss_of() under
-    autocast in dtype (None: autocast off, float32), the scaled backward, then before_step() (an
-    injected overflow) and the scaler's step and update. Returns the loss."""
-    optimizer.zero_grad()
-    with ampc.autocast(device_type, dtype=dtype or ampc.bfloat16, enabled=dtype is not None):
-        loss = loss_of()
-    scaler.scale(loss).backward()
-    if before_step is not None:
-        before_step()
-    scaler.step(optimizer)
-    scaler.update()
-    return loss
-
-
-def batches(x_train, y_train, epochs, batch_size, seed, nan_at=None):
-    """The demo's batches as NumPy arrays, ampc's runs and torch's alike: each epoch a fixed shuffle
-    of the training set, and a NaN in the batch of step nan_at."""
-    step = 0
-    for epoch in range(epochs):
-        order = np.random.default_rng(seed * 1000 + epoch).permutation(len(x_train))
-        for start in range(0, len(x_train), batch_size):
-            batch = order[start:start + batch_size]
-            x = x_train[batch]  # a fancy-indexed copy: the data set keeps its values
-            if step == nan_at:
-                x[0, 0] = np.nan
-            yield x, y_train[batch]
-            step += 1
 
 
 def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at=None, progress=True, index=-1,
@@ -123,7 +58,7 @@ def train(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, inject_inf_at
 
         loss = training_step(lambda: F.cross_entropy(model(x), y), optimizer, scaler, device_type, dtype,
                              overflow if inject_inf_at == len(losses) else None)
-        _synchronize(index)
+        synchronize(index)
         step_times.append(time.perf_counter() - began)
         losses.append(float(loss))
         scales.append(scaler.get_scale() if scaled else 1.0)
@@ -206,40 +141,6 @@ def device_index(device):
     return _device_index(device)
 
 
-def _synchronize(index):
-    if index >= 0:
-        ampc.cuda.synchronize(index)
-
-
-def synthetic_batch(kind, batch_size, index, image_size=224, seq_len=1024, seed=0, channels_last=False):
-    """Random inputs and labels for kind on device index: images (NCHW, or NHWC in memory) and
-    classes, or tokens."""
-    rng = np.random.default_rng(seed)
-    if kind == "resnet50":
-        inputs = rng.standard_normal((batch_size, image_size, image_size, 3), dtype=np.float32).transpose(0, 3, 1, 2)
-        inputs = inputs if channels_last else np.ascontiguousarray(inputs)
-        labels = rng.integers(0, 1000, batch_size)
-    else:
-        inputs, labels = (rng.integers(0, 50257, (batch_size, seq_len)) for _ in range(2))
-    return ampc._C._to_device(inputs, index), ampc._C._to_device(labels, index)
-
-
-def synthetic_model(kind, index, seq_len=1024, channels_last=False):
-    """(model, optimizer) of kind on device index, from ampc's current seed: ResNet-50 with SGD
-    (momentum 0.9), or GPT-2 small for seq_len tokens with AdamW."""
-    model = ampc.models.resnet50() if kind == "resnet50" else ampc.models.gpt(block_size=max(seq_len, 1))
-    model.to("cpu" if index < 0 else f"cuda:{index}", memory_format="channels_last" if channels_last else None)
-    params = list(model.parameters())
-    optimizer = (ampc.optim.SGD(params, lr=0.1, momentum=0.9) if kind == "resnet50"
-                 else ampc.optim.AdamW(params, lr=3e-4))
-    return model, optimizer
-
-
-def synthetic_loss(kind, model, x, y):
-    """The training loss of kind's model on a synthetic batch."""
-    return F.cross_entropy(model(x), y) if kind == "resnet50" else model(x, y)[1]
-
-
 def train_synthetic(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=224, seq_len=1024,
                     channels_last=False):
     """Time ampc's training step of kind (resnet50: SGD momentum 0.9; gpt2: AdamW) under recipe on
@@ -255,13 +156,13 @@ def train_synthetic(kind, recipe, index, batch_size, steps=9, warmup=3, image_si
     times, losses, warmup_peak = [], [], None
     bar = Progress(name, warmup + steps)
     for step in range(warmup + steps):
-        _synchronize(index)
+        synchronize(index)
         if step == warmup and index >= 0:  # the timed steps' peak apart from the warm-up's
             warmup_peak = ampc.cuda.max_memory_allocated(index)
             ampc.cuda.reset_peak_memory_stats(index)
         began = time.perf_counter()
         loss = training_step(lambda: synthetic_loss(kind, model, x, y), optimizer, scaler, device_type, dtype)
-        _synchronize(index)
+        synchronize(index)
         if step >= warmup:
             times.append(time.perf_counter() - began)
         losses.append(float(loss))
@@ -290,8 +191,6 @@ def run(args):
             result["peak_bytes"] = peak_memory(recipe, data, batch_size=args.batch_size or 64)
         results.append(result)
     if args.compare_torch:
-        from ampc._demo_torch import train_torch_mlp
-
         for recipe in RECIPES:
             row = train_torch_mlp(recipe, data, args.epochs, args.batch_size or 64, seed=args.seed, index=index,
                                   nan_at=args.nan_at)
@@ -302,8 +201,6 @@ def run(args):
     for line in notes(results):
         print(line)
     if args.plot:
-        from ampc._plot import save_training_plot
-
         save_training_plot(args.plot, results)
         print(f"loss and loss scale against the step: {args.plot}")
     return 0
@@ -334,8 +231,6 @@ def run_synthetic(args, index):
                                        args.seq_len, args.channels_last))
         gc.collect()
     if args.compare_torch:
-        from ampc._demo_torch import train_torch
-
         for recipe in RECIPES:
             row = train_torch(kind, recipe, index, batch, args.steps, args.warmup, args.image_size, args.seq_len,
                               args.channels_last)

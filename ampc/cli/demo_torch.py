@@ -8,7 +8,8 @@ import time
 
 import numpy as np
 
-from ampc import _demo
+from ampc.cli.progress import Progress
+from ampc.cli.workloads import batches, mlp, synthetic_batch
 
 
 def _torch_gpt(torch, vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768):
@@ -109,7 +110,7 @@ def _autocast(torch, device_type, autocast_dtype):
 
 
 def torch_training_step(torch, loss_of, optimizer, scaler, device_type, autocast_dtype):
-    """One step of torch's AMP, the twin of _demo.training_step: zero the gradients, loss_of() under
+    """One step of torch's AMP, the twin of workloads.training_step: zero the gradients, loss_of() under
     torch.autocast in autocast_dtype (a torch dtype, resolved once by the caller with _torch_dtype, not
     every timed step; None: autocast off, float32), the scaled backward, then the scaler's step and
     update. Returns the loss."""
@@ -123,7 +124,7 @@ def torch_training_step(torch, loss_of, optimizer, scaler, device_type, autocast
 
 
 def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, index=-1, nan_at=None):
-    """torch's row for the digits MLP (_demo.train's model, batches, optimizer and recipe, in torch's
+    """torch's row for the digits MLP (demo.train's model, batches, optimizer and recipe, in torch's
     AMP, timed the same way), or None with a note printed when torch is missing or lacks the
     recipe on this device (CPU autocast in float16 and a CPU GradScaler came in torch 2.3)."""
     torch = _import_torch()
@@ -135,7 +136,7 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
     device = torch.device("cpu") if index < 0 else torch.device("cuda", index)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(seed)
-    model = _demo.mlp(nn=torch.nn).to(device)
+    model = mlp(nn=torch.nn).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     try:
         scaler = torch.amp.GradScaler(device.type, enabled=scaled)
@@ -146,9 +147,9 @@ def train_torch_mlp(recipe, data, epochs=20, batch_size=64, lr=2e-3, seed=0, ind
         return None
     if index >= 0:
         torch.cuda.reset_peak_memory_stats(device)
-    bar = _demo.Progress("torch " + name, epochs * math.ceil(len(x_train) / batch_size))
+    bar = Progress("torch " + name, epochs * math.ceil(len(x_train) / batch_size))
     losses, scales, step_times, skipped = [], [], [], 0
-    for x, y in _demo.batches(x_train, y_train, epochs, batch_size, seed, nan_at):
+    for x, y in batches(x_train, y_train, epochs, batch_size, seed, nan_at):
         x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
         scale = scaler.get_scale() if scaled else 1.0  # read outside the timed step: it waits for the GPU
         _synchronize(torch, index)
@@ -199,12 +200,12 @@ def train_torch(kind, recipe, index, batch_size, steps=9, warmup=3, image_size=2
     if made is None:
         return None
     model, optimizer = made
-    x, y = (torch.from_dlpack(a) for a in _demo.synthetic_batch(kind, batch_size, index, image_size, seq_len,
-                                                                  channels_last=channels_last))
+    x, y = (torch.from_dlpack(a) for a in synthetic_batch(kind, batch_size, index, image_size, seq_len,
+                                                            channels_last=channels_last))
     scaler = torch.amp.GradScaler("cuda", enabled=scaled)
     torch.cuda.reset_peak_memory_stats(device)
     times, losses, warmup_peak = [], [], None
-    bar = _demo.Progress("torch " + name, warmup + steps)
+    bar = Progress("torch " + name, warmup + steps)
     for step in range(warmup + steps):
         torch.cuda.synchronize(device)
         if step == warmup:  # as ampc's rows: the timed steps' peak apart from the warm-up's
