@@ -201,6 +201,11 @@ PyObject *ampc_array_view_into(ampc_state *st, PyObject *owner, const ampc_view 
 /* Import through the protocol (__dlpack__ / __dlpack_device__) or from a bare
  * capsule; returns a new ampc.Array owning the tensor. */
 PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname, ampc_access access);
+/* The device `obj` lives on, from obj.__dlpack_device__() alone (CPU for a
+ * producer without it): its memory is not asked for. A CUDA device is checked
+ * to be one ampc can use. -1 with BufferError (a malformed answer, a device
+ * ampc does not read; argname names the argument) or the CUDA check's error. */
+int ampc_dlpack_device(ampc_state *st, PyObject *obj, const char *argname, ampc_device *device);
 /* Describe `obj` through its type's DLPack C exchange API, without calling
  * Python: 1 when done, 0 when the type has no usable table (nothing set),
  * -1 with an exception. The view's stream is the producer's current one. */

@@ -872,7 +872,7 @@ static int is_array(ampc_state *st, PyObject *obj)
 
 /* The device an array lives on, without asking for its memory (a torch loss
  * that requires grad refuses to be exported). */
-static int array_device(ampc_state *st, PyObject *obj, ampc_device *dev)
+static int array_device(ampc_state *st, PyObject *obj, const char *argname, ampc_device *dev)
 {
     *dev = (ampc_device){AMPC_DEVICE_CPU, 0};
     if (PyArray_Check(obj) || PyArray_IsScalar(obj, Generic))
@@ -881,17 +881,7 @@ static int array_device(ampc_state *st, PyObject *obj, ampc_device *dev)
         *dev = ampc_array_view(obj)->device;
         return 0;
     }
-    PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
-    if (d == NULL)
-        return -1;
-    int type, id;
-    const int ok = PyArg_ParseTuple(d, "ii", &type, &id);
-    Py_DECREF(d);
-    if (!ok)
-        return -1;
-    if (type == 2 || type == 13)
-        *dev = (ampc_device){AMPC_DEVICE_CUDA, id};
-    return 0;
+    return ampc_dlpack_device(st, obj, argname, dev);
 }
 
 /* outputs * scale for one array. torch tensors multiply with torch's own
@@ -901,7 +891,7 @@ static int array_device(ampc_state *st, PyObject *obj, ampc_device *dev)
 static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs)
 {
     ampc_device dev;
-    if (array_device(st, outputs, &dev) < 0)
+    if (array_device(st, outputs, "scale: outputs", &dev) < 0)
         return NULL;
     const int m = memory_for(st, self, dev);
     if (m < 0 || refresh_scale(st, self, m) < 0)
@@ -1392,7 +1382,7 @@ static int set_scale_from(ampc_state *st, ScalerObject *self, PyObject *new_scal
     else if (PyArray_Check(new_scale) || PyArray_IsScalar(new_scale, Generic) || ampc_is_array(st, new_scale) ||
              PyObject_HasAttrString(new_scale, "__dlpack__")) {
         ampc_device dev;
-        if (array_device(st, new_scale, &dev) < 0)
+        if (array_device(st, new_scale, "update: new_scale", &dev) < 0)
             return -1;
         PyObject *rg = PyObject_GetAttrString(new_scale, "requires_grad");
         const int requires_grad = rg != NULL && PyObject_IsTrue(rg) == 1;
