@@ -118,6 +118,19 @@ int ampc_dtype_from_descr(ampc_state *st, PyArray_Descr *descr);
  * `argname` on failure. */
 int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dtype *out);
 
+/* torch's dtype as ampc's, read through its str() ("torch.float16"): -1 when
+ * that is not torch's name of a dtype ampc knows, -2 with an exception. */
+int ampc_dtype_of_torch(PyObject *dtype);
+
+/* ------------------------------------------------------------------------ */
+/* The caller's array library (interop.c)                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Whether `type` is torch's: its __module__ is torch or under it (as
+ * ampc._interop.library_of says), or, given a name, it is torch.<name>
+ * itself (__module__ "torch", __name__ `name`). Never raises. */
+int ampc_is_torch_type(PyTypeObject *type, const char *name);
+
 /* ------------------------------------------------------------------------ */
 /* Array views (view.c)                                                      */
 /* ------------------------------------------------------------------------ */

@@ -849,21 +849,6 @@ static void Scaler_dealloc(PyObject *op)
 /* scale                                                                     */
 /* ------------------------------------------------------------------------ */
 
-static int is_torch(PyObject *obj)
-{
-    PyObject *module = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
-    if (module == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    const char *name = PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : NULL;
-    const int torch = name != NULL && strncmp(name, "torch", 5) == 0 && (name[5] == '\0' || name[5] == '.');
-    if (name == NULL)
-        PyErr_Clear();
-    Py_DECREF(module);
-    return torch;
-}
-
 static int is_array(ampc_state *st, PyObject *obj)
 {
     return PyArray_Check(obj) || PyArray_IsScalar(obj, Generic) || ampc_is_array(st, obj) ||
@@ -897,7 +882,7 @@ static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs
     if (m < 0 || refresh_scale(st, self, m) < 0)
         return NULL;
     float *scale_addr = &self->memory[m].block->scale;
-    if (is_torch(outputs)) {
+    if (ampc_is_torch_type(Py_TYPE(outputs), NULL)) {
         PyObject *scale = as_like(st, float_copy(st, self, m, scale_addr),
                                   (PyTypeObject *)Py_NewRef(Py_TYPE(outputs)));
         if (scale == NULL)
