@@ -160,28 +160,33 @@ typedef enum {
 int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
                           ampc_access access, ampc_view *view);
 void ampc_view_release(ampc_view *view);
-/* The raised exception's message names an argument `given` (its start):
- * say `name` instead, keeping the type and the rest. Lets loops over many
- * arrays pass a short fixed name and format the real one only on error. */
-void ampc_rename_error(const char *given, const char *name);
 /* The same for an ndarray; `source` is left NULL. */
 int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *view);
-/* "(2, 3)": the shape, as Python writes a tuple. */
-void ampc_shape_str(const ampc_view *v, char *buf, size_t size);
-/* A shape (or strides, with allow_negative) of at most AMPC_MAX_NDIM ints into out: their count,
- * or -1 with TypeError / ValueError naming argname. */
-int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allow_negative);
-/* "cpu" or "cuda:N" */
-const char *ampc_device_str(ampc_device device, char *buf, size_t size);
+/* Hand a result (an ndarray or ampc.Array, stolen) back as the type the
+ * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out. */
+PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source);
+
+/* ------------------------------------------------------------------------ */
+/* Error messages (errors.c)                                                 */
+/* ------------------------------------------------------------------------ */
+
 /* repr(obj) for an error message, or "<T object>" where that repr raises
  * (the message must not turn into the object's own exception). */
 PyObject *ampc_safe_repr(PyObject *obj);
 /* Raise exc with format % (name, safe_repr(obj)): format takes a %s, then a
  * %U. Returns -1. */
 int ampc_raise_with_repr(PyObject *exc, const char *format, const char *name, PyObject *obj);
-/* Hand a result (an ndarray or ampc.Array, stolen) back as the type the
- * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out. */
-PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source);
+/* The raised exception's message names an argument `given` (its start):
+ * say `name` instead, keeping the type and the rest. Lets loops over many
+ * arrays pass a short fixed name and format the real one only on error. */
+void ampc_rename_error(const char *given, const char *name);
+/* "cpu" or "cuda:N" */
+const char *ampc_device_str(ampc_device device, char *buf, size_t size);
+/* "(2, 3)": the shape, as Python writes a tuple. */
+void ampc_shape_str(const ampc_view *v, char *buf, size_t size);
+/* A shape (or strides, with allow_negative) of at most AMPC_MAX_NDIM ints into out: their count,
+ * or -1 with TypeError / ValueError naming argname. */
+int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allow_negative);
 
 /* ------------------------------------------------------------------------ */
 /* ampc.Array (array.c)                                                      */
