@@ -96,12 +96,17 @@ static inline PyObject *ampc_take_exception(void)
 #endif
 }
 
-/* The state of the module that defines `type` (for methods of ampc's types). */
-ampc_state *ampc_state_from_type(PyTypeObject *type);
-
 static inline ampc_state *ampc_state_of(PyObject *module)
 {
     return (ampc_state *)PyModule_GetState(module);
+}
+
+/* The state of the module that defines `type` (for methods of ampc's types);
+ * NULL with TypeError if no class in type's MRO comes from ampc._C. */
+static inline ampc_state *ampc_state_from_type(PyTypeObject *type)
+{
+    PyObject *module = PyType_GetModuleByDef(type, &ampc_module_def);
+    return module ? ampc_state_of(module) : NULL;
 }
 
 /* ------------------------------------------------------------------------ */
