@@ -895,6 +895,13 @@ static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs
     if (ampc_view_from_object(st, outputs, "scale: outputs", AMPC_FOR_READING, &x) < 0)
         return NULL;
     PyObject *result = NULL;
+    if (!same_device(x.device, dev)) {
+        /* the kernel below runs on dev: the CPU's loop must not read GPU memory, nor a GPU's host memory */
+        char said[32], is[32];
+        PyErr_Format(PyExc_BufferError, "scale: outputs: __dlpack_device__() says %s, but its memory is on %s",
+                     ampc_device_str(dev, said, sizeof said), ampc_device_str(x.device, is, sizeof is));
+        goto done;
+    }
     if (!AMPC_DTYPE_IS_FLOAT(x.dtype)) {
         PyErr_Format(PyExc_TypeError, "scale: outputs has dtype %s; a loss is floating",
                      ampc_dtype_names[x.dtype]);
