@@ -55,6 +55,16 @@ def array_namespace(x):
     return found
 
 
+def is_torch(x, name=None):
+    """Whether x is torch's (its type lives in torch or under it: a Tensor, a Parameter), or, given
+    a name, an instance of torch.<name> itself (torch.device, not torch.cuda.device). ampc._C
+    recognises torch by the same rule (src/interop.c)."""
+    tp = type(x)
+    if name is None:
+        return library_of(tp) == "torch"
+    return tp.__module__ == "torch" and tp.__name__ == name
+
+
 def converter_for(tp):
     return _BY_MODULE.get(library_of(tp))
 

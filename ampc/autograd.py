@@ -22,7 +22,7 @@ import numpy as np
 
 from ampc import _C, amp
 from ampc._arguments import as_int, non_array_error
-from ampc._interop import array_namespace, library_of
+from ampc._interop import array_namespace, is_torch
 
 __all__ = ["Arithmetic", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
 
@@ -372,7 +372,7 @@ def _index_reduction(x, name, dim, keepdim):
     a = _array(x)
     if dim is not None:
         dim = as_int(name, "dim", dim)
-    if library_of(type(a)) == "torch":
+    if is_torch(a):
         return getattr(a, name)(dim=dim, keepdim=keepdim)
     return getattr(a, name)(axis=dim, keepdims=keepdim)
 

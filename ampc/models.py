@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ampc import nn
-from ampc._interop import array_namespace
+from ampc._interop import array_namespace, is_torch
 from ampc.nn import functional as F
 from ampc.nn.modules import _generator
 
@@ -172,7 +172,7 @@ def _positions(idx, t):
     lib = array_namespace(idx)
     if lib is np:
         return np.arange(t)
-    if lib.__name__ == "torch":
+    if is_torch(idx):
         return lib.arange(t, device=idx.device)
     if lib.__name__ == "ampc._array_namespace":
         return lib.arange(t, like=idx)

@@ -96,12 +96,17 @@ static inline PyObject *ampc_take_exception(void)
 #endif
 }
 
-/* The state of the module that defines `type` (for methods of ampc's types). */
-ampc_state *ampc_state_from_type(PyTypeObject *type);
-
 static inline ampc_state *ampc_state_of(PyObject *module)
 {
     return (ampc_state *)PyModule_GetState(module);
+}
+
+/* The state of the module that defines `type` (for methods of ampc's types);
+ * NULL with TypeError if no class in type's MRO comes from ampc._C. */
+static inline ampc_state *ampc_state_from_type(PyTypeObject *type)
+{
+    PyObject *module = PyType_GetModuleByDef(type, &ampc_module_def);
+    return module ? ampc_state_of(module) : NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -117,6 +122,19 @@ int ampc_dtype_from_descr(ampc_state *st, PyArray_Descr *descr);
  * "half", "bf16", ...), or a torch dtype. -1 with TypeError/ValueError naming
  * `argname` on failure. */
 int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dtype *out);
+
+/* torch's dtype as ampc's, read through its str() ("torch.float16"): -1 when
+ * that is not torch's name of a dtype ampc knows, -2 with an exception. */
+int ampc_dtype_of_torch(PyObject *dtype);
+
+/* ------------------------------------------------------------------------ */
+/* The caller's array library (interop.c)                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Whether `type` is torch's: its __module__ is torch or under it (as
+ * ampc._interop.library_of says), or, given a name, it is torch.<name>
+ * itself (__module__ "torch", __name__ `name`). Never raises. */
+int ampc_is_torch_type(PyTypeObject *type, const char *name);
 
 /* ------------------------------------------------------------------------ */
 /* Array views (view.c)                                                      */
@@ -147,28 +165,33 @@ typedef enum {
 int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
                           ampc_access access, ampc_view *view);
 void ampc_view_release(ampc_view *view);
-/* The raised exception's message names an argument `given` (its start):
- * say `name` instead, keeping the type and the rest. Lets loops over many
- * arrays pass a short fixed name and format the real one only on error. */
-void ampc_rename_error(const char *given, const char *name);
 /* The same for an ndarray; `source` is left NULL. */
 int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *view);
-/* "(2, 3)": the shape, as Python writes a tuple. */
-void ampc_shape_str(const ampc_view *v, char *buf, size_t size);
-/* A shape (or strides, with allow_negative) of at most AMPC_MAX_NDIM ints into out: their count,
- * or -1 with TypeError / ValueError naming argname. */
-int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allow_negative);
-/* "cpu" or "cuda:N" */
-const char *ampc_device_str(ampc_device device, char *buf, size_t size);
+/* Hand a result (an ndarray or ampc.Array, stolen) back as the type the
+ * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out. */
+PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source);
+
+/* ------------------------------------------------------------------------ */
+/* Error messages (errors.c)                                                 */
+/* ------------------------------------------------------------------------ */
+
 /* repr(obj) for an error message, or "<T object>" where that repr raises
  * (the message must not turn into the object's own exception). */
 PyObject *ampc_safe_repr(PyObject *obj);
 /* Raise exc with format % (name, safe_repr(obj)): format takes a %s, then a
  * %U. Returns -1. */
 int ampc_raise_with_repr(PyObject *exc, const char *format, const char *name, PyObject *obj);
-/* Hand a result (an ndarray or ampc.Array, stolen) back as the type the
- * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out. */
-PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source);
+/* The raised exception's message names an argument `given` (its start):
+ * say `name` instead, keeping the type and the rest. Lets loops over many
+ * arrays pass a short fixed name and format the real one only on error. */
+void ampc_rename_error(const char *given, const char *name);
+/* "cpu" or "cuda:N" */
+const char *ampc_device_str(ampc_device device, char *buf, size_t size);
+/* "(2, 3)": the shape, as Python writes a tuple. */
+void ampc_shape_str(const ampc_view *v, char *buf, size_t size);
+/* A shape (or strides, with allow_negative) of at most AMPC_MAX_NDIM ints into out: their count,
+ * or -1 with TypeError / ValueError naming argname. */
+int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allow_negative);
 
 /* ------------------------------------------------------------------------ */
 /* ampc.Array (array.c)                                                      */
@@ -201,6 +224,11 @@ PyObject *ampc_array_view_into(ampc_state *st, PyObject *owner, const ampc_view 
 /* Import through the protocol (__dlpack__ / __dlpack_device__) or from a bare
  * capsule; returns a new ampc.Array owning the tensor. */
 PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname, ampc_access access);
+/* The device `obj` lives on, from obj.__dlpack_device__() alone (CPU for a
+ * producer without it): its memory is not asked for. A CUDA device is checked
+ * to be one ampc can use. -1 with BufferError (a malformed answer, a device
+ * ampc does not read; argname names the argument) or the CUDA check's error. */
+int ampc_dlpack_device(ampc_state *st, PyObject *obj, const char *argname, ampc_device *device);
 /* Describe `obj` through its type's DLPack C exchange API, without calling
  * Python: 1 when done, 0 when the type has no usable table (nothing set),
  * -1 with an exception. The view's stream is the producer's current one. */

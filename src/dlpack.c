@@ -66,29 +66,37 @@ static DLDataType dtype_to_dl(ampc_dtype d)
 /* Consumer                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* A DLPack device as ampc's: pinned host memory is the CPU's, managed memory
+ * its GPU's. BufferError naming argname for any other device. */
+static int device_from_dl(DLDevice d, const char *argname, ampc_device *out)
+{
+    switch (d.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost:  /* pinned host memory */
+        *out = (ampc_device){AMPC_DEVICE_CPU, 0};
+        return 0;
+    case kDLCUDA:
+    case kDLCUDAManaged:
+        if (d.device_id < 0) {
+            PyErr_Format(PyExc_BufferError, "%s: DLPack device id %d is negative", argname,
+                         (int)d.device_id);
+            return -1;
+        }
+        *out = (ampc_device){AMPC_DEVICE_CUDA, d.device_id};
+        return 0;
+    default:
+        PyErr_Format(PyExc_BufferError, "%s: DLPack device type %d is not supported (ampc reads "
+                     "CPU and CUDA memory)", argname, (int)d.device_type);
+        return -1;
+    }
+}
+
 /* Check every field of a DLTensor and describe it. BufferError on anything
  * malformed; nothing is consumed here. */
 static int view_from_dltensor(const DLTensor *t, const char *argname, ampc_view *v)
 {
-    switch (t->device.device_type) {
-    case kDLCPU:
-    case kDLCUDAHost:  /* pinned host memory */
-        v->device = (ampc_device){AMPC_DEVICE_CPU, 0};
-        break;
-    case kDLCUDA:
-    case kDLCUDAManaged:
-        if (t->device.device_id < 0) {
-            PyErr_Format(PyExc_BufferError, "%s: DLPack device id %d is negative", argname,
-                         (int)t->device.device_id);
-            return -1;
-        }
-        v->device = (ampc_device){AMPC_DEVICE_CUDA, t->device.device_id};
-        break;
-    default:
-        PyErr_Format(PyExc_BufferError, "%s: DLPack device type %d is not supported (ampc reads "
-                     "CPU and CUDA memory)", argname, (int)t->device.device_type);
+    if (device_from_dl(t->device, argname, &v->device) < 0)
         return -1;
-    }
     const int dtype = dtype_from_dl(t->dtype);
     if (dtype < 0) {
         PyErr_Format(PyExc_BufferError,
@@ -396,19 +404,38 @@ static int producer_device(PyObject *obj, int *type, int *id)
     }
     int ok = PyTuple_Check(dev) && PyTuple_GET_SIZE(dev) == 2;
     if (ok) {
+        /* the items' __index__ may run Python, and the tuple keeps them alive meanwhile */
         const long t = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
-        const long i = PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
+        const long i = t == -1 && PyErr_Occurred() ? -1 : PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
         ok = !PyErr_Occurred() && t >= 0 && t <= INT32_MAX && i >= INT32_MIN && i <= INT32_MAX;
         *type = (int)t;
         *id = (int)i;
     }
     Py_DECREF(dev);
     if (!ok) {
+        /* a MemoryError, KeyboardInterrupt or SystemExit raised by an item's __index__ goes on up */
+        if (PyErr_Occurred() && (PyErr_ExceptionMatches(PyExc_MemoryError) ||
+                                 !PyErr_ExceptionMatches(PyExc_Exception)))
+            return -1;
         PyErr_Clear();
         PyErr_SetString(PyExc_BufferError, "__dlpack_device__() must return a (device_type, "
                         "device_id) tuple of ints");
         return -1;
     }
+    return 0;
+}
+
+int ampc_dlpack_device(ampc_state *st, PyObject *obj, const char *argname, ampc_device *device)
+{
+    int type, id;
+    if (producer_device(obj, &type, &id) < 0)
+        return -1;
+    const DLDevice d = {type, id};
+    if (device_from_dl(d, argname, device) < 0)
+        return -1;
+    /* Before anything asks for the memory or allocates beside it, make sure ampc can use it. */
+    if (device->type == AMPC_DEVICE_CUDA && ampc_cuda_check_device(st, device->index) < 0)
+        return -1;
     return 0;
 }
 
@@ -444,16 +471,12 @@ PyObject *ampc_dlpack_import(ampc_state *st, PyObject *obj, const char *argname,
     if (PyCapsule_CheckExact(obj))
         return import_capsule(st, obj, argname, access, NULL);
 
-    int dev_type, dev_id;
-    if (producer_device(obj, &dev_type, &dev_id) < 0)
+    ampc_device device;
+    if (ampc_dlpack_device(st, obj, argname, &device) < 0)
         return NULL;
-    const int cuda = dev_type == kDLCUDA || dev_type == kDLCUDAManaged;
-    if (cuda) {
-        /* Before asking for the memory, make sure ampc can use it. */
-        if (ampc_cuda_check_device(st, dev_id) < 0)
-            return NULL;
-        stream = ampc_current_stream(dev_id, NULL);
-    }
+    const int cuda = device.type == AMPC_DEVICE_CUDA;
+    if (cuda)
+        stream = ampc_current_stream(device.index, NULL);
 
     kwargs = Py_BuildValue("{s:(ii)}", "max_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
     if (kwargs == NULL)

@@ -95,9 +95,21 @@ static int dtype_from_name(const char *name)
     return -1;
 }
 
-static int is_torch_dtype(PyObject *obj)
+int ampc_dtype_of_torch(PyObject *dtype)
 {
-    return strcmp(Py_TYPE(obj)->tp_name, "torch.dtype") == 0;
+    PyObject *text = PyObject_Str(dtype);
+    if (text == NULL)
+        return -2;
+    const char *name = PyUnicode_AsUTF8(text);
+    int d = -1;
+    if (name != NULL && strncmp(name, "torch.", 6) == 0)
+        d = dtype_from_name(name + 6);
+    else if (name == NULL && PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+        PyErr_Clear();  /* lone surrogates: no name ampc knows */
+    else if (name == NULL)
+        d = -2;
+    Py_DECREF(text);
+    return d;
 }
 
 static int unsupported(PyObject *obj, const char *argname)
@@ -116,35 +128,32 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
         *out = (ampc_dtype)d;
         return 0;
     }
-    if (PyUnicode_Check(obj) || is_torch_dtype(obj)) {
-        /* a str's own characters (a subclass's __str__ may do anything); torch's dtype's name */
-        PyObject *text = PyUnicode_Check(obj) ? Py_NewRef(obj) : PyObject_Str(obj);
-        if (text == NULL)
+    if (ampc_is_torch_type(Py_TYPE(obj), "dtype")) {
+        d = ampc_dtype_of_torch(obj);
+        if (d == -2)
             return -1;
-        const char *name = PyUnicode_AsUTF8(text);
-        if (name == NULL) {
-            Py_DECREF(text);
+        if (d < 0)
+            return unsupported(obj, argname);
+        *out = (ampc_dtype)d;
+        return 0;
+    }
+    if (PyUnicode_Check(obj)) {
+        /* a str's own characters (a subclass's __str__ may do anything) */
+        const char *name = PyUnicode_AsUTF8(obj);
+        if (name == NULL)
             return -1;
-        }
-        const int torch = !PyUnicode_Check(obj);
-        if (torch && strncmp(name, "torch.", 6) == 0)
-            name += 6;
         d = dtype_from_name(name);
         if (d < 0 && strcmp(name, "float") == 0) {
             PyErr_Format(PyExc_ValueError,
                          "%s: 'float' is ambiguous (float32 in torch, float64 in NumPy); "
                          "write 'float32' or 'float64'",
                          argname);
-            Py_DECREF(text);
             return -1;
         }
-        Py_DECREF(text);
         if (d >= 0) {
             *out = (ampc_dtype)d;
             return 0;
         }
-        if (torch)
-            return unsupported(obj, argname);
         /* Other strings NumPy understands: "f2", "<f4", "e", ... */
     }
     if (obj == Py_None) {

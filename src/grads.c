@@ -154,12 +154,11 @@ static int is_sparse(ampc_state *st, PyObject *grad)
 static PyObject *sparse_values(PyObject *param, PyObject *grad, int allow_fp16)
 {
     PyObject *dtype = PyObject_GetAttrString(grad, "dtype");
-    PyObject *name = dtype ? PyObject_Str(dtype) : NULL;
+    const int d = dtype ? ampc_dtype_of_torch(dtype) : -2;
     Py_XDECREF(dtype);
-    if (name == NULL)
+    if (d == -2)
         return NULL;
-    const int half = PyUnicode_CompareWithASCIIString(name, "torch.float16") == 0;
-    Py_DECREF(name);
+    const int half = d == AMPC_FLOAT16;
     PyObject *source = Py_NewRef(grad);
     if (half && allow_fp16) {
         Py_SETREF(source, PyObject_CallMethod(grad, "coalesce", NULL));

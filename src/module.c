@@ -14,12 +14,6 @@
 #include "cpu_features.h"
 #include "parallel.h"
 
-ampc_state *ampc_state_from_type(PyTypeObject *type)
-{
-    PyObject *module = PyType_GetModuleByDef(type, &ampc_module_def);
-    return module ? ampc_state_of(module) : NULL;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Module-level functions                                                    */
 /* ------------------------------------------------------------------------ */

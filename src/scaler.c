@@ -849,21 +849,6 @@ static void Scaler_dealloc(PyObject *op)
 /* scale                                                                     */
 /* ------------------------------------------------------------------------ */
 
-static int is_torch(PyObject *obj)
-{
-    PyObject *module = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__module__");
-    if (module == NULL) {
-        PyErr_Clear();
-        return 0;
-    }
-    const char *name = PyUnicode_Check(module) ? PyUnicode_AsUTF8(module) : NULL;
-    const int torch = name != NULL && strncmp(name, "torch", 5) == 0 && (name[5] == '\0' || name[5] == '.');
-    if (name == NULL)
-        PyErr_Clear();
-    Py_DECREF(module);
-    return torch;
-}
-
 static int is_array(ampc_state *st, PyObject *obj)
 {
     return PyArray_Check(obj) || PyArray_IsScalar(obj, Generic) || ampc_is_array(st, obj) ||
@@ -872,7 +857,7 @@ static int is_array(ampc_state *st, PyObject *obj)
 
 /* The device an array lives on, without asking for its memory (a torch loss
  * that requires grad refuses to be exported). */
-static int array_device(ampc_state *st, PyObject *obj, ampc_device *dev)
+static int array_device(ampc_state *st, PyObject *obj, const char *argname, ampc_device *dev)
 {
     *dev = (ampc_device){AMPC_DEVICE_CPU, 0};
     if (PyArray_Check(obj) || PyArray_IsScalar(obj, Generic))
@@ -881,17 +866,7 @@ static int array_device(ampc_state *st, PyObject *obj, ampc_device *dev)
         *dev = ampc_array_view(obj)->device;
         return 0;
     }
-    PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
-    if (d == NULL)
-        return -1;
-    int type, id;
-    const int ok = PyArg_ParseTuple(d, "ii", &type, &id);
-    Py_DECREF(d);
-    if (!ok)
-        return -1;
-    if (type == 2 || type == 13)
-        *dev = (ampc_device){AMPC_DEVICE_CUDA, id};
-    return 0;
+    return ampc_dlpack_device(st, obj, argname, dev);
 }
 
 /* outputs * scale for one array. torch tensors multiply with torch's own
@@ -901,13 +876,13 @@ static int array_device(ampc_state *st, PyObject *obj, ampc_device *dev)
 static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs)
 {
     ampc_device dev;
-    if (array_device(st, outputs, &dev) < 0)
+    if (array_device(st, outputs, "scale: outputs", &dev) < 0)
         return NULL;
     const int m = memory_for(st, self, dev);
     if (m < 0 || refresh_scale(st, self, m) < 0)
         return NULL;
     float *scale_addr = &self->memory[m].block->scale;
-    if (is_torch(outputs)) {
+    if (ampc_is_torch_type(Py_TYPE(outputs), NULL)) {
         PyObject *scale = as_like(st, float_copy(st, self, m, scale_addr),
                                   (PyTypeObject *)Py_NewRef(Py_TYPE(outputs)));
         if (scale == NULL)
@@ -920,6 +895,13 @@ static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs
     if (ampc_view_from_object(st, outputs, "scale: outputs", AMPC_FOR_READING, &x) < 0)
         return NULL;
     PyObject *result = NULL;
+    if (!same_device(x.device, dev)) {
+        /* the kernel below runs on dev: the CPU's loop must not read GPU memory, nor a GPU's host memory */
+        char said[32], is[32];
+        PyErr_Format(PyExc_BufferError, "scale: outputs: __dlpack_device__() says %s, but its memory is on %s",
+                     ampc_device_str(dev, said, sizeof said), ampc_device_str(x.device, is, sizeof is));
+        goto done;
+    }
     if (!AMPC_DTYPE_IS_FLOAT(x.dtype)) {
         PyErr_Format(PyExc_TypeError, "scale: outputs has dtype %s; a loss is floating",
                      ampc_dtype_names[x.dtype]);
@@ -1392,7 +1374,7 @@ static int set_scale_from(ampc_state *st, ScalerObject *self, PyObject *new_scal
     else if (PyArray_Check(new_scale) || PyArray_IsScalar(new_scale, Generic) || ampc_is_array(st, new_scale) ||
              PyObject_HasAttrString(new_scale, "__dlpack__")) {
         ampc_device dev;
-        if (array_device(st, new_scale, &dev) < 0)
+        if (array_device(st, new_scale, "update: new_scale", &dev) < 0)
             return -1;
         PyObject *rg = PyObject_GetAttrString(new_scale, "requires_grad");
         const int requires_grad = rg != NULL && PyObject_IsTrue(rg) == 1;

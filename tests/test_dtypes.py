@@ -66,6 +66,26 @@ def test_torch_dtypes():
     assert torch.equal(y, x.to(torch.bfloat16))
 
 
+def test_torch_is_recognised_by_its_types_module():
+    """torch's dtype is torch.dtype by module and name (ampc._interop.is_torch's rule, which the C
+    side shares): read through its str(); a class of that name elsewhere in torch is not one."""
+    from ampc._interop import is_torch
+
+    def named(module, name, text):
+        return type(name, (), {"__module__": module, "__str__": lambda self: text})()
+
+    half = named("torch", "dtype", "torch.float16")
+    assert is_torch(half, "dtype") and ampc.as_dtype(half) == ampc.float16
+    assert ampc.as_dtype(named("torch", "dtype", "torch.bfloat16")) == ampc.bfloat16
+    with pytest.raises(TypeError, match="does not support dtype"):
+        ampc.as_dtype(named("torch", "dtype", "torch.complex64"))
+    elsewhere = named("torch.cuda", "dtype", "torch.float16")
+    assert is_torch(elsewhere) and not is_torch(elsewhere, "dtype")
+    with pytest.raises(TypeError, match="is not a dtype"):
+        ampc.as_dtype(elsewhere)
+    assert not is_torch(named("torchvision", "dtype", "torch.float16"))
+
+
 def test_an_interrupt_inside_repr_is_not_swallowed():
     """An error message names the object by its repr, or its type's name when __repr__ fails; a
     KeyboardInterrupt raised in __repr__ is the user's Ctrl-C, not a failure to hide."""

@@ -209,6 +209,36 @@ def test_a_dtype_lookup_keeps_an_interrupt(raised):
         ampc.as_dtype(Ordinary())
 
 
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, MemoryError])
+def test_a_dlpack_device_lookup_keeps_an_interrupt(raised):
+    """__dlpack_device__'s numbers are read through their __index__; a Ctrl-C or MemoryError raised
+    there went into "must return a (device_type, device_id) tuple" (BufferError). An ordinary
+    error still does."""
+    class Index:
+        def __init__(self, error):
+            self.error = error
+
+        def __index__(self):
+            raise self.error
+
+    class Producer:
+        def __init__(self, error):
+            self.error = error
+
+        def __dlpack_device__(self):
+            return (1, Index(self.error))
+
+        def __dlpack__(self, **kwargs):
+            raise AssertionError("must not be called")
+
+    with pytest.raises(raised):
+        ampc.cast(Producer(raised), np.float16)
+    with pytest.raises(raised):
+        ampc.GradScaler("cpu").scale(Producer(raised))
+    with pytest.raises(BufferError, match="__dlpack_device__"):
+        ampc.cast(Producer(ValueError("no index here")), np.float16)
+
 # --------------------------------------------------------------------------------------------
 # Version counting: every in-place write ampc makes to a Parameter counts, so autocast's
 # weight-cast cache never hands out the cast of the values before it

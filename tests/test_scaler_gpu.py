@@ -74,6 +74,31 @@ def test_scale_keeps_the_graph():
     assert s.scale(torch.ones(2, dtype=torch.float16, device="cuda")).dtype == torch.float16
 
 
+class Misplaced:
+    """A producer whose __dlpack_device__ names one device while its capsule holds memory on the other."""
+
+    def __init__(self, tensor, device):
+        self.tensor, self.device = tensor, device
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, **kwargs):
+        kwargs.pop("stream", None)  # asked for the claimed device's stream
+        return self.tensor.__dlpack__(**kwargs)
+
+
+@pytest.mark.parametrize("memory,claimed", [("cuda", (1, 0)), ("cpu", (2, 0))], ids=["gpu memory", "host memory"])
+def test_scale_refuses_a_producer_whose_device_and_memory_disagree(memory, claimed):
+    """Before: scale() ran the claimed device's kernel on the other's memory: the CPU loop read GPU
+    memory (a segmentation fault), a GPU kernel host memory."""
+    s = ampc.GradScaler("cpu" if claimed[0] == 1 else "cuda", init_scale=4.0)
+    with pytest.raises(BufferError, match="__dlpack_device__\\(\\) says"):
+        s.scale(Misplaced(torch.full((), 2.0, device=memory), claimed))
+    loss = torch.full((), 2.0, device="cpu" if claimed[0] == 1 else "cuda")
+    assert float(torch.from_dlpack(s.scale(Misplaced(loss, claimed)))) == 8.0  # an honest one still scales
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
 @pytest.mark.parametrize("bad", [None, float("inf"), float("nan")])

@@ -75,6 +75,51 @@ def test_a_list_changed_while_it_is_scaled():
     assert [float(np.asarray(v)) for v in out] == [2.0, 4.0, 6.0]
 
 
+class Claims:
+    """A float32 scalar in CPU memory whose __dlpack_device__ answers `device`."""
+
+    def __init__(self, device):
+        self.array, self.device = np.array(3.0, np.float32), device
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+
+@pytest.mark.parametrize("device,match", [
+    ("cpu", r"__dlpack_device__\(\) must return"),  # SystemError before (PyArg_ParseTuple on a str)
+    ((1,), r"__dlpack_device__\(\) must return"),  # TypeError before
+    ((1, 2**40), r"__dlpack_device__\(\) must return"),  # OverflowError before
+    ((4, 0), "scale: outputs: DLPack device type 4 is not supported"),  # scaled as CPU memory before
+    ((2, -1), "scale: outputs: DLPack device id -1 is negative"),  # a crash before, without ampc._cuda
+], ids=["str", "1-tuple", "huge id", "OpenCL", "negative id"])
+def test_scale_reads_the_device_as_dlpack_import_does(device, match):
+    """scale() read __dlpack_device__ with its own parse (any type but 2 and 13 was the CPU, ids
+    unchecked); it now shares dlpack.c's, whose errors ampc.cast gives for the same object."""
+    s = ampc.GradScaler("cpu", init_scale=4.0)
+    with pytest.raises(BufferError, match=match):
+        s.scale(Claims(device))
+    with pytest.raises(BufferError, match=match.replace("scale: outputs", "x")):
+        ampc.cast(Claims(device), np.float16)
+    assert s.scale(np.float32(1)) == 4.0
+
+
+@pytest.mark.skipif(ampc.cuda.is_available(), reason="the check refuses only where ampc has no GPU")
+@pytest.mark.parametrize("device", [(2, 0), (13, 0)])
+def test_scale_of_an_output_on_a_gpu_ampc_cannot_use(device):
+    """Before: the scale's memory was allocated on that GPU through ampc._cuda's table, which was
+    never loaded (a NULL pointer call: segmentation fault)."""
+    s = ampc.GradScaler("cpu", init_scale=4.0)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        s.scale(Claims(device))
+    assert s.scale(np.float32(1)) == 4.0
+    with pytest.raises(RuntimeError, match="CUDA"):  # AssertionError (wrong device) before
+        s.update(Claims(device))
+    assert s.get_scale() == 4.0
+
+
 # -- 2, 3. re-entrant calls -----------------------------------------------------------------------
 
 def test_an_optimizer_whose_step_calls_update():

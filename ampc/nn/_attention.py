@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from ampc import _C, random
-from ampc._interop import array_namespace
+from ampc._interop import array_namespace, is_torch
 from ampc.amp import autocast_op
 from ampc.nn._common import OPS as _OPS, acc_dtype as _acc, floating_dtype, numel as _numel
 from ampc.nn._embedding import _check_p, dropout_backward
@@ -82,7 +82,7 @@ def _additive_mask(attn_mask):
     lib = array_namespace(attn_mask)
     if not hasattr(lib, "where"):  # ampc's own arrays (a Module's parameters on a GPU): float masks as they are
         return attn_mask, None
-    torch = lib.__name__ == "torch"
+    torch = is_torch(attn_mask)
     zero = 0.0 if torch else lib.zeros((), dtype=lib.float32)
     mask = lib.where(attn_mask, zero, -math.inf) if str(attn_mask.dtype) in ("bool", "torch.bool") else attn_mask
     blocked = mask == -math.inf

@@ -3,7 +3,7 @@
 
 from ampc import _C, random
 from ampc._arguments import as_int
-from ampc._interop import array_namespace, library_of
+from ampc._interop import array_namespace, is_torch, library_of
 from ampc.nn._common import OPS, in_place, is_number, numel as _numel, shape_of as _shape_of
 
 
@@ -94,7 +94,7 @@ def _index_counts(input, n):
     scale), as an (n, 1) integer array of input's library."""
     lib = array_namespace(input)
     flat = lib.reshape(input, (-1,))
-    if lib.__name__ == "torch":
+    if is_torch(input):
         counts = lib.bincount(flat, minlength=n)
     elif lib.__name__.startswith("jax"):
         counts = lib.bincount(flat, length=n)

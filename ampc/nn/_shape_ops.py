@@ -9,7 +9,7 @@ torch's promote list: under autocast their floating inputs meet in the widest dt
 import math
 
 from ampc._arguments import as_int, as_ints
-from ampc._interop import array_namespace
+from ampc._interop import array_namespace, is_torch
 from ampc.amp import autocast_op
 from ampc.nn._common import result_type, shape_of
 
@@ -61,7 +61,7 @@ def permute(input, dims):
     if sorted(dims) != list(range(nd)):
         raise ValueError(f"permute: dims {dims} are not a permutation of the input's {nd} dimensions")
     lib = array_namespace(input)
-    return lib.permute(input, dims) if lib.__name__ == "torch" else lib.transpose(input, dims)
+    return lib.permute(input, dims) if is_torch(input) else lib.transpose(input, dims)
 
 
 def permute_backward(grad_output, dims):
@@ -131,7 +131,7 @@ def _joined(op, arrays, dim, dtypes):
     in torch's promotion of dtypes (torch's own functions promote so; NumPy would make float32 with
     int32 float64, and ampc's own arrays took the first array's dtype)."""
     lib = array_namespace(arrays[0])
-    if lib.__name__ == "torch":
+    if is_torch(arrays[0]):
         return getattr(lib, op)(arrays, dim)
     return getattr(lib, "concatenate" if op == "cat" else "stack")(arrays, dim, dtype=result_type(op, dtypes))
 

@@ -13,6 +13,7 @@ import operator
 import numpy as np
 
 from ampc import _C, _array_namespace, random
+from ampc._interop import is_torch
 from ampc.autograd import Arithmetic
 from ampc.nn import functional as F
 from ampc.nn import _embedding
@@ -368,7 +369,7 @@ def _device_index(device):
     else:
         if isinstance(device, str):
             text = str.__str__(device)  # the characters, whatever a subclass's __str__ does
-        elif type(device).__module__ == "torch" and type(device).__name__ == "device":
+        elif is_torch(device, "device"):
             text = str(device)
         else:
             raise TypeError(f"to: device must be a str, an int or a torch.device, got {type(device).__name__}")
