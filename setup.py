@@ -58,18 +58,42 @@ def compiler_is_gcc():
 # size limit forbids for a loop that long (measured: scalar code, AdamW at half the memory speed).
 if compiler_is_gcc():
     FP.append("--param=max-unswitch-insns=200")
-# Per-file nvcc options.
+# The folders each extension module is built from (their files, subfolders too). A folder that
+# does not exist adds nothing: issue 51 moves the contract into kernels/ and the CPU kernels into
+# cpu/ one step at a time.
+FOLDERS = {"ampc._C": ("src", "cpu", "kernels"), "ampc._cuda": ("cuda",)}
+SOURCE_SUFFIXES = {"ampc._C": (".c",), "ampc._cuda": (".c", ".cu")}
+HEADER_SUFFIXES = (".h", ".inc", ".cuh")
+# Per-file nvcc options, by path. A key that names no source of ampc._cuda fails the build (below):
+# renamed silently, cuda/optim.cu would lose --fmad=false and its bit equality with the CPU.
 NVCC_FILE_FLAGS = {"cuda/optim.cu": ["--fmad=false"]}
 
 
-def sources(folder, *suffixes):
-    return sorted(
-        os.path.join(folder, f) for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(suffixes)
-    )
+def files(folders, suffixes):
+    """The files under `folders` ending in one of `suffixes`, as sorted paths relative to the root."""
+    found = []
+    for folder in folders:
+        for parent, dirs, names in os.walk(os.path.join(ROOT, folder)):
+            dirs.sort()
+            found += [os.path.relpath(os.path.join(parent, f), ROOT).replace(os.sep, "/")
+                      for f in names if f.endswith(suffixes)]
+    return sorted(found)
+
+
+def sources(module):
+    return files(FOLDERS[module], SOURCE_SUFFIXES[module])
 
 
 def headers():
-    return [os.path.join(ROOT, p) for p in sources("src", ".h", ".inc") + sources("cuda", ".h", ".cuh")]
+    """Every header of both modules: each Extension's depends, and what nvcc() checks a .cu
+    object against (a header it does not list leaves stale objects behind)."""
+    return [os.path.join(ROOT, p) for p in files([f for fs in FOLDERS.values() for f in fs], HEADER_SUFFIXES)]
+
+
+_unknown = sorted(set(NVCC_FILE_FLAGS) - set(sources("ampc._cuda")))
+if _unknown:
+    sys.exit(f"setup.py: NVCC_FILE_FLAGS names {_unknown}, which are not sources of ampc._cuda: "
+             "move the flags to the file's new path")
 
 
 def find_cuda():
@@ -173,8 +197,9 @@ class BuildExt(build_ext):
 
 core = Extension(
     "ampc._C",
-    sources=sources("src", ".c"),
-    include_dirs=["src", "cuda", numpy.get_include()],
+    sources=sources("ampc._C"),
+    # "." (the root): an include written with its folder ("kernels/dtypes.h") resolves from anywhere
+    include_dirs=["src", "cuda", ".", numpy.get_include()],
     extra_compile_args=["-std=gnu11"] + WARNINGS + OPT + FP + SANITIZE,
     extra_link_args=SANITIZE,
     depends=headers(),
@@ -193,8 +218,8 @@ if want_cuda != "0":
         extensions.append(
             Extension(
                 "ampc._cuda",
-                sources=sources("cuda", ".c", ".cu"),
-                include_dirs=["src", "cuda"] + cuda_includes,
+                sources=sources("ampc._cuda"),
+                include_dirs=["src", "cuda", "."] + cuda_includes,
                 library_dirs=cuda_libs,
                 runtime_library_dirs=cuda_libs,
                 libraries=["cudart_static", "cublasLt", "cudnn", "rt", "dl", "pthread"],

@@ -4,7 +4,9 @@
  * prototypes that files share, grouped by the file that defines them.
  *
  * The plain-C parts (layout.h, cast_cpu.h, parallel.h, fp_formats.h) know
- * nothing about Python and are included where needed.
+ * nothing about Python and are included where needed. So is ampc._cuda's
+ * table (ampc_cuda.h): only the files that call through st->cuda include
+ * it, so the rest of src/ does not see the CUDA backend at all.
  */
 #ifndef AMPC_H
 #define AMPC_H
@@ -22,12 +24,13 @@
 #include <numpy/arrayobject.h>
 
 #include "ampc_types.h"
-#include "ampc_cuda.h"
 #include "layout.h"
 
 /* ------------------------------------------------------------------------ */
 /* Module state (module.c)                                                   */
 /* ------------------------------------------------------------------------ */
+
+struct ampc_cuda_api;  /* ampc_cuda.h */
 
 typedef struct {
     PyTypeObject *array_type;                  /* ampc.Array */
@@ -48,7 +51,7 @@ typedef struct {
     PyTypeObject *scaler_type;                 /* ampc.GradScaler */
     PyObject *oom_error;                       /* ampc.OutOfMemoryError */
     /* ampc._cuda, loaded on first use (cuda_backend.c) */
-    const ampc_cuda_api *cuda;
+    const struct ampc_cuda_api *cuda;
     PyObject *cuda_module;
     PyObject *cuda_load_error;                 /* why it could not be loaded */
     int cuda_device_count;                     /* -1 until asked */

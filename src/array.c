@@ -15,6 +15,7 @@
 #include "ampc.h"
 
 #include <structmember.h>
+#include "ampc_cuda.h"
 #include "dlpack.h"
 
 typedef struct {

@@ -9,6 +9,7 @@
 #include "ampc.h"
 
 #include <stdio.h>
+#include "ampc_cuda.h"
 #include "dlpack.h"
 
 #define BUILD_HINT                                                                          \

@@ -15,6 +15,7 @@
 #include "ampc.h"
 
 #include <string.h>
+#include "ampc_cuda.h"
 #include "dlpack.h"
 
 /* ------------------------------------------------------------------------ */

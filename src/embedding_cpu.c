@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "fpenv.h"
-#include "ops.h"
+#include "cpu_kernels.h"
 #include "ops_cpu_io.h"
 #include "parallel.h"
 #include "philox.h"

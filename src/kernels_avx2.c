@@ -10,7 +10,7 @@
  * driver runs under the default MXCSR (nearest even, no flush to zero).
  */
 #include "cast_cpu.h"
-#include "unscale.h"
+#include "cpu_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC target("avx2,f16c,fma")

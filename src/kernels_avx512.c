@@ -4,7 +4,7 @@
  * simd_avx512.h.
  */
 #include "cast_cpu.h"
-#include "unscale.h"
+#include "cpu_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")

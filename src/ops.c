@@ -12,6 +12,8 @@
  */
 #include "ampc.h"
 
+#include "ampc_cuda.h"
+#include "cpu_kernels.h"
 #include "ops.h"
 #include "ops_args.h"
 

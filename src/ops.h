@@ -1,7 +1,8 @@
 /*
  * ops.h: the kernels behind ampc.nn.functional, as the CPU (ops_cpu.c) and
  * CUDA (cuda/ops.cu, cuda/gemm.c) code see them. Plain C, shared with
- * ampc._cuda through ampc_cuda.h.
+ * ampc._cuda through ampc_cuda.h. The entry points that take them are each
+ * backend's: cpu_kernels.h, and ampc_cuda.h's table.
  *
  * A handful of kernel families serve every op: the Python layer composes
  * them (linear's backward is two matrix products and a reduction).
@@ -483,37 +484,6 @@ static inline AMPC_HOST_DEVICE int64_t ampc_pool_divisor(const ampc_pool *pl, in
 typedef struct {
     ampc_pool pool;  /* y holds dy, x receives dx */
 } ampc_pool_backward;
-
-/* ------------------------------------------------------------------------ */
-/* CPU kernels (ops_cpu.c): plain C, split across ampc's threads; the       */
-/* caller releases the GIL. 0, or -1 when out of memory (nothing written).  */
-/* ------------------------------------------------------------------------ */
-
-int ampc_cpu_elementwise(const ampc_ew *e);
-int ampc_cpu_softmax(const ampc_softmax *s);
-int ampc_cpu_softmax_backward(const ampc_softmax_backward *s);
-int ampc_cpu_layer_norm(const ampc_layer_norm *l);
-int ampc_cpu_layer_norm_backward(const ampc_layer_norm_backward *l);
-int ampc_cpu_reduce(const ampc_reduce *r);
-int ampc_cpu_cross_entropy(const ampc_cross_entropy *c);
-int ampc_cpu_cross_entropy_backward(const ampc_cross_entropy_backward *c);
-/* spatial_cpu.c. The convolution's matrix product is NumPy's: the CPU
- * kernels lower to and from columns. im2col: the columns of images
- * [n0, n0 + images) of x in the accumulation dtype, for each image i and
- * group g a (c / groups) * r * s by p * q matrix (a row per filter tap, the
- * output positions in order along it) at col + i * col_strides[0] +
- * g * col_strides[1], rows col_strides[2] apart (elements); col2im: the
- * data gradient of those images from such columns, rounded once into x. */
-int ampc_cpu_im2col(const ampc_conv *cv, int64_t n0, int64_t images, void *col, const int64_t col_strides[3]);
-int ampc_cpu_col2im(const ampc_conv *cv, int64_t n0, int64_t images, const void *col, const int64_t col_strides[3]);
-int ampc_cpu_batch_norm(const ampc_batch_norm *b);
-int ampc_cpu_batch_norm_backward(const ampc_batch_norm_backward *b);
-int ampc_cpu_pool(const ampc_pool *p);
-int ampc_cpu_pool_backward(const ampc_pool_backward *p);
-/* embedding_cpu.c: indices already checked to lie in [0, num). */
-int ampc_cpu_embedding(const ampc_embedding *e);
-int ampc_cpu_embedding_backward(const ampc_embedding_backward *e);
-int ampc_cpu_dropout(const ampc_dropout *d);
 
 #ifdef __cplusplus
 }

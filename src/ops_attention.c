@@ -21,6 +21,7 @@
 
 #include <math.h>
 
+#include "ampc_cuda.h"
 #include "ops.h"
 #include "ops_args.h"
 

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "fpenv.h"
-#include "ops.h"
+#include "cpu_kernels.h"
 #include "cast_cpu.h"
 #include "ops_cpu_io.h"
 #include "parallel.h"

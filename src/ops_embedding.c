@@ -9,6 +9,8 @@
 
 #include <math.h>
 
+#include "ampc_cuda.h"
+#include "cpu_kernels.h"
 #include "ops.h"
 #include "ops_args.h"
 

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ampc_cuda.h"
+#include "cpu_kernels.h"
 #include "ops.h"
 #include "ops_args.h"
 

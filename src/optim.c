@@ -22,6 +22,8 @@
 
 #include <math.h>
 #include <string.h>
+#include "ampc_cuda.h"
+#include "cpu_kernels.h"
 #include "optim.h"
 
 /* Everything one step reads, checked, and the refs the kernels take. */

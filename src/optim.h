@@ -1,6 +1,7 @@
 /*
  * optim.h: the fused optimizer steps of ampc.optim, as the CPU and CUDA
- * kernels see them. Plain C, shared with ampc._cuda.
+ * kernels see them. Plain C, shared with ampc._cuda. The entry points that
+ * take them are each backend's: cpu_kernels.h, and ampc_cuda.h's table.
  *
  * One step updates a list of parameters at once: one pass over each
  * parameter, its gradient and its state, in torch's formulas (the element
@@ -54,14 +55,6 @@ typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     int amsgrad, maximize, decoupled;   /* decoupled: AdamW's weight decay */
 } ampc_adam_config;
-
-/* CPU kernels (optim_cpu.c), split across ampc's threads. grad_scale and
- * found_inf may be NULL. Return 1 if the step ran, 0 if found_inf skipped
- * it, -1 (nothing changed) when out of memory for the bookkeeping. */
-int ampc_sgd_cpu(const ampc_optim_ref *refs, int64_t n, const ampc_sgd_config *c, const float *grad_scale,
-                 const float *found_inf);
-int ampc_adam_cpu(const ampc_optim_ref *refs, int64_t n, const ampc_adam_config *c, const float *grad_scale,
-                  const float *found_inf);
 
 #ifdef __cplusplus
 }

@@ -8,7 +8,7 @@
  * float32 and float64 directly (the compiler vectorises them), float16 and
  * bfloat16 through float32 with fp_formats.h's rounding, as the GPU does.
  */
-#include "optim.h"
+#include "cpu_kernels.h"
 #include "optim_math.h"
 
 #include <stdlib.h>

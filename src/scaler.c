@@ -36,9 +36,10 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include "ampc_cuda.h"
+#include "cpu_kernels.h"
 #include "grads.h"
 #include "scaler_rule.h"
-#include "unscale.h"
 
 enum { READY = 0, UNSCALED = 1, STEPPED = 2 };
 

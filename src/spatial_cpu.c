@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "fpenv.h"
-#include "ops.h"
+#include "cpu_kernels.h"
 #include "ops_cpu_io.h"
 #include "parallel.h"
 

@@ -9,7 +9,7 @@
  * the threads, so it is reproducible bit for bit. Strided gradients are
  * walked on the calling thread.
  */
-#include "unscale.h"
+#include "cpu_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>

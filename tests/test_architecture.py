@@ -35,8 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The lists. Rows are sorted, one per line, no comments inside: the script prints them this way.
 # ---------------------------------------------------------------------------------------------
 
-# (including file, included file). src/ampc.h's row goes with plan step D1, the cuda/ -> src/ rows
-# with D3 (the contract moves to kernels/).
+# (including file, included file). The cuda/ -> src/ rows go with plan step D3 (the contract moves
+# to kernels/). The src/ -> cuda/ampc_cuda.h rows are the files that call ampc._cuda's table
+# (st->cuda->, AMPC_RUN_CUDA) and its loader; they go with step E (one backend table, E7 deletes
+# ampc_cuda.h).
 ALLOWED_INCLUDES = [
     ("cuda/ampc_cuda.h", "src/ampc_types.h"),
     ("cuda/ampc_cuda.h", "src/layout.h"),
@@ -54,7 +56,17 @@ ALLOWED_INCLUDES = [
     ("cuda/scaler.cu", "src/scaler_rule.h"),
     ("cuda/scaler.cu", "src/unscale.h"),
     ("cuda/strided.cuh", "src/layout.h"),
-    ("src/ampc.h", "cuda/ampc_cuda.h"),
+    ("src/array.c", "cuda/ampc_cuda.h"),
+    ("src/cast.c", "cuda/ampc_cuda.h"),
+    ("src/cuda_backend.c", "cuda/ampc_cuda.h"),
+    ("src/dlpack.c", "cuda/ampc_cuda.h"),
+    ("src/ops.c", "cuda/ampc_cuda.h"),
+    ("src/ops_attention.c", "cuda/ampc_cuda.h"),
+    ("src/ops_embedding.c", "cuda/ampc_cuda.h"),
+    ("src/ops_gemm.c", "cuda/ampc_cuda.h"),
+    ("src/ops_spatial.c", "cuda/ampc_cuda.h"),
+    ("src/optim.c", "cuda/ampc_cuda.h"),
+    ("src/scaler.c", "cuda/ampc_cuda.h"),
 ]
 
 # Strongly connected components of the module-level import graph, each as its sorted modules.
@@ -76,10 +88,11 @@ ALLOWED_GLOBALS_REWRITES = [
 # The build, as far as the checks need it (test_the_model_matches_setup_py holds them to it).
 # ---------------------------------------------------------------------------------------------
 
-C_FOLDERS = ("src", "cpu", "kernels", "cuda")
+C_FOLDERS = ("src", "cpu", "kernels", "cuda")  # setup.py's FOLDERS, both modules'
 C_SUFFIXES = (".c", ".h", ".cu", ".cuh", ".inc")
-# A quoted include is looked for beside the including file, then in setup.py's include_dirs ("src",
-# "cuda"), then at the root, where an include written with its folder ("kernels/dtypes.h") resolves.
+# A quoted include is looked for beside the including file, then in setup.py's include_dirs in their
+# order: "src", "cuda", then the root, where an include written with its folder ("kernels/dtypes.h")
+# resolves.
 INCLUDE_DIRS = ("src", "cuda", ".")
 # Each layer and the layers it may include.
 MAY_INCLUDE = {
@@ -360,15 +373,23 @@ def test_every_quoted_include_names_a_file_of_the_tree():
 
 
 def test_the_model_matches_setup_py():
-    """The include dirs and extension modules assumed here are setup.py's Extension()s'."""
+    """The folders, include dirs and extension modules assumed here are setup.py's: its FOLDERS
+    table and its Extension()s' include_dirs (the written ones, in their order)."""
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
-        calls = [node for node in ast.walk(ast.parse(f.read()))
-                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Extension"]
+        tree = ast.parse(f.read())
+    calls = [node for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Extension"]
     names = {call.args[0].value for call in calls}
-    dirs = {node.value for call in calls for keyword in call.keywords if keyword.arg == "include_dirs"
-            for node in ast.walk(keyword.value) if isinstance(node, ast.Constant)}
+    dirs = [tuple(node.value for node in ast.walk(keyword.value) if isinstance(node, ast.Constant))
+            for call in calls for keyword in call.keywords if keyword.arg == "include_dirs"]
+    folders = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+               and [getattr(t, "id", None) for t in node.targets] == ["FOLDERS"]]
     assert names == set(EXTENSIONS)
-    assert dirs and dirs <= set(INCLUDE_DIRS), f"setup.py's include_dirs {sorted(dirs)}: update INCLUDE_DIRS"
+    assert len(dirs) == len(EXTENSIONS) and all(d == INCLUDE_DIRS for d in dirs), \
+        f"setup.py's include_dirs {dirs}: update INCLUDE_DIRS"
+    assert len(folders) == 1 and set(folders[0]) == set(EXTENSIONS), "setup.py's FOLDERS: one folder list a module"
+    assert sorted(f for listed in folders[0].values() for f in listed) == sorted(C_FOLDERS), \
+        f"setup.py's FOLDERS {folders[0]}: update C_FOLDERS"
 
 
 def test_the_script_prints_the_lists_as_they_stand(capsys):

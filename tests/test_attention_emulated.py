@@ -39,8 +39,8 @@ def _run_on_the_model(program, tmp_path, seed, includes=()):
     build = subprocess.run(
         ["g++", "-std=c++20", "-O1", "-g", "-pthread", *_sanitizers(), "-Wall", "-Wextra", "-Werror",
          "-Wno-unknown-pragmas", *(f"-I{os.path.join(HERE, d)}" for d in includes), f"-I{HERE}",
-         f"-I{os.path.join(ROOT, 'src')}", f"-I{os.path.join(ROOT, 'cuda')}", os.path.join(HERE, f"{program}.cpp"),
-         "-o", str(exe)], capture_output=True, text=True, env=CLEAN_ENV)
+         *(f"-I{os.path.join(ROOT, d)}" for d in ("src", "cuda", ".")),  # setup.py's include_dirs
+         os.path.join(HERE, f"{program}.cpp"), "-o", str(exe)], capture_output=True, text=True, env=CLEAN_ENV)
     assert build.returncode == 0, build.stderr[-4000:]
     run = subprocess.run([str(exe), str(seed)], capture_output=True, text=True, env=CLEAN_ENV, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr[-4000:]
