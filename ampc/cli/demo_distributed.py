@@ -203,6 +203,12 @@ def _alone_then_together_steps(steps_of, world, alone, inject_at=0):
     return timing[0], timing[1], _each_rank(world, final)
 
 
+def _rate(samples_per_second):
+    """One decimal, or two significant digits below 1 (a batch-1 GPT-2 step on a busy CPU takes
+    seconds: 0.08 samples/s is not 0.1, nor 0.0)."""
+    return f"{samples_per_second:.1f}" if samples_per_second >= 1 else f"{samples_per_second:.2g}"
+
+
 def _synthetic_table(args, rows, size, engine):
     """Rank 0's table of the synthetic runs: rows of (library, one rank's seconds, N ranks', finals)."""
     kind, batch = args.model, _batch(args)
@@ -219,8 +225,8 @@ def _synthetic_table(args, rows, size, engine):
         agree = _agree(finals)
         status |= not agree
         scale, skipped, _ = finals[0]
-        print(f"| {library} | 1 | {1e3 * single:.1f} | {batch / single:.1f} | — | — | — | — |")
-        print(f"| {library} | {size} | {1e3 * together:.1f} | {size * batch / together:.1f} | "
+        print(f"| {library} | 1 | {1e3 * single:.1f} | {_rate(batch / single)} | — | — | — | — |")
+        print(f"| {library} | {size} | {1e3 * together:.1f} | {_rate(size * batch / together)} | "
               f"{single / together:.3f} | {int(skipped)} | {scale:g} | {'yes' if agree else 'NO'} |")
     if len(rows) == 2:
         print(f"torch's step time / ampc's: {rows[1][1] / rows[0][1]:.2f}x on 1 rank, "
