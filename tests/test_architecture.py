@@ -9,9 +9,9 @@ C, the two extension modules (issue 51's target shape):
     src/      the Python-facing C (module, types, argument parsing, dispatch): src/ and kernels/;
               cpu/ only through a listed include, until the backend table replaces them
 Python, one direction: ampc._C <- core (amp, optim, random, ...) <- autograd <- nn <- models <- the
-CLI and demo. What keeps it one direction is checked: no cycle among module-level imports, no import
-of an ampc module inside a function (the usual way to dodge a cycle), no module that rewrites its
-own globals.
+CLI and demo. What keeps it one direction is checked: no import reaches a higher layer, no cycle
+among module-level imports, no import of an ampc module inside a function (the usual way to dodge a
+cycle), no module that rewrites its own globals.
 
 Why: an op, a dtype or a backend then lives in one place. A backend builds against kernels/ alone,
 src/ can change without a backend seeing it, and a reader can take the tree bottom up.
@@ -84,6 +84,10 @@ ALLOWED_FUNCTION_IMPORTS = [
 ALLOWED_GLOBALS_REWRITES = [
 ]
 
+# (importing module, imported module) where the import goes up the Python layers (PYTHON_LAYERS).
+ALLOWED_UPWARD_IMPORTS = [
+]
+
 # ---------------------------------------------------------------------------------------------
 # The build, as far as the checks need it (test_the_model_matches_setup_py holds them to it).
 # ---------------------------------------------------------------------------------------------
@@ -107,6 +111,16 @@ EXTENSIONS = ("ampc._C", "ampc._cuda")  # modules built from C: they import no P
 # The command line's entry module loads each command's modules only when that command runs, by design
 # (ampc/__main__.py is a shim that imports it at its top).
 LAZY_BY_RULE = ("ampc.cli.main",)
+
+# The Python layers above the core, lowest first, each by its modules' prefixes: a module imports
+# from its own layer and those below it. The core is every module not named here (amp, optim,
+# random, _interop, ...), just above ampc._C; the package's __init__ imports them all by design.
+PYTHON_LAYERS = (
+    ("autograd", ("ampc.autograd",)),
+    ("nn", ("ampc.nn",)),
+    ("models", ("ampc.models", "ampc.distributed")),
+    ("cli", ("ampc.cli", "ampc.__main__")),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,6 +310,21 @@ def function_imports(root):
     return sorted({row for row in python_imports(root) if row[1] is not None and row[0] not in LAZY_BY_RULE})
 
 
+def python_layer(module):
+    """The module's place in PYTHON_LAYERS: 0 for the core, 1 for autograd, and so on up."""
+    place = 0
+    for rank, (_, prefixes) in enumerate(PYTHON_LAYERS, 1):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            place = rank
+    return place
+
+
+def upward_imports(root):
+    """(importer, imported module) for the imports, at any depth, that reach a higher layer."""
+    return sorted({(importer, target) for importer, _, target in python_imports(root)
+                   if importer != PACKAGE and python_layer(target) > python_layer(importer)})
+
+
 def rewrites_globals(tree):
     """Whether code calls a method of globals() that changes it (update, setdefault, pop, ...) or
     assigns or deletes an item of it. Reading it (globals().items()) is fine."""
@@ -332,6 +361,8 @@ LISTS = {
     "ALLOWED_FUNCTION_IMPORTS": (function_imports, "an ampc module is imported at the top of a module, "
                                  "not inside a function (the CLI excepted)"),
     "ALLOWED_GLOBALS_REWRITES": (globals_rewrites, "no module rewrites its own globals()"),
+    "ALLOWED_UPWARD_IMPORTS": (upward_imports, "imports go down the layers: core <- "
+                               + " <- ".join(name for name, _ in PYTHON_LAYERS)),
 }
 
 
@@ -462,6 +493,7 @@ def test_planted_python_violations_are_reported(tmp_path):
         ("ampc.nn.other", "f", "ampc.core"),
     ]
     assert globals_rewrites(tmp_path) == ["ampc.rewrites"]
+    assert upward_imports(tmp_path) == [("ampc.core", "ampc.nn.layers")]  # and the CLI's import of core goes down
     assert rewrites_globals(ast.parse("globals().update(OPS)"))
 
 
