@@ -40,7 +40,7 @@ if os.environ.get("AMPC_SANITIZE") == "1":
     SANITIZE = ["-fsanitize=address,undefined,float-cast-overflow",
                 "-fno-sanitize-recover=undefined,float-cast-overflow", "-fno-omit-frame-pointer"]
     OPT = ["-O1", "-g", "-UNDEBUG"]
-# A multiply and an add stay two roundings: the optimizer steps (src/optim_math.h) give the
+# A multiply and an add stay two roundings: the optimizer steps (kernels/optim_math.h) give the
 # same bits on the CPU and the GPU only if neither compiler fuses them. No trapping maths: the
 # kernels run with every exception masked (src/fpenv.h), so the compiler may compute both sides
 # of a select, which is what lets it vectorise the optimizer loops; and no errno from sqrt,

@@ -7,7 +7,7 @@ divides the gradients by the scale itself and skips itself when an inf or NaN wa
 reading both where the kernel runs, so a GPU step never waits for the host.
 
 The element arithmetic is that of torch's fused optimizers (``fused=True``); see
-src/optim_math.h. One difference on purpose: SGD's ``maximize`` negates the gradient before
+kernels/optim_math.h. One difference on purpose: SGD's ``maximize`` negates the gradient before
 the weight decay, as torch's documented algorithm and its foreach/for-loop SGD do (torch's
 fused SGD applies it to the update instead, which differs when weight_decay is not zero).
 """
@@ -273,7 +273,7 @@ class SGD(Optimizer):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         # Parameters whose momentum buffer was created but whose first step may not have run
         # (a GradScaler may have skipped it on the device): a float32 flag on the parameter's
-        # device, 0 until a step runs. See src/optim.h.
+        # device, 0 until a step runs. See kernels/optim_descriptors.h.
         self._firsts = {}
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))

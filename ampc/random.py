@@ -1,6 +1,6 @@
 """ampc.random: the random numbers ampc's kernels draw (dropout), named as torch's.
 
-One Philox4x32-10 stream (src/philox.h) for the process, shared by the CPU and every GPU: a draw
+One Philox4x32-10 stream (kernels/philox.h) for the process, shared by the CPU and every GPU: a draw
 of n numbers takes the next ceil(n / 4) counters after the seed's, so a program that seeds and
 then makes the same calls gets the same masks on the CPU and the GPU. torch keeps a generator per
 device; here a draw is the same bits wherever it runs, which is what a CPU-vs-GPU check wants.

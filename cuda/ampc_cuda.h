@@ -21,12 +21,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "ampc_types.h"
-#include "layout.h"
-#include "ops.h"
-#include "optim.h"
-#include "scaler_rule.h"
-#include "unscale.h"
+#include "kernels/dtypes.h"
+#include "kernels/layout.h"
+#include "kernels/op_descriptors.h"
+#include "kernels/optim_descriptors.h"
+#include "kernels/scaler_rule.h"
+#include "kernels/grad_list.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -135,7 +135,7 @@ typedef struct ampc_cuda_api {
 
     /* Fill nbytes of device memory with a byte value, queued on stream. */
     int (*memset)(int device, void *ptr, int value, size_t nbytes, void *stream);
-    /* ampc.optim's fused steps (cuda/optim.cu), as optim.h defines them;
+    /* ampc.optim's fused steps (cuda/optim.cu), as optim_descriptors.h defines them;
      * grad_scale and found_inf are device addresses or NULL. */
     int (*sgd)(int device, void *stream, const ampc_optim_ref *refs, int64_t n, const ampc_sgd_config *config,
                const float *grad_scale, const float *found_inf);
@@ -144,7 +144,7 @@ typedef struct ampc_cuda_api {
 
     /* --- ABI 5 --- */
 
-    /* The op kernels of ops.h (cuda/ops.cu, cuda/gemm.c), queued on stream. */
+    /* The op kernels of op_descriptors.h (cuda/ops.cu, cuda/gemm.c), queued on stream. */
     int (*elementwise)(int device, void *stream, const ampc_ew *e);
     int (*softmax)(int device, void *stream, const ampc_softmax *s);
     int (*softmax_backward)(int device, void *stream, const ampc_softmax_backward *s);
@@ -157,7 +157,7 @@ typedef struct ampc_cuda_api {
 
     /* --- ABI 6 --- */
 
-    /* The spatial ops of ops.h: convolutions and batch norm on cuDNN
+    /* The spatial ops of op_descriptors.h: convolutions and batch norm on cuDNN
      * (cuda/conv.c, cuda/batch_norm.c), pooling (cuda/pool.cu). */
     int (*conv)(int device, void *stream, const ampc_conv *c);
     int (*batch_norm)(int device, void *stream, const ampc_batch_norm *b);
@@ -167,14 +167,14 @@ typedef struct ampc_cuda_api {
 
     /* --- ABI 7 --- */
 
-    /* cuda/embedding.cu and cuda/dropout.cu (ops.h); gemm's bias_grad. */
+    /* cuda/embedding.cu and cuda/dropout.cu (op_descriptors.h); gemm's bias_grad. */
     int (*embedding)(int device, void *stream, const ampc_embedding *e);
     int (*embedding_backward)(int device, void *stream, const ampc_embedding_backward *e);
     int (*dropout)(int device, void *stream, const ampc_dropout *d);
 
     /* --- ABI 8 --- */
 
-    /* Fused attention (cuda/attention.cu, ops.h): AMPC_ERR_UNSUPPORTED for
+    /* Fused attention (cuda/attention.cu, op_descriptors.h): AMPC_ERR_UNSUPPORTED for
      * what its kernels do not serve. */
     int (*attention)(int device, void *stream, const ampc_attention *a);
     int (*attention_backward)(int device, void *stream, const ampc_attention_backward *b);

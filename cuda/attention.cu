@@ -1,5 +1,5 @@
 /*
- * attention.cu: fused scaled-dot-product attention (ops.h's ampc_attention),
+ * attention.cu: fused scaled-dot-product attention (op_descriptors.h's ampc_attention),
  * FlashAttention-2's algorithm on Tensor Cores (mma.sync m16n8k16, float32
  * accumulators) for 16-bit q, k, v with a head dimension of 64.
  *
@@ -42,7 +42,7 @@
  */
 #include "packs.cuh"
 #include "mma.cuh"
-#include "philox.h"
+#include "kernels/philox.h"
 #include "attention_kernels.cuh"
 
 namespace {

@@ -2,7 +2,7 @@
  * attention_kernels.cuh: the fused attention kernels of attention.cu (see
  * its comment for the algorithm), apart from the host code that launches
  * them, so that tests/emulated_cuda can run this very code on the CPU. It
- * includes nothing itself: the includer brings ops.h's types, philox.h,
+ * includes nothing itself: the includer brings op_descriptors.h's types, philox.h,
  * packs.cuh's to_float and mma.cuh's instructions (or their CPU models)
  * first.
  */

@@ -1,5 +1,5 @@
 /*
- * batch_norm.c: ampc_batch_norm and ampc_batch_norm_backward (ops.h) on
+ * batch_norm.c: ampc_batch_norm and ampc_batch_norm_backward (op_descriptors.h) on
  * cuDNN's batch normalisation, per channel ("spatial"): float32 statistics,
  * weights and running averages for float32 and 16-bit data, float64 for
  * float64. Training takes ampc's kernels (batch_norm_kernels.cu) where

@@ -3,7 +3,7 @@
  * float64 on the GPU; from integer and bool arrays to those (torch's .to()),
  * and same-dtype copies of any dtype.
  *
- * Bit for bit the function of src/fp_formats.h, so CPU and GPU results are
+ * Bit for bit the function of kernels/fp_formats.h, so CPU and GPU results are
  * identical: the float32 <-> 16-bit pairs use the hardware conversions
  * (cvt.rn: nearest even, subnormals kept, overflow to inf; this file must
  * never be built with --use_fast_math or -ftz=true) with NaN lanes redone by
@@ -30,7 +30,7 @@
 #include <type_traits>
 
 #include "common.h"
-#include "fp_formats.h"
+#include "kernels/fp_formats.h"
 #include "strided.cuh"
 
 namespace {

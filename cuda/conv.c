@@ -1,5 +1,5 @@
 /*
- * conv.c: ampc_conv (ops.h) on cuDNN's convolution API: the forward, the
+ * conv.c: ampc_conv (op_descriptors.h) on cuDNN's convolution API: the forward, the
  * data gradient and the filter gradient, for float32, float16, bfloat16
  * and float64 data in NCHW or channels-last layouts.
  *

@@ -2,7 +2,7 @@
  * dnn.h: what the cuDNN users (conv.c, batch_norm.c) share: one handle per
  * device, made on first use and bound to the call's stream, a lock around
  * every use of it (a cuDNN handle is not for two threads at once), status
- * codes turned into ampc's, and tensor descriptors from ops.h's shapes.
+ * codes turned into ampc's, and tensor descriptors from op_descriptors.h's shapes.
  */
 #ifndef AMPC_CUDA_DNN_H
 #define AMPC_CUDA_DNN_H

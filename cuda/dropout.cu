@@ -1,11 +1,11 @@
 /*
- * dropout.cu: dropout (ops.h): y = x * keep * scale, keep drawn by
- * Philox4x32-10 (src/philox.h) at (seed, offset), the CPU's numbers: a
+ * dropout.cu: dropout (op_descriptors.h): y = x * keep * scale, keep drawn by
+ * Philox4x32-10 (kernels/philox.h) at (seed, offset), the CPU's numbers: a
  * thread per block of 4 elements. A dropped element is x * 0, so NaN and
  * inf stay visible, as torch's.
  */
 #include "ops.cuh"
-#include "philox.h"
+#include "kernels/philox.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 /*
- * embedding.cu: embedding's gather and its backward pass (ops.h).
+ * embedding.cu: embedding's gather and its backward pass (op_descriptors.h).
  *
  * Forward: a thread per output element; an index outside [0, num) gives
  * its row NaN (checking would mean waiting for the device).

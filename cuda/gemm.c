@@ -1,5 +1,5 @@
 /*
- * gemm.c: ampc_gemm (ops.h) on cuBLASLt: d = alpha * op(a) @ op(b) + beta * c
+ * gemm.c: ampc_gemm (op_descriptors.h) on cuBLASLt: d = alpha * op(a) @ op(b) + beta * c
  * + bias, row-major, batched, accumulating in float32 (float64 for float64
  * data; no TF32, as torch's default allow_tf32=False for matmul).
  *

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "ops.h"
+#include "kernels/op_descriptors.h"
 
 /* Defined in memory.c: ampc's pool, for scratch buffers. */
 extern "C" int ampc_cuda_alloc(int device, size_t nbytes, void *stream, void **ptr);

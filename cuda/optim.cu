@@ -6,7 +6,7 @@
  * a block a piece, the table passed by value. A thread takes ILP adjacent
  * elements of the parameter, its gradient and its state, with vector
  * accesses where every array of the parameter is aligned for them, and runs
- * the element math of src/optim_math.h, the CPU kernels' own (this file is
+ * the element math of kernels/optim_math.h, the CPU kernels' own (this file is
  * compiled with --fmad=false so that the two agree bit for bit).
  *
  * With a GradScaler: grad_scale divides the gradients (the unscaled values
@@ -21,8 +21,8 @@
 
 #include "common.h"
 #include "multi_tensor.cuh"
-#include "optim.h"
-#include "optim_math.h"
+#include "kernels/optim_descriptors.h"
+#include "kernels/optim_math.h"
 
 namespace {
 

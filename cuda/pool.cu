@@ -1,9 +1,9 @@
 /*
  * pool.cu: max_pool2d, avg_pool2d and adaptive_avg_pool2d (ampc_pool of
- * ops.h) over dense NCHW planes or dense channels-last images, forward
+ * op_descriptors.h) over dense NCHW planes or dense channels-last images, forward
  * and backward.
  *
- * The windows are ops.h's ampc_pool_window, as on the CPU. The forward
+ * The windows are op_descriptors.h's ampc_pool_window, as on the CPU. The forward
  * takes a thread per output element. The backward gathers: a thread per
  * input element adds the gradients of the windows that used it, in window
  * order, with no atomics, so it gives the CPU's bits and the same bits on

@@ -33,11 +33,11 @@
 #include <stdint.h>
 
 #include "common.h"
-#include "fp_formats.h"
+#include "kernels/fp_formats.h"
 #include "multi_tensor.cuh"
-#include "scaler_rule.h"
+#include "kernels/scaler_rule.h"
 #include "strided.cuh"
-#include "unscale.h"
+#include "kernels/grad_list.h"
 
 /* Defined in memory.c: ampc's pool, for scratch buffers. */
 extern "C" int ampc_cuda_alloc(int device, size_t nbytes, void *stream, void **ptr);

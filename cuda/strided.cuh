@@ -8,7 +8,7 @@
 #define AMPC_STRIDED_CUH
 
 #include <stdint.h>
-#include "layout.h"
+#include "kernels/layout.h"
 
 struct StridedLayout {
     int ndim;

@@ -23,8 +23,8 @@
 #endif
 #include <numpy/arrayobject.h>
 
-#include "ampc_types.h"
-#include "layout.h"
+#include "kernels/dtypes.h"
+#include "kernels/layout.h"
 
 /* ------------------------------------------------------------------------ */
 /* Module state (module.c)                                                   */

@@ -11,8 +11,8 @@
 #define AMPC_CAST_CPU_H
 
 #include <stdint.h>
-#include "ampc_types.h"
-#include "layout.h"
+#include "kernels/dtypes.h"
+#include "kernels/layout.h"
 #include "cpu_kernels.h"
 
 typedef void (*ampc_cast_contig_fn)(const void *src, void *dst, int64_t n);

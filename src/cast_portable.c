@@ -11,7 +11,7 @@
 #include "cast_cpu.h"
 
 #include <string.h>
-#include "fp_formats.h"
+#include "kernels/fp_formats.h"
 
 /* Same dtype: a copy. */
 static void copy_contig_2(const void *s, void *d, int64_t n) { memcpy(d, s, (size_t)n * 2); }

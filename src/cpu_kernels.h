@@ -4,7 +4,7 @@
  * GIL around them, and most split their work across ampc's threads
  * (parallel.h).
  *
- * The descriptors they take (ops.h, optim.h, unscale.h) are the contract
+ * The descriptors they take (op_descriptors.h, optim_descriptors.h, grad_list.h) are the contract
  * both backends fill; ampc._cuda's entry points for the same descriptors
  * are in its table (cuda/ampc_cuda.h). Nothing here is seen by cuda/.
  */
@@ -12,14 +12,14 @@
 #define AMPC_CPU_KERNELS_H
 
 #include <stdint.h>
-#include "ampc_types.h"
-#include "layout.h"
-#include "ops.h"
-#include "optim.h"
-#include "unscale.h"
+#include "kernels/dtypes.h"
+#include "kernels/layout.h"
+#include "kernels/op_descriptors.h"
+#include "kernels/optim_descriptors.h"
+#include "kernels/grad_list.h"
 
 /* ------------------------------------------------------------------------ */
-/* ops.h's kernels (ops_cpu.c): 0, or -1 when out of memory (nothing        */
+/* op_descriptors.h's kernels (ops_cpu.c): 0, or -1 when out of memory (nothing        */
 /* written).                                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -50,7 +50,7 @@ int ampc_cpu_embedding_backward(const ampc_embedding_backward *e);
 int ampc_cpu_dropout(const ampc_dropout *d);
 
 /* ------------------------------------------------------------------------ */
-/* optim.h's steps (optim_cpu.c)                                            */
+/* optim_descriptors.h's steps (optim_cpu.c)                                            */
 /* ------------------------------------------------------------------------ */
 
 /* grad_scale and found_inf may be NULL. Return 1 if the step ran, 0 if
@@ -62,7 +62,7 @@ int ampc_adam_cpu(const ampc_optim_ref *refs, int64_t n, const ampc_adam_config 
                   const float *found_inf);
 
 /* ------------------------------------------------------------------------ */
-/* Unscaling unscale.h's gradients (unscale_cpu.c, kernels_avx*.c)          */
+/* Unscaling grad_list.h's gradients (unscale_cpu.c, kernels_avx*.c)          */
 /* ------------------------------------------------------------------------ */
 
 /* One contiguous run of one dtype: unscale in place (or only check when

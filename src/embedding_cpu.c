@@ -1,6 +1,6 @@
 /*
  * embedding_cpu.c: the CPU kernels of embedding, its backward pass, and
- * dropout (ops.h). Plain C on ampc's threads; the caller releases the GIL.
+ * dropout (op_descriptors.h). Plain C on ampc's threads; the caller releases the GIL.
  *
  * The embedding's backward is the GPU's algorithm (cuda/embedding.cu):
  * positions grouped by index in position order (here a counting sort),
@@ -14,7 +14,7 @@
 #include "cpu_kernels.h"
 #include "ops_cpu_io.h"
 #include "parallel.h"
-#include "philox.h"
+#include "kernels/philox.h"
 
 /* ------------------------------------------------------------------------ */
 /* Forward: copy rows                                                        */

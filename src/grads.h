@@ -3,7 +3,7 @@
 #define AMPC_GRADS_H
 
 #include "ampc.h"
-#include "unscale.h"
+#include "kernels/grad_list.h"
 
 /* CPU and one GPU, as a training step can mix them. */
 #define AMPC_GRADS_MAX_DEVICES 2

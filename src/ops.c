@@ -1,5 +1,5 @@
 /*
- * ops.c: the entry points of the op kernels (ops.h), as private functions
+ * ops.c: the entry points of the op kernels (op_descriptors.h), as private functions
  * of ampc._C that ampc.nn.functional composes: _ew, _softmax,
  * _softmax_backward, _layer_norm, _layer_norm_backward, _sum,
  * _cross_entropy, _cross_entropy_backward (matrix products: ops_gemm.c).
@@ -14,7 +14,7 @@
 
 #include "ampc_cuda.h"
 #include "cpu_kernels.h"
-#include "ops.h"
+#include "kernels/op_descriptors.h"
 #include "ops_args.h"
 
 /* ------------------------------------------------------------------------ */

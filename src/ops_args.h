@@ -8,7 +8,7 @@
 #define AMPC_OPS_ARGS_H
 
 #include "ampc.h"
-#include "ops.h"
+#include "kernels/op_descriptors.h"
 
 #define AMPC_OP_MAX_ARGS 8
 #define AMPC_OP_MAX_KEEP 12

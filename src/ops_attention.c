@@ -1,5 +1,5 @@
 /*
- * ops_attention.c: the entry points of fused attention (ops.h's
+ * ops_attention.c: the entry points of fused attention (op_descriptors.h's
  * ampc_attention; kernels in cuda/attention.cu), as private functions of
  * ampc._C that ampc.nn's scaled_dot_product_attention takes when they serve
  * its arguments:
@@ -22,10 +22,10 @@
 #include <math.h>
 
 #include "ampc_cuda.h"
-#include "ops.h"
+#include "kernels/op_descriptors.h"
 #include "ops_args.h"
 
-/* Dropout's terms in d (ops.h): p in [0, 1] (0: none), the draw (seed, offset) as the composed
+/* Dropout's terms in d (op_descriptors.h): p in [0, 1] (0: none), the draw (seed, offset) as the composed
  * attention's dropout takes it. -1 with ValueError for another p. */
 static int set_dropout(ampc_attention *d, double p, unsigned long long seed, unsigned long long offset)
 {

@@ -1,5 +1,5 @@
 /*
- * ops_cpu.c: the CPU kernels of ops.h.
+ * ops_cpu.c: the CPU kernels of op_descriptors.h.
  *
  * Each kernel streams its operands through small buffers of the compute
  * type (float, or double for float64 data): a run of float16 or bfloat16 is

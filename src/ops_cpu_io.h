@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "cast_cpu.h"
-#include "ops.h"
+#include "kernels/op_descriptors.h"
 
 /* Elements per buffered run, and the least work worth a thread. */
 #define OPS_BLOCK 1024

@@ -1,6 +1,6 @@
 /*
  * ops_embedding.c: the entry points of embedding, its backward pass, and
- * dropout (ops.h; CPU kernels in embedding_cpu.c, CUDA ones in
+ * dropout (op_descriptors.h; CPU kernels in embedding_cpu.c, CUDA ones in
  * cuda/embedding.cu and cuda/dropout.cu), as private functions of ampc._C
  * that ampc.nn.functional composes: _embedding, _embedding_backward,
  * _dropout.
@@ -11,7 +11,7 @@
 
 #include "ampc_cuda.h"
 #include "cpu_kernels.h"
-#include "ops.h"
+#include "kernels/op_descriptors.h"
 #include "ops_args.h"
 
 static ampc_buf buf_of(const ampc_view *v) { return (ampc_buf){v->data, v->dtype}; }

@@ -18,7 +18,7 @@
 
 #include "ampc_cuda.h"
 #include "cpu_kernels.h"
-#include "ops.h"
+#include "kernels/op_descriptors.h"
 #include "ops_args.h"
 
 /* An ndarray of v's values in dtype acc (float32 or float64): over v's

@@ -21,7 +21,7 @@
 
 #include "ampc_cuda.h"
 #include "cpu_kernels.h"
-#include "ops.h"
+#include "kernels/op_descriptors.h"
 #include "ops_args.h"
 
 #define COL_BUDGET ((int64_t)32 << 20)

@@ -11,7 +11,7 @@
  * Every array is read and checked first (one device, float dtype, the
  * parameter's shape, dtype and layout, dense, writable where written);
  * then one multi-tensor pass runs on the CPU or the GPU. grad_scale,
- * found_inf, Adam's steps and SGD's firsts (see optim.h: None once a buffer
+ * found_inf, Adam's steps and SGD's firsts (see optim_descriptors.h: None once a buffer
  * is known to hold a momentum) are one-element float32 arrays on that
  * device, read by the kernel itself, so a GPU step never waits for the
  * host. Returns True if the step ran and False if found_inf skipped it on
@@ -24,7 +24,7 @@
 #include <string.h>
 #include "ampc_cuda.h"
 #include "cpu_kernels.h"
-#include "optim.h"
+#include "kernels/optim_descriptors.h"
 
 /* Everything one step reads, checked, and the refs the kernels take. */
 typedef struct {

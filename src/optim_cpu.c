@@ -1,5 +1,5 @@
 /*
- * optim_cpu.c: the fused SGD and Adam(W) steps on the CPU (see optim.h).
+ * optim_cpu.c: the fused SGD and Adam(W) steps on the CPU (see optim_descriptors.h).
  *
  * The parameters are cut into fixed blocks of their concatenated elements
  * and the blocks spread over ampc's threads, as unscale_cpu.c does; each
@@ -9,11 +9,11 @@
  * bfloat16 through float32 with fp_formats.h's rounding, as the GPU does.
  */
 #include "cpu_kernels.h"
-#include "optim_math.h"
+#include "kernels/optim_math.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include "fp_formats.h"
+#include "kernels/fp_formats.h"
 #include "cast_cpu.h"
 #include "fpenv.h"
 #include "parallel.h"

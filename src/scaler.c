@@ -39,7 +39,7 @@
 #include "ampc_cuda.h"
 #include "cpu_kernels.h"
 #include "grads.h"
-#include "scaler_rule.h"
+#include "kernels/scaler_rule.h"
 
 enum { READY = 0, UNSCALED = 1, STEPPED = 2 };
 

@@ -1,5 +1,5 @@
 /*
- * spatial_cpu.c: the CPU kernels of the spatial ops of ops.h (the
+ * spatial_cpu.c: the CPU kernels of the spatial ops of op_descriptors.h (the
  * convolution's columns, batch norm, pooling). The arithmetic is in
  * spatial_real.inc, compiled once per compute type; the load and store
  * helpers are ops_cpu_io.h's.

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cast_cpu.h"
-#include "fp_formats.h"
+#include "kernels/fp_formats.h"
 #include "fpenv.h"
 #include "parallel.h"
 

@@ -99,7 +99,7 @@ def _operands(p, g, grad_scale, maximize):
 
 def pow_rounded(x, y, O):
     """beta ** step in opmath: float64 pow() rounded once, as ampc's CPU kernels take it
-    (CUDA's powf differs in the last bit for a few step counts; see src/optim_math.h)."""
+    (CUDA's powf differs in the last bit for a few step counts; see kernels/optim_math.h)."""
     return O(math.pow(float(x), float(y)))
 
 

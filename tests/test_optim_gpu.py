@@ -90,7 +90,7 @@ def torch_pair(rng, sizes, dtype=torch.float32):
 
 
 def same_bits_as_torch(ours, theirs, what):
-    """Against torch's fused kernels, bit for bit: ampc's element math is theirs (src/optim_math.h;
+    """Against torch's fused kernels, bit for bit: ampc's element math is theirs (kernels/optim_math.h;
     the tests' step counts stay clear of the few where CUDA's powf and the CPU's differ)."""
     ours, theirs = ours.detach().contiguous(), theirs.detach().contiguous()
     assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, what

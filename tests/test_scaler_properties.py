@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 class Model:
-    """src/scaler_rule.h in Python: torch's _amp_update_scale_ plus hysteresis and bounds; products
+    """kernels/scaler_rule.h in Python: torch's _amp_update_scale_ plus hysteresis and bounds; products
     in double, rounded to float32."""
 
     def __init__(self, scale, growth, backoff, interval, hysteresis, low, high):

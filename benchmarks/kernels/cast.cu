@@ -4,7 +4,7 @@
  * device-to-device copy of the same buffers. The winner goes into
  * cuda/cast.cu by hand; this file stays as the record.
  *
- *   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I../../src benchmarks/kernels/cast.cu -o /tmp/cast_bench
+ *   nvcc -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -I. benchmarks/kernels/cast.cu -o /tmp/cast_bench
  *   /tmp/cast_bench [log2n]
  *
  * Floor: 6 bytes per element (4 read, 2 written). Variants:
@@ -22,7 +22,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "fp_formats.h"
+#include "kernels/fp_formats.h"
 #include "workbench.h"
 
 struct alignas(16) F8 { float v[8]; };

@@ -11,8 +11,8 @@
  */
 #include "cuda_model.h"
 
-#include "ops.h"
-#include "philox.h"
+#include "kernels/op_descriptors.h"
+#include "kernels/philox.h"
 
 #include "attention_kernels.cuh"
 

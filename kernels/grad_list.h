@@ -1,5 +1,5 @@
 /*
- * unscale.h: gradients as the unscale kernels of both backends see them.
+ * grad_list.h: gradients as the unscale kernels of both backends see them.
  * Plain C, shared by the CPU kernels (cpu_kernels.h holds their entry
  * points) and ampc._cuda.
  *
@@ -9,12 +9,12 @@
  * and rounded back to the gradient's dtype; with inv_scale exactly 1.0
  * (the check-only pass) nothing is written.
  */
-#ifndef AMPC_UNSCALE_H
-#define AMPC_UNSCALE_H
+#ifndef AMPC_KERNELS_GRAD_LIST_H
+#define AMPC_KERNELS_GRAD_LIST_H
 
 #include <stdint.h>
-#include "ampc_types.h"
-#include "layout.h"
+#include "kernels/dtypes.h"
+#include "kernels/layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -31,4 +31,4 @@ typedef struct {
 }
 #endif
 
-#endif /* AMPC_UNSCALE_H */
+#endif /* AMPC_KERNELS_GRAD_LIST_H */

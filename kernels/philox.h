@@ -8,8 +8,8 @@
  * counter is offset + i / 4: a draw of n elements uses ceil(n / 4)
  * counters, and the next draw starts after them.
  */
-#ifndef AMPC_PHILOX_H
-#define AMPC_PHILOX_H
+#ifndef AMPC_KERNELS_PHILOX_H
+#define AMPC_KERNELS_PHILOX_H
 
 #include <stdint.h>
 
@@ -48,4 +48,4 @@ AMPC_PHILOX_FN ampc_philox_block ampc_philox(uint64_t seed, uint64_t counter)
  * keep_below = round((1 - p) * 2^24). */
 AMPC_PHILOX_FN int ampc_philox_keep(uint32_t word, uint32_t keep_below) { return (word >> 8) < keep_below; }
 
-#endif /* AMPC_PHILOX_H */
+#endif /* AMPC_KERNELS_PHILOX_H */

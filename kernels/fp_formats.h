@@ -24,8 +24,8 @@
  * The generic functions take them as arguments; every caller passes
  * constants, so after inlining each becomes a short branch-light sequence.
  */
-#ifndef AMPC_FP_FORMATS_H
-#define AMPC_FP_FORMATS_H
+#ifndef AMPC_KERNELS_FP_FORMATS_H
+#define AMPC_KERNELS_FP_FORMATS_H
 
 #include <stdint.h>
 
@@ -166,4 +166,4 @@ AMPC_FP_FN int ampc_f32_bits_isnan(uint32_t b)  { return (b & 0x7fffffffu) > 0x7
 AMPC_FP_FN int ampc_f16_bits_isnan(uint16_t h)  { return (h & 0x7fffu) > 0x7c00u; }
 AMPC_FP_FN int ampc_bf16_bits_isnan(uint16_t h) { return (h & 0x7fffu) > 0x7f80u; }
 
-#endif /* AMPC_FP_FORMATS_H */
+#endif /* AMPC_KERNELS_FP_FORMATS_H */

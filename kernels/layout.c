@@ -1,5 +1,5 @@
 /* layout.c: see layout.h. */
-#include "layout.h"
+#include "kernels/layout.h"
 
 #include <stdlib.h>
 

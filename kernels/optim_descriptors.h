@@ -1,5 +1,5 @@
 /*
- * optim.h: the fused optimizer steps of ampc.optim, as the CPU and CUDA
+ * optim_descriptors.h: the fused optimizer steps of ampc.optim, as the CPU and CUDA
  * kernels see them. Plain C, shared with ampc._cuda. The entry points that
  * take them are each backend's: cpu_kernels.h, and ampc_cuda.h's table.
  *
@@ -23,11 +23,11 @@
  * changes nothing: not the parameters, not the state, not the step counts,
  * not whether SGD's next step is its first.
  */
-#ifndef AMPC_OPTIM_H
-#define AMPC_OPTIM_H
+#ifndef AMPC_KERNELS_OPTIM_DESCRIPTORS_H
+#define AMPC_KERNELS_OPTIM_DESCRIPTORS_H
 
 #include <stdint.h>
-#include "ampc_types.h"
+#include "kernels/dtypes.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,4 +60,4 @@ typedef struct {
 }
 #endif
 
-#endif /* AMPC_OPTIM_H */
+#endif /* AMPC_KERNELS_OPTIM_DESCRIPTORS_H */

@@ -17,8 +17,8 @@
  *     (a clean step restores the allowance), as DeepSpeed and Megatron do.
  *     N = 1 is torch's behaviour.
  */
-#ifndef AMPC_SCALER_RULE_H
-#define AMPC_SCALER_RULE_H
+#ifndef AMPC_KERNELS_SCALER_RULE_H
+#define AMPC_KERNELS_SCALER_RULE_H
 
 #include <stdint.h>
 
@@ -120,4 +120,4 @@ AMPC_RULE_FN float ampc_clip_multiplier(float scale, double coef)
  * gradients by instead (the grad_scale it is given). */
 AMPC_RULE_FN float ampc_clip_divisor(float scale, double coef) { return (float)((double)scale / coef); }
 
-#endif /* AMPC_SCALER_RULE_H */
+#endif /* AMPC_KERNELS_SCALER_RULE_H */

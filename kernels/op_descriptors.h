@@ -1,5 +1,5 @@
 /*
- * ops.h: the kernels behind ampc.nn.functional, as the CPU (ops_cpu.c) and
+ * op_descriptors.h: the kernels behind ampc.nn.functional, as the CPU (ops_cpu.c) and
  * CUDA (cuda/ops.cu, cuda/gemm.c) code see them. Plain C, shared with
  * ampc._cuda through ampc_cuda.h. The entry points that take them are each
  * backend's: cpu_kernels.h, and ampc_cuda.h's table.
@@ -18,11 +18,11 @@
  * computes there and rounds each output once: float16 and bfloat16 storage
  * never means float16 arithmetic.
  */
-#ifndef AMPC_OPS_H
-#define AMPC_OPS_H
+#ifndef AMPC_KERNELS_OP_DESCRIPTORS_H
+#define AMPC_KERNELS_OP_DESCRIPTORS_H
 
 #include <stdint.h>
-#include "ampc_types.h"
+#include "kernels/dtypes.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -489,4 +489,4 @@ typedef struct {
 }
 #endif
 
-#endif /* AMPC_OPS_H */
+#endif /* AMPC_KERNELS_OP_DESCRIPTORS_H */

@@ -1,5 +1,5 @@
 /*
- * optim_math.h: one element of ampc.optim's updates (see optim.h), written
+ * optim_math.h: one element of ampc.optim's updates (see optim_descriptors.h), written
  * once for the CPU kernels (optim_cpu.c) and the CUDA kernels (optim.cu).
  *
  * The arithmetic is that of torch's fused CUDA optimizers (_fused_sgd_,
@@ -27,11 +27,11 @@
  * The body is optim_math.inc, included once per opmath type: it defines
  * ampc_<name>_float and ampc_<name>_double.
  */
-#ifndef AMPC_OPTIM_MATH_H
-#define AMPC_OPTIM_MATH_H
+#ifndef AMPC_KERNELS_OPTIM_MATH_H
+#define AMPC_KERNELS_OPTIM_MATH_H
 
 #include <math.h>
-#include "optim.h"
+#include "kernels/optim_descriptors.h"
 
 #ifdef __CUDACC__
 #define AMPC_OPTIM_FN static __device__ __forceinline__
@@ -55,7 +55,7 @@ static inline float ampc_powf_rounded(float x, float y) { return (float)pow((dou
 #define OPMATH_SQRT sqrtf
 #define OPMATH_POW AMPC_POWF
 #define OPMATH_FMA fmaf
-#include "optim_math.inc"
+#include "kernels/optim_math.inc"
 #undef OPMATH
 #undef OPMATH_SQRT
 #undef OPMATH_POW
@@ -65,10 +65,10 @@ static inline float ampc_powf_rounded(float x, float y) { return (float)pow((dou
 #define OPMATH_SQRT sqrt
 #define OPMATH_POW pow
 #define OPMATH_FMA fma
-#include "optim_math.inc"
+#include "kernels/optim_math.inc"
 #undef OPMATH
 #undef OPMATH_SQRT
 #undef OPMATH_POW
 #undef OPMATH_FMA
 
-#endif /* AMPC_OPTIM_MATH_H */
+#endif /* AMPC_KERNELS_OPTIM_MATH_H */

@@ -1,13 +1,13 @@
 /*
- * ampc_types.h: the plain-C vocabulary shared by ampc._C (src/) and
+ * dtypes.h: the plain-C vocabulary shared by ampc._C (src/) and
  * ampc._cuda (cuda/): dtypes, devices, limits. No Python, no CUDA here, so
  * both the host compiler and nvcc can include it.
  *
  * The enum values cross the boundary between the two extension modules, so
  * they are part of ampc's internal ABI: append, never renumber.
  */
-#ifndef AMPC_TYPES_H
-#define AMPC_TYPES_H
+#ifndef AMPC_KERNELS_DTYPES_H
+#define AMPC_KERNELS_DTYPES_H
 
 #include <stdint.h>
 
@@ -65,4 +65,4 @@ typedef struct {
 }
 #endif
 
-#endif /* AMPC_TYPES_H */
+#endif /* AMPC_KERNELS_DTYPES_H */

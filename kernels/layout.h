@@ -11,12 +11,12 @@
  *
  * Strides are in bytes and may be negative or zero. Operand 0 is the output.
  */
-#ifndef AMPC_LAYOUT_H
-#define AMPC_LAYOUT_H
+#ifndef AMPC_KERNELS_LAYOUT_H
+#define AMPC_KERNELS_LAYOUT_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "ampc_types.h"
+#include "kernels/dtypes.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -109,4 +109,4 @@ int64_t ampc_cursor_step(const ampc_loop *loop, ampc_cursor *c, int64_t count);
 }
 #endif
 
-#endif /* AMPC_LAYOUT_H */
+#endif /* AMPC_KERNELS_LAYOUT_H */
