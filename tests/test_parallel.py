@@ -62,6 +62,9 @@ def test_jobs_from_several_python_threads(rng, three_threads):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # Python 3.12+
+# JAX, once an earlier test in the process imported it, warns at every fork (its own threads may
+# deadlock in the child); the child here runs only ampc's pool.
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_a_forked_child_starts_its_own_workers(rng, three_threads):
     """pthread_atfork's handlers: the child forgets the parent's workers (only the forking thread
     exists there) and starts its own."""
