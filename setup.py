@@ -42,7 +42,7 @@ if os.environ.get("AMPC_SANITIZE") == "1":
     OPT = ["-O1", "-g", "-UNDEBUG"]
 # A multiply and an add stay two roundings: the optimizer steps (kernels/optim_math.h) give the
 # same bits on the CPU and the GPU only if neither compiler fuses them. No trapping maths: the
-# kernels run with every exception masked (src/fpenv.h), so the compiler may compute both sides
+# kernels run with every exception masked (cpu/fpenv.h), so the compiler may compute both sides
 # of a select, which is what lets it vectorise the optimizer loops; and no errno from sqrt,
 # which would make each square root a call. Results are unchanged.
 FP = ["-ffp-contract=off", "-fno-trapping-math", "-fno-math-errno"]
@@ -53,14 +53,14 @@ def compiler_is_gcc():
     return bool(cc) and "gcc" in os.path.basename(cc[0])
 
 
-# The Adam loops (src/optim_cpu.c) test their options (maximize, the weight decay's kind) inside
+# The Adam loops (cpu/optim_cpu.c) test their options (maximize, the weight decay's kind) inside
 # the loop; GCC vectorises them only once it has unswitched those tests out, which its default
 # size limit forbids for a loop that long (measured: scalar code, AdamW at half the memory speed).
 if compiler_is_gcc():
     FP.append("--param=max-unswitch-insns=200")
-# The folders each extension module is built from (their files, subfolders too). A folder that
-# does not exist adds nothing: issue 51 moves the contract into kernels/ and the CPU kernels into
-# cpu/ one step at a time.
+# The folders each extension module is built from (their files, subfolders too): src/ (the
+# Python-facing C), cpu/ (the CPU kernels), kernels/ (the plain-C contract both backends share)
+# and cuda/ (ampc._cuda).
 FOLDERS = {"ampc._C": ("src", "cpu", "kernels"), "ampc._cuda": ("cuda",)}
 SOURCE_SUFFIXES = {"ampc._C": (".c",), "ampc._cuda": (".c", ".cu")}
 HEADER_SUFFIXES = (".h", ".inc", ".cuh")

@@ -153,7 +153,7 @@ EXACT_PAIR(BF16, F64, ampc_f64_to_bf16_bits)
 
 /* Integer and bool sources, as torch's .to() (c10 constructs a 16-bit
  * float from an integer through float): the value to float32 (to nearest;
- * float64 directly), a 16-bit result rounded from there. src/cast_portable.c
+ * float64 directly), a 16-bit result rounded from there. cpu/cast_portable.c
  * is the CPU's same function. */
 __device__ __forceinline__ uint64_t value_to(F64, double v) { return (uint64_t)__double_as_longlong(v); }
 __device__ __forceinline__ uint32_t value_to(F32, float v) { return __float_as_uint(v); }

@@ -12,7 +12,7 @@
 #include "ampc.h"
 
 #include "ampc_cuda.h"
-#include "cast_cpu.h"
+#include "cpu/cast_cpu.h"
 
 /* Below this many elements the GIL stays held: releasing it costs more than
  * the cast. */

@@ -10,9 +10,9 @@
 #include "ops_args.h"
 #include "autocast.h"
 
-#include "cast_cpu.h"
-#include "cpu_features.h"
-#include "parallel.h"
+#include "cpu/cast_cpu.h"
+#include "cpu/cpu_features.h"
+#include "cpu/parallel.h"
 
 /* ------------------------------------------------------------------------ */
 /* Module-level functions                                                    */

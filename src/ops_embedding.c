@@ -10,7 +10,7 @@
 #include <math.h>
 
 #include "ampc_cuda.h"
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
 #include "ops_args.h"
 

@@ -17,7 +17,7 @@
 #include "ampc.h"
 
 #include "ampc_cuda.h"
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
 #include "ops_args.h"
 

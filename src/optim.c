@@ -23,7 +23,7 @@
 #include <math.h>
 #include <string.h>
 #include "ampc_cuda.h"
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 #include "kernels/optim_descriptors.h"
 
 /* Everything one step reads, checked, and the refs the kernels take. */

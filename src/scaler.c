@@ -37,7 +37,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "ampc_cuda.h"
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 #include "grads.h"
 #include "kernels/scaler_rule.h"
 

@@ -35,20 +35,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The lists. Rows are sorted, one per line, no comments inside: the script prints them this way.
 # ---------------------------------------------------------------------------------------------
 
-# (including file, included file). The src/ -> cuda/ampc_cuda.h rows are the files that call ampc._cuda's table
-# (st->cuda->, AMPC_RUN_CUDA) and its loader; they go with step E (one backend table, E7 deletes
-# ampc_cuda.h).
+# (including file, included file). src/ reaches each backend's headers until plan step E puts one
+# table between them: the src/ -> cuda/ampc_cuda.h rows are the files that call ampc._cuda's table
+# (st->cuda->, AMPC_RUN_CUDA) and its loader (E7 deletes ampc_cuda.h); the src/ -> cpu/ rows are
+# the entry points that call the CPU kernels directly and module.c's thread and ISA controls.
 ALLOWED_INCLUDES = [
     ("src/array.c", "cuda/ampc_cuda.h"),
+    ("src/cast.c", "cpu/cast_cpu.h"),
     ("src/cast.c", "cuda/ampc_cuda.h"),
     ("src/cuda_backend.c", "cuda/ampc_cuda.h"),
     ("src/dlpack.c", "cuda/ampc_cuda.h"),
+    ("src/module.c", "cpu/cast_cpu.h"),
+    ("src/module.c", "cpu/cpu_features.h"),
+    ("src/module.c", "cpu/parallel.h"),
+    ("src/ops.c", "cpu/cpu_kernels.h"),
     ("src/ops.c", "cuda/ampc_cuda.h"),
     ("src/ops_attention.c", "cuda/ampc_cuda.h"),
+    ("src/ops_embedding.c", "cpu/cpu_kernels.h"),
     ("src/ops_embedding.c", "cuda/ampc_cuda.h"),
+    ("src/ops_gemm.c", "cpu/cpu_kernels.h"),
     ("src/ops_gemm.c", "cuda/ampc_cuda.h"),
+    ("src/ops_spatial.c", "cpu/cpu_kernels.h"),
     ("src/ops_spatial.c", "cuda/ampc_cuda.h"),
+    ("src/optim.c", "cpu/cpu_kernels.h"),
     ("src/optim.c", "cuda/ampc_cuda.h"),
+    ("src/scaler.c", "cpu/cpu_kernels.h"),
     ("src/scaler.c", "cuda/ampc_cuda.h"),
 ]
 

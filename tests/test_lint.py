@@ -9,8 +9,7 @@ import sysconfig
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-# setup.py's folders (src/ and cuda/ today; kernels/ and cpu/ as issue 51 fills them), subfolders
-# too, so that a file moved between them stays linted.
+# setup.py's folders, subfolders too, so that a file moved between them stays linted.
 FOLDERS = ("src", "cpu", "kernels", "cuda")
 SOURCES = sorted(p for folder in FOLDERS for suffix in (".c", ".cu") for p in ROOT.glob(f"{folder}/**/*{suffix}"))
 

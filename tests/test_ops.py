@@ -77,7 +77,7 @@ def _ulps(got, want):
 
 
 def test_float32_exp_within_an_ulp_everywhere():
-    """ampc's vectorisable expf (src/vector_math.h) over a sweep of float32 bit patterns through its
+    """ampc's vectorisable expf (cpu/vector_math.h) over a sweep of float32 bit patterns through its
     whole range, subnormal results included: within 1 ulp of e^x (its full sweep measured 0.98),
     and exact at the edges: inf, -inf, NaN, overflow and underflow."""
     bits = np.arange(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32)
@@ -91,7 +91,7 @@ def test_float32_exp_within_an_ulp_everywhere():
 
 
 def test_float32_log_within_an_ulp_everywhere():
-    """ampc's vectorisable logf (src/vector_math.h) over a sweep of float32 bit patterns, subnormals
+    """ampc's vectorisable logf (cpu/vector_math.h) over a sweep of float32 bit patterns, subnormals
     included: within 1 ulp of log x (a sweep of a 97th of all floats measured 0.87), and log(0) =
     -inf, log(inf) = inf, NaN for negative x and NaN."""
     bits = np.arange(0, 2**31, 4099, dtype=np.uint64).astype(np.uint32)  # the positive floats
@@ -130,7 +130,7 @@ def test_float32_tanh_within_two_ulp_everywhere():
 
 
 def test_float32_gelu_keeps_its_relative_precision_in_the_tail():
-    """gelu through ampc's vectorisable erfc (src/vector_math.h): within 16 ulp of the float64 gelu
+    """gelu through ampc's vectorisable erfc (cpu/vector_math.h): within 16 ulp of the float64 gelu
     for |x| <= 3 and within 70 ulp out to x = -8, where gelu is 1e-14 and the rounding of x / sqrt(2)
     alone costs 60 ulp (libm's erfcf does no better); 1 + erf(x / sqrt(2)) would have lost every bit."""
     bits = np.arange(0, 2**32, 9973, dtype=np.uint64).astype(np.uint32)

@@ -1,4 +1,4 @@
-"""ampc's CPU thread pool (src/parallel.c): its workers wait for the next job spinning for a while,
+"""ampc's CPU thread pool (cpu/parallel.c): its workers wait for the next job spinning for a while,
 then asleep. Jobs that come back to back, after a pause, from several Python threads at once, or in a
 forked child must each give the single-threaded bits."""
 

@@ -9,16 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fpenv.h"
-#include "cpu_kernels.h"
-#include "ops_cpu_io.h"
-#include "parallel.h"
+#include "cpu/fpenv.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu/ops_cpu_io.h"
+#include "cpu/parallel.h"
 
 #define REAL float
 #define F(name) name##_f
 #define ACC_DTYPE AMPC_FLOAT32
 #define SQRT sqrtf
-#include "spatial_real.inc"
+#include "cpu/spatial_real.inc"
 #undef REAL
 #undef F
 #undef ACC_DTYPE
@@ -28,7 +28,7 @@
 #define F(name) name##_d
 #define ACC_DTYPE AMPC_FLOAT64
 #define SQRT sqrt
-#include "spatial_real.inc"
+#include "cpu/spatial_real.inc"
 
 int ampc_cpu_im2col(const ampc_conv *cv, int64_t n0, int64_t images, void *col, const int64_t col_strides[3])
 {

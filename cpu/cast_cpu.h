@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include "kernels/dtypes.h"
 #include "kernels/layout.h"
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 
 typedef void (*ampc_cast_contig_fn)(const void *src, void *dst, int64_t n);
 typedef void (*ampc_cast_strided_fn)(const char *src, int64_t src_stride,

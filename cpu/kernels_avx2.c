@@ -9,8 +9,8 @@
  * quieted instead). The float64 conversions use the hardware, which the
  * driver runs under the default MXCSR (nearest even, no flush to zero).
  */
-#include "cast_cpu.h"
-#include "cpu_kernels.h"
+#include "cpu/cast_cpu.h"
+#include "cpu/cpu_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC target("avx2,f16c,fma")
@@ -113,8 +113,8 @@ static inline simd_f32 simd_set1(float x) { return _mm256_set1_ps(x); }
 #define SIMD_TABLE ampc_cast_avx2
 #define SIMD_LABEL "avx2"
 #define SIMD_UNSCALE_TABLE ampc_unscale_avx2
-#include "simd_loops.h"
-#include "simd_unscale.h"
+#include "cpu/simd_loops.h"
+#include "cpu/simd_unscale.h"
 
 #else
 const ampc_cast_table ampc_cast_avx2 = {"avx2", {{NULL}}, {{NULL}}};

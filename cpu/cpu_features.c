@@ -5,8 +5,8 @@
  * gcc's __builtin_cpu_supports also checks that the OS saves the wide
  * registers (XGETBV), so a feature it reports can be used.
  */
-#include "cast_cpu.h"
-#include "cpu_features.h"
+#include "cpu/cast_cpu.h"
+#include "cpu/cpu_features.h"
 
 #include <string.h>
 

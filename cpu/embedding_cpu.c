@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fpenv.h"
-#include "cpu_kernels.h"
-#include "ops_cpu_io.h"
-#include "parallel.h"
+#include "cpu/fpenv.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu/ops_cpu_io.h"
+#include "cpu/parallel.h"
 #include "kernels/philox.h"
 
 /* ------------------------------------------------------------------------ */

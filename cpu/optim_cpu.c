@@ -8,15 +8,15 @@
  * float32 and float64 directly (the compiler vectorises them), float16 and
  * bfloat16 through float32 with fp_formats.h's rounding, as the GPU does.
  */
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 #include "kernels/optim_math.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/fp_formats.h"
-#include "cast_cpu.h"
-#include "fpenv.h"
-#include "parallel.h"
+#include "cpu/cast_cpu.h"
+#include "cpu/fpenv.h"
+#include "cpu/parallel.h"
 
 #define BLOCK (1 << 15)
 

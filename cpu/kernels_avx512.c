@@ -3,12 +3,12 @@
  * lanes: casts (bfloat16 rounded in integer arithmetic) and unscale. See
  * simd_avx512.h.
  */
-#include "cast_cpu.h"
-#include "cpu_kernels.h"
+#include "cpu/cast_cpu.h"
+#include "cpu/cpu_kernels.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx2,f16c,fma")
-#include "simd_avx512.h"
+#include "cpu/simd_avx512.h"
 
 static inline __m256i round_bf16(simd_f32 v) { return bf16_round_integer(v); }
 
@@ -16,8 +16,8 @@ static inline __m256i round_bf16(simd_f32 v) { return bf16_round_integer(v); }
 #define SIMD_TABLE ampc_cast_avx512
 #define SIMD_LABEL "avx512"
 #define SIMD_UNSCALE_TABLE ampc_unscale_avx512
-#include "simd_loops.h"
-#include "simd_unscale.h"
+#include "cpu/simd_loops.h"
+#include "cpu/simd_unscale.h"
 
 #else
 const ampc_cast_table ampc_cast_avx512 = {"avx512", {{NULL}}, {{NULL}}};

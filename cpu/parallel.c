@@ -17,7 +17,7 @@
  * forgets the workers, and the next job starts new ones.
  */
 #define _GNU_SOURCE
-#include "parallel.h"
+#include "cpu/parallel.h"
 
 #include <pthread.h>
 #include <sched.h>

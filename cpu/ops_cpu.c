@@ -16,12 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fpenv.h"
-#include "cpu_kernels.h"
-#include "cast_cpu.h"
-#include "ops_cpu_io.h"
-#include "parallel.h"
-#include "vector_math.h"
+#include "cpu/fpenv.h"
+#include "cpu/cpu_kernels.h"
+#include "cpu/cast_cpu.h"
+#include "cpu/ops_cpu_io.h"
+#include "cpu/parallel.h"
+#include "cpu/vector_math.h"
 
 
 #define REAL float
@@ -36,7 +36,7 @@
 #define POW powf
 #define SQRT sqrtf
 #define FABS fabsf
-#include "ops_real.inc"
+#include "cpu/ops_real.inc"
 
 /* The float kernels again for AVX2 (8 lanes against SSE2's 4): the same
  * operations in the same order, so the same bits; chosen where the CPU has
@@ -49,7 +49,7 @@
 #define F(name) name##_f_avx2
 #undef VEC_BYTES
 #define VEC_BYTES 32  /* real_sums.inc's lanes in half as many vectors: the same lanes, the same bits */
-#include "ops_real.inc"
+#include "cpu/ops_real.inc"
 #undef VEC_BYTES
 #define VEC_BYTES 16
 #pragma GCC pop_options
@@ -65,7 +65,7 @@
 #define F(name) name##_f_avx512
 #undef VEC_BYTES
 #define VEC_BYTES 64
-#include "ops_real.inc"
+#include "cpu/ops_real.inc"
 #undef VEC_BYTES
 #define VEC_BYTES 16
 #pragma GCC pop_options
@@ -94,7 +94,7 @@
 #define POW pow
 #define SQRT sqrt
 #define FABS fabs
-#include "ops_real.inc"
+#include "cpu/ops_real.inc"
 
 /* ------------------------------------------------------------------------ */
 /* Entry points: the compute type follows the data (float64 or the rest)    */

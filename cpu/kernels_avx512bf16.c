@@ -6,11 +6,11 @@
  * arithmetic; real data almost never has one, so that branch is rarely taken.
  * (Unscale uses kernels_avx512.c's table: the rounding is the same.)
  */
-#include "cast_cpu.h"
+#include "cpu/cast_cpu.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c,fma")
-#include "simd_avx512.h"
+#include "cpu/simd_avx512.h"
 
 static inline __m256i round_bf16(simd_f32 v)
 {
@@ -26,7 +26,7 @@ static inline __m256i round_bf16(simd_f32 v)
 #define SIMD_NAME(x) avx512bf16_##x
 #define SIMD_TABLE ampc_cast_avx512bf16
 #define SIMD_LABEL "avx512bf16"
-#include "simd_loops.h"
+#include "cpu/simd_loops.h"
 
 #else
 const ampc_cast_table ampc_cast_avx512bf16 = {"avx512bf16", {{NULL}}, {{NULL}}};

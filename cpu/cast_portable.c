@@ -8,7 +8,7 @@
  * stores go through memcpy: NumPy arrays need not be aligned, and the
  * compiler turns a fixed-size memcpy into a plain move.
  */
-#include "cast_cpu.h"
+#include "cpu/cast_cpu.h"
 
 #include <string.h>
 #include "kernels/fp_formats.h"

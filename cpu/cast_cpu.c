@@ -5,9 +5,9 @@
  * bool source: no op's hot path converts those), and splits large loops
  * between ampc's threads.
  */
-#include "cast_cpu.h"
+#include "cpu/cast_cpu.h"
 
-#include "parallel.h"
+#include "cpu/parallel.h"
 
 #ifdef __linux__
 #include <sys/mman.h>
@@ -17,7 +17,7 @@
 #endif
 #endif
 
-#include "fpenv.h"
+#include "cpu/fpenv.h"
 
 /* Below this many elements a cast stays on one thread: waking workers costs
  * more than it saves. */

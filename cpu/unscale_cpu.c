@@ -9,15 +9,15 @@
  * the threads, so it is reproducible bit for bit. Strided gradients are
  * walked on the calling thread.
  */
-#include "cpu_kernels.h"
+#include "cpu/cpu_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cast_cpu.h"
+#include "cpu/cast_cpu.h"
 #include "kernels/fp_formats.h"
-#include "fpenv.h"
-#include "parallel.h"
+#include "cpu/fpenv.h"
+#include "cpu/parallel.h"
 
 /* Elements per block of work: large enough that a block is worth a thread's
  * attention, small enough that millions of tiny tensors still spread out. */

@@ -9,7 +9,7 @@
 
 #include <string.h>
 
-#include "cast_cpu.h"
+#include "cpu/cast_cpu.h"
 #include "kernels/op_descriptors.h"
 
 /* Elements per buffered run, and the least work worth a thread. */
