@@ -7,7 +7,7 @@
  */
 #define AMPC_IMPORTS_NUMPY
 #include "ampc.h"
-#include "ops_args.h"
+#include "op_args.h"
 #include "autocast.h"
 
 #include "cpu/cast_cpu.h"

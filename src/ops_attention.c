@@ -23,7 +23,7 @@
 
 #include "ampc_cuda.h"
 #include "kernels/op_descriptors.h"
-#include "ops_args.h"
+#include "op_args.h"
 
 /* Dropout's terms in d (op_descriptors.h): p in [0, 1] (0: none), the draw (seed, offset) as the composed
  * attention's dropout takes it. -1 with ValueError for another p. */

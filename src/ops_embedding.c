@@ -12,7 +12,7 @@
 #include "ampc_cuda.h"
 #include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
-#include "ops_args.h"
+#include "op_args.h"
 
 static ampc_buf buf_of(const ampc_view *v) { return (ampc_buf){v->data, v->dtype}; }
 

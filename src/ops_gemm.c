@@ -19,7 +19,7 @@
 #include "ampc_cuda.h"
 #include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
-#include "ops_args.h"
+#include "op_args.h"
 
 /* An ndarray of v's values in dtype acc (float32 or float64): over v's
  * memory when v has that dtype (read-only, kept alive by v's owner), else a

@@ -22,7 +22,7 @@
 #include "ampc_cuda.h"
 #include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
-#include "ops_args.h"
+#include "op_args.h"
 
 #define COL_BUDGET ((int64_t)32 << 20)
 

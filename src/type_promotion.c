@@ -13,7 +13,7 @@
  * promotion (int8 with uint8 is int16 ...) would decide an integer result,
  * which the caller refuses or replaces.
  */
-#include "ops_args.h"
+#include "op_args.h"
 
 ampc_dtype ampc_promote_float(ampc_dtype x, ampc_dtype y)
 {

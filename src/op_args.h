@@ -1,11 +1,11 @@
 /*
- * ops_args.h: what the op entry points (ops.c, ops_gemm.c) share: reading
+ * op_args.h: what the op entry points (ops.c, ops_gemm.c, ...) share (op_args.c): reading
  * their array arguments (one device for all, dtypes checked, names in the
  * messages), dense copies where a kernel needs C order, outputs on the
  * arguments' device, and the stream ordering around a GPU kernel.
  */
-#ifndef AMPC_OPS_ARGS_H
-#define AMPC_OPS_ARGS_H
+#ifndef AMPC_OP_ARGS_H
+#define AMPC_OP_ARGS_H
 
 #include "ampc.h"
 #include "kernels/op_descriptors.h"
@@ -143,4 +143,4 @@ extern PyMethodDef ampc_embedding_methods[];
 extern PyMethodDef ampc_attention_methods[];
 
 
-#endif /* AMPC_OPS_ARGS_H */
+#endif /* AMPC_OP_ARGS_H */
