@@ -27,7 +27,7 @@
 #include "kernels/layout.h"
 
 /* ------------------------------------------------------------------------ */
-/* Module state (module.c)                                                   */
+/* Module state (module.c)                                                  */
 /* ------------------------------------------------------------------------ */
 
 struct ampc_cuda_api;  /* ampc_cuda.h */
@@ -113,7 +113,7 @@ static inline ampc_state *ampc_state_from_type(PyTypeObject *type)
 }
 
 /* ------------------------------------------------------------------------ */
-/* dtypes (dtype.c)                                                          */
+/* dtypes (dtype.c)                                                         */
 /* ------------------------------------------------------------------------ */
 
 extern const char *const ampc_dtype_names[AMPC_NUM_DTYPES];
@@ -131,7 +131,7 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
 int ampc_dtype_of_torch(PyObject *dtype);
 
 /* ------------------------------------------------------------------------ */
-/* The caller's array library (interop.c)                                    */
+/* The caller's array library (interop.c)                                   */
 /* ------------------------------------------------------------------------ */
 
 /* Whether `type` is torch's: its __module__ is torch or under it (as
@@ -140,7 +140,7 @@ int ampc_dtype_of_torch(PyObject *dtype);
 int ampc_is_torch_type(PyTypeObject *type, const char *name);
 
 /* ------------------------------------------------------------------------ */
-/* Array views (view.c)                                                      */
+/* Array views (view.c; any array read as one: any_array.c)                 */
 /* ------------------------------------------------------------------------ */
 
 /* One description of every array the C code touches. */
@@ -164,18 +164,19 @@ typedef enum {
 } ampc_access;
 
 /* Describe `obj` (ndarray, ampc.Array, DLPack producer or capsule, Python or
- * NumPy scalar). 0, or -1 with an exception naming `argname`. */
+ * NumPy scalar). 0, or -1 with an exception naming `argname`. (any_array.c) */
 int ampc_view_from_object(ampc_state *st, PyObject *obj, const char *argname,
                           ampc_access access, ampc_view *view);
 void ampc_view_release(ampc_view *view);
 /* The same for an ndarray; `source` is left NULL. */
 int ampc_view_from_ndarray(ampc_state *st, PyArrayObject *a, const char *argname, ampc_view *view);
 /* Hand a result (an ndarray or ampc.Array, stolen) back as the type the
- * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out. */
+ * caller used: NumPy in, NumPy out; CuPy in, CuPy out; torch in, torch out.
+ * (any_array.c) */
 PyObject *ampc_return_as(ampc_state *st, PyObject *result, PyTypeObject *source);
 
 /* ------------------------------------------------------------------------ */
-/* Error messages (errors.c)                                                 */
+/* Error messages (errors.c)                                                */
 /* ------------------------------------------------------------------------ */
 
 /* repr(obj) for an error message, or "<T object>" where that repr raises
@@ -197,7 +198,7 @@ void ampc_shape_str(const ampc_view *v, char *buf, size_t size);
 int ampc_parse_int64s(PyObject *obj, const char *argname, int64_t *out, int allow_negative);
 
 /* ------------------------------------------------------------------------ */
-/* ampc.Array (array.c)                                                      */
+/* ampc.Array (array.c)                                                     */
 /* ------------------------------------------------------------------------ */
 
 int ampc_array_type_init(PyObject *module, ampc_state *st);
@@ -221,7 +222,7 @@ PyObject *ampc_array_empty(ampc_state *st, ampc_device device, ampc_dtype dtype,
 PyObject *ampc_array_view_into(ampc_state *st, PyObject *owner, const ampc_view *view);
 
 /* ------------------------------------------------------------------------ */
-/* DLPack (dlpack.c)                                                         */
+/* DLPack (dlpack.c)                                                        */
 /* ------------------------------------------------------------------------ */
 
 /* Import through the protocol (__dlpack__ / __dlpack_device__) or from a bare
@@ -254,7 +255,7 @@ int ampc_dlpack_fast_return(ampc_state *st, const ampc_view *view, PyObject *own
                             PyObject **out);
 
 /* ------------------------------------------------------------------------ */
-/* CUDA backend (cuda_backend.c)                                             */
+/* CUDA backend (cuda_backend.c)                                            */
 /* ------------------------------------------------------------------------ */
 
 /* Load ampc._cuda if needed; -1 with a RuntimeError saying how to build it. */
@@ -291,7 +292,7 @@ int ampc_order_stream(ampc_state *st, int device, void *stream, void *producer, 
 extern PyMethodDef ampc_cuda_methods[];
 
 /* ------------------------------------------------------------------------ */
-/* ampc.Parameter (parameter.c)                                              */
+/* ampc.Parameter (parameter.c)                                             */
 /* ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -347,13 +348,13 @@ int ampc_tape_op_type_init(PyObject *module);
 extern PyMethodDef ampc_tape_op_methods[];
 
 /* ------------------------------------------------------------------------ */
-/* GradScaler (scaler.c)                                                     */
+/* GradScaler (scaler.c)                                                    */
 /* ------------------------------------------------------------------------ */
 
 int ampc_scaler_type_init(PyObject *module, ampc_state *st);
 
 /* ------------------------------------------------------------------------ */
-/* Casts (cast.c)                                                            */
+/* Casts (cast.c) and the copies made of them (copy.c)                      */
 /* ------------------------------------------------------------------------ */
 
 /* dst = src elementwise (shapes, devices, dtypes already checked); queued on
@@ -361,7 +362,7 @@ int ampc_scaler_type_init(PyObject *module, ampc_state *st);
  * allocated by ampc_empty_like. */
 int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src, int fresh_output);
 
-extern PyMethodDef ampc_cast_methods[];
+extern PyMethodDef ampc_copy_methods[];  /* cast, _to_device */
 
 /* ampc.optim's fused steps and helpers (optim.c). */
 extern PyMethodDef ampc_optim_methods[];

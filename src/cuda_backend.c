@@ -345,68 +345,7 @@ static PyObject *mod_cuda_stream_device(PyObject *module, PyObject *args)
     return PyLong_FromLong(device);
 }
 
-/* A copy of x (dense, in its own layout) on device: -1 the host (a NumPy array), else
- * that GPU (an ampc.Array from ampc's pool). The copy is queued on the
- * stream in use on the GPU end, after the work that made x; one that lands
- * on the host waits for it. Module.to() moves parameters with it. */
-static PyObject *mod_to_device(PyObject *module, PyObject *args)
-{
-    ampc_state *st = ampc_state_of(module);
-    PyObject *x, *fresh = NULL;
-    int device;
-    if (!PyArg_ParseTuple(args, "Oi:_to_device", &x, &device))
-        return NULL;
-    if (device >= 0 && ampc_cuda_check_device(st, device) < 0)
-        return NULL;
-    ampc_view v, out;
-    if (ampc_view_from_object(st, x, "to: x", AMPC_FOR_READING, &v) < 0)
-        return NULL;
-    const int64_t itemsize = ampc_dtype_size(v.dtype);
-    /* dense in some order of its dimensions (C order, channels-last, a transpose), strides positive:
-     * its bytes are one block, copied as they are, and the copy keeps the strides */
-    int64_t lo = 0, hi = 0, strides[AMPC_MAX_NDIM];
-    int positive = 1;
-    for (int d = 0; d < v.ndim; d++)
-        positive &= v.strides[d] > 0 || v.shape[d] <= 1;
-    /* (every view's extent was checked when it was made: the -1 of an overflow cannot come) */
-    const int extent = v.numel > 0 ? ampc_layout_extent(v.ndim, v.shape, v.strides, itemsize, &lo, &hi) : 0;
-    if (v.numel > 0 && (extent < 0 || !positive || lo != 0 || hi != v.numel * itemsize ||
-                        ampc_layout_has_internal_overlap(v.ndim, v.shape, v.strides, itemsize))) {
-        PyErr_SetString(PyExc_ValueError, "to: x must be dense (C order, channels-last or another order of its "
-                        "dimensions) with positive strides");
-        goto done;
-    }
-    ampc_layout_korder_strides(v.ndim, v.shape, v.strides, itemsize, strides);
-    const ampc_device target = {device < 0 ? AMPC_DEVICE_CPU : AMPC_DEVICE_CUDA, device < 0 ? 0 : device};
-    fresh = ampc_array_empty(st, target, v.dtype, v.ndim, v.shape, strides, &out);
-    if (fresh == NULL)
-        goto done;
-    const size_t nbytes = (size_t)(v.numel * itemsize);
-    const int src = v.device.type == AMPC_DEVICE_CPU ? -1 : v.device.index;
-    if (src < 0 && device < 0) {
-        if (nbytes > 0)
-            memcpy(out.data, v.data, nbytes);
-        goto done;
-    }
-    const int gpu = device >= 0 ? device : src;
-    void *stream = ampc_current_stream(gpu, NULL);
-    ampc_streams_seen seen = {0};
-    if (src >= 0 && ampc_order_stream(st, src, stream, v.stream, 1, &seen) < 0) {
-        Py_CLEAR(fresh);
-        goto done;
-    }
-    const int status = st->cuda->copy(device, out.data, src, v.data, nbytes, stream);
-    if (status != AMPC_OK) {
-        ampc_cuda_raise(st, status, "copying an array between devices");
-        Py_CLEAR(fresh);
-    }
-done:
-    ampc_view_release(&v);
-    return fresh;
-}
-
 PyMethodDef ampc_cuda_methods[] = {
-    {"_to_device", mod_to_device, METH_VARARGS, "A copy of dense x, in its layout, on a device (-1: the host)."},
     {"_cuda_build_info", mod_cuda_build_info, METH_NOARGS,
      "(built, why_not): whether ampc._cuda loads, and the import error if it does not."},
     {"_cuda_device_count", mod_cuda_device_count, METH_NOARGS, "Visible CUDA devices (0 without a GPU)."},

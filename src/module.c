@@ -266,7 +266,7 @@ static int module_exec(PyObject *module)
         PyModule_AddFunctions(module, ampc_autocast_state_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_autocast_dispatch_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_autocast_cache_methods) < 0 ||
-        PyModule_AddFunctions(module, ampc_cast_methods) < 0 ||
+        PyModule_AddFunctions(module, ampc_copy_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_optim_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_ops_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_gemm_methods) < 0 ||
