@@ -339,19 +339,21 @@ const char *ampc_conv_key_text(const conv_key *k, char *buf, size_t size)
 }
 
 /* With AMPC_CONV_DEBUG set, the legacy algorithms' timings and the choice,
- * on stderr (conv_graph.c prints the graph API's engines). */
+ * kept for Python to print (conv_report.c; conv_graph.c reports the graph
+ * API's engines). */
 static void report(const conv_plan *p, const timing *timed, int count, const timing *chosen, int graph)
 {
-    if (getenv("AMPC_CONV_DEBUG") == NULL)
+    if (!ampc_conv_debugging())
         return;
     char text[AMPC_CONV_KEY_TEXT];
     ampc_conv_key_text(&p->key, text, sizeof text);
     for (int i = 0; i < count; i++)
-        fprintf(stderr, "ampc conv legacy: %s: algo %d %s %.4f ms, %zu B, math %d%s%s\n", text, timed[i].algo,
-                cudnnGetErrorString(timed[i].status), (double)timed[i].time, timed[i].memory, (int)timed[i].math,
-                timed[i].deterministic ? "" : " (nondeterministic)", &timed[i] == chosen && !graph ? " <- chosen" : "");
+        ampc_conv_debug_line("ampc conv legacy: %s: algo %d %s %.4f ms, %zu B, math %d%s%s\n", text, timed[i].algo,
+                             cudnnGetErrorString(timed[i].status), (double)timed[i].time, timed[i].memory,
+                             (int)timed[i].math, timed[i].deterministic ? "" : " (nondeterministic)",
+                             &timed[i] == chosen && !graph ? " <- chosen" : "");
     if (graph)
-        fprintf(stderr, "ampc conv: %s: the graph API's engine chosen, %.4f ms\n", text, (double)p->engine.time);
+        ampc_conv_debug_line("ampc conv: %s: the graph API's engine chosen, %.4f ms\n", text, (double)p->engine.time);
 }
 
 static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int count)
