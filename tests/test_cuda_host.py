@@ -21,6 +21,17 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None or not sys.platform.
                                 reason="needs gcc")
 
 
+def _cuda_include():
+    """CUDA's headers, found as setup.py finds the toolkit (cuda/common.h includes
+    cuda_runtime.h), or None."""
+    nvcc = shutil.which("nvcc")
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda",
+                 nvcc and os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))):
+        if home and os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+            return os.path.join(home, "include")
+    return None
+
+
 def _sanitizers():
     found = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True, env=CLEAN_ENV)
     if not os.path.isabs(found.stdout.strip()):
@@ -56,4 +67,18 @@ def test_conv_report_keeps_whole_lines_for_python(tmp_path):
         "ok full: whole lines, the rest counted",
         "ok two threads' lines whole, each in its order",
         "ok AMPC_CONV_DEBUG read on each call",
+    ]
+
+
+@pytest.mark.skipif(_cuda_include() is None, reason="needs CUDA's headers")
+def test_plan_cache_keeps_plans_up_to_its_limit(tmp_path):
+    """cuda/plan_cache.c, conv.c's and gemm.c's plans: a key's plan built once and found again,
+    keys a byte apart being plans apart, a failed build destroyed and not kept,
+    AMPC_PLAN_LIMIT plans kept and each new key's plan past them built for its call and destroyed
+    after it (a path no GPU test reaches), every kept plan still found after."""
+    assert _run("plan_cache", ["cuda/plan_cache.c"], tmp_path, includes=[_cuda_include()]) == [
+        "ok built once, found again",
+        "ok keys apart in their first, middle or last bytes, plans apart",
+        "ok a failed build destroyed, not kept",
+        "ok AMPC_PLAN_LIMIT kept, then temporary ones destroyed after use",
     ]
