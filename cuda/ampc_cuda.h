@@ -32,8 +32,10 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 8
+#define AMPC_CUDA_ABI_VERSION 9
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
+/* conv_report's lines never reach this many bytes with their NUL. */
+#define AMPC_CUDA_CONV_REPORT_SIZE ((size_t)64 << 10)
 
 typedef enum {
     AMPC_OK = 0,
@@ -178,6 +180,16 @@ typedef struct ampc_cuda_api {
      * what its kernels do not serve. */
     int (*attention)(int device, void *stream, const ampc_attention *a);
     int (*attention_backward)(int device, void *stream, const ampc_attention_backward *b);
+
+    /* --- ABI 9 --- */
+
+    /* The lines AMPC_CONV_DEBUG asks of the convolutions (each pass's
+     * algorithms and engines timed, and the one chosen), which ampc._cuda
+     * keeps rather than prints (cuda/conv_report.c). *length: their length;
+     * where buf is not NULL and size > *length, they are moved into buf,
+     * NUL-terminated, and forgotten. A buf of AMPC_CUDA_CONV_REPORT_SIZE
+     * bytes always takes them. */
+    int (*conv_report)(char *buf, size_t size, size_t *length);
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

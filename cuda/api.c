@@ -56,6 +56,8 @@ int ampc_cuda_embedding_backward(int device, void *stream, const ampc_embedding_
 int ampc_cuda_dropout(int device, void *stream, const ampc_dropout *d);
 int ampc_cuda_attention(int device, void *stream, const ampc_attention *a);
 int ampc_cuda_attention_backward(int device, void *stream, const ampc_attention_backward *b);
+/* AMPC_CONV_DEBUG's lines: conv_report.c. */
+int ampc_cuda_conv_report(char *buf, size_t size, size_t *length);
 
 const ampc_cuda_api ampc_cuda_api_table = {
     .abi_version = AMPC_CUDA_ABI_VERSION,
@@ -100,6 +102,7 @@ const ampc_cuda_api ampc_cuda_api_table = {
     .dropout = ampc_cuda_dropout,
     .attention = ampc_cuda_attention,
     .attention_backward = ampc_cuda_attention_backward,
+    .conv_report = ampc_cuda_conv_report,
 };
 
 static int cuda_exec(PyObject *module)

@@ -29,11 +29,9 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
+#include "plan_cache.h"
 
-#define PLAN_BUCKETS 256
-#define PLAN_LIMIT 4096
 /* The most an algorithm may ask while they are timed (less where less is
  * free; torch lets cuDNN ask what is free). Not 1 GiB: at that cap ResNet-50's
  * channels-last float32 1x1 stride-2 downsample (256x256x56^2 -> 512) lost
@@ -43,31 +41,22 @@
 #define FIND_WORKSPACE ((size_t)4 << 30)
 #define DETERMINISTIC_SLACK 1.00f  /* how much slower a deterministic algorithm may be and still be chosen */
 
-typedef struct conv_plan {
-    conv_key key;
+typedef struct {
+    conv_key key;  /* first: the plan cache finds it there */
     cudnnTensorDescriptor_t x, y;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
     int algo;
     size_t workspace;
     conv_engine engine;  /* a graph API plan, when one ran faster than the legacy algorithms */
-    struct conv_plan *next;
 } conv_plan;
 
-static conv_plan *buckets[PLAN_BUCKETS];
-static int plans;  /* guarded by dnn.c's lock */
+_Static_assert(offsetof(conv_plan, key) == 0, "plan_cache.c reads a plan's key at its start");
 
-static uint64_t key_hash(const conv_key *k)
+/* The plan's descriptors (plan_cache.c frees the plan). */
+static void plan_destroy(void *plan)
 {
-    const unsigned char *p = (const unsigned char *)k;
-    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
-    for (size_t i = 0; i < sizeof *k; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
-static void plan_destroy(conv_plan *p)
-{
+    conv_plan *p = (conv_plan *)plan;
     ampc_conv_graph_destroy(&p->engine);
     if (p->x)
         cudnnDestroyTensorDescriptor(p->x);
@@ -77,8 +66,15 @@ static void plan_destroy(conv_plan *p)
         cudnnDestroyFilterDescriptor(p->w);
     if (p->conv)
         cudnnDestroyConvolutionDescriptor(p->conv);
-    free(p);
 }
+
+/* The plans kept, under dnn.c's lock. */
+static ampc_plan_cache plans = {
+    .plan_size = sizeof(conv_plan),
+    .key_size = sizeof(conv_key),
+    .what = "a cuDNN plan",
+    .destroy = plan_destroy,
+};
 
 static cudnnMathType_t math_type(int dtype)
 {
@@ -339,19 +335,21 @@ const char *ampc_conv_key_text(const conv_key *k, char *buf, size_t size)
 }
 
 /* With AMPC_CONV_DEBUG set, the legacy algorithms' timings and the choice,
- * on stderr (conv_graph.c prints the graph API's engines). */
+ * kept for Python to print (conv_report.c; conv_graph.c reports the graph
+ * API's engines). */
 static void report(const conv_plan *p, const timing *timed, int count, const timing *chosen, int graph)
 {
-    if (getenv("AMPC_CONV_DEBUG") == NULL)
+    if (!ampc_conv_debugging())
         return;
     char text[AMPC_CONV_KEY_TEXT];
     ampc_conv_key_text(&p->key, text, sizeof text);
     for (int i = 0; i < count; i++)
-        fprintf(stderr, "ampc conv legacy: %s: algo %d %s %.4f ms, %zu B, math %d%s%s\n", text, timed[i].algo,
-                cudnnGetErrorString(timed[i].status), (double)timed[i].time, timed[i].memory, (int)timed[i].math,
-                timed[i].deterministic ? "" : " (nondeterministic)", &timed[i] == chosen && !graph ? " <- chosen" : "");
+        ampc_conv_debug_line("ampc conv legacy: %s: algo %d %s %.4f ms, %zu B, math %d%s%s\n", text, timed[i].algo,
+                             cudnnGetErrorString(timed[i].status), (double)timed[i].time, timed[i].memory,
+                             (int)timed[i].math, timed[i].deterministic ? "" : " (nondeterministic)",
+                             &timed[i] == chosen && !graph ? " <- chosen" : "");
     if (graph)
-        fprintf(stderr, "ampc conv: %s: the graph API's engine chosen, %.4f ms\n", text, (double)p->engine.time);
+        ampc_conv_debug_line("ampc conv: %s: the graph API's engine chosen, %.4f ms\n", text, (double)p->engine.time);
 }
 
 static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int count)
@@ -421,33 +419,17 @@ static int plan_build(cudnnHandle_t handle, int device, void *stream, conv_plan 
     return rc == AMPC_OK ? choose(handle, p, t, count) : rc;
 }
 
-static int plan_get(cudnnHandle_t handle, int device, void *stream, const conv_key *key, const ampc_conv *c,
-                    conv_plan **out, int *temporary)
+typedef struct {
+    cudnnHandle_t handle;
+    int device;
+    void *stream;
+    const ampc_conv *c;
+} build_args;
+
+static int build(void *plan, void *ctx)
 {
-    const uint64_t slot = key_hash(key) % PLAN_BUCKETS;
-    for (conv_plan *p = buckets[slot]; p != NULL; p = p->next)
-        if (memcmp(&p->key, key, sizeof *key) == 0) {
-            *out = p;
-            *temporary = 0;
-            return AMPC_OK;
-        }
-    conv_plan *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        return ampc_cuda_fail_msg(AMPC_ERR_OUT_OF_MEMORY, "out of host memory for a cuDNN plan");
-    p->key = *key;
-    const int rc = plan_build(handle, device, stream, p, c);
-    if (rc != AMPC_OK) {
-        plan_destroy(p);
-        return rc;
-    }
-    *temporary = plans >= PLAN_LIMIT;
-    if (!*temporary) {
-        p->next = buckets[slot];
-        buckets[slot] = p;
-        plans++;
-    }
-    *out = p;
-    return AMPC_OK;
+    const build_args *a = (const build_args *)ctx;
+    return plan_build(a->handle, a->device, a->stream, (conv_plan *)plan, a->c);
 }
 
 /* The pass's output declared written for initcheck (initcheck.c): some of
@@ -480,11 +462,13 @@ static void mark_output(void *stream, const ampc_conv *c)
 
 static int conv_locked(cudnnHandle_t handle, int device, void *stream, const ampc_conv *c, const conv_key *key)
 {
-    conv_plan *p = NULL;
+    build_args args = {handle, device, stream, c};
+    void *plan = NULL;
     int temporary = 0;
-    int rc = plan_get(handle, device, stream, key, c, &p, &temporary);
+    int rc = ampc_plan_get(&plans, key, build, &args, &plan, &temporary);
     if (rc != AMPC_OK)
         return rc;
+    const conv_plan *p = (const conv_plan *)plan;
     void *ws = NULL;
     if (p->workspace > 0)
         rc = ampc_cuda_alloc(device, p->workspace, stream, &ws);
@@ -497,8 +481,7 @@ static int conv_locked(cudnnHandle_t handle, int device, void *stream, const amp
         if (rc == AMPC_OK)
             rc = freed;
     }
-    if (temporary)
-        plan_destroy(p);
+    ampc_plan_done(&plans, plan, temporary);
     return rc;
 }
 

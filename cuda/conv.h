@@ -1,11 +1,13 @@
 /*
  * conv.h: what conv.c (the legacy cudnnFind...Ex algorithms) and
  * conv_graph.c (cuDNN's graph API engines) share: the key a convolution's
- * plan is remembered by and the graph API's chosen engine.
+ * plan is remembered by, the graph API's chosen engine, and where
+ * AMPC_CONV_DEBUG's lines go (conv_report.h).
  */
 #ifndef AMPC_CUDA_CONV_H
 #define AMPC_CUDA_CONV_H
 
+#include "conv_report.h"
 #include "dnn.h"
 
 #ifdef __cplusplus

@@ -15,7 +15,6 @@
 #include "conv.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -356,7 +355,7 @@ int ampc_conv_graph_find(cudnnHandle_t handle, void *stream, const conv_key *key
             fastest = live[k];
     }
     int chosen = fastest;
-    const int verbose = getenv("AMPC_CONV_DEBUG") != NULL;
+    const int verbose = ampc_conv_debugging();
     char text[AMPC_CONV_KEY_TEXT] = "";
     if (verbose)
         ampc_conv_key_text(key, text, sizeof text);
@@ -366,9 +365,10 @@ int ampc_conv_graph_find(cudnnHandle_t handle, void *stream, const conv_key *key
             chosen = i;
     for (int i = 0; i < count; i++) {
         if (verbose)
-            fprintf(stderr, "ampc conv graph: %s: config %d/%d engine %lld %s%s %.4f ms%s\n", text, i, count,
-                    (long long)indices[i], plans[i] != NULL ? "timed" : "skipped",
-                    deterministic[i] ? "" : " (nondeterministic)", (double)times[i], i == chosen ? " <- chosen" : "");
+            ampc_conv_debug_line("ampc conv graph: %s: config %d/%d engine %lld %s%s %.4f ms%s\n", text, i, count,
+                                 (long long)indices[i], plans[i] != NULL ? "timed" : "skipped",
+                                 deterministic[i] ? "" : " (nondeterministic)", (double)times[i],
+                                 i == chosen ? " <- chosen" : "");
         if (i == chosen && rc == AMPC_OK) {
             best->plan = plans[i];
             best->config = configs[i];

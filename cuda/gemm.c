@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cublasLt.h>
+#include "plan_cache.h"
 
 /* Defined in memory.c. */
 int ampc_cuda_alloc(int device, size_t nbytes, void *stream, void **ptr);
@@ -32,8 +33,6 @@ int ampc_cuda_free(int device, void *ptr, size_t nbytes, void *stream);
 
 #define MAX_DEVICES 64
 #define WORKSPACE_LIMIT ((size_t)32 << 20)  /* what torch gives cuBLASLt on Hopper */
-#define PLAN_BUCKETS 256
-#define PLAN_LIMIT 4096                     /* beyond it, plans are made per call */
 
 typedef struct {
     int device;
@@ -48,21 +47,20 @@ typedef struct {
 #define CANDIDATES 4     /* heuristic algorithms timed on a plan's first call */
 #define TIMED_RUNS 3
 
-typedef struct plan {
-    plan_key key;
+typedef struct {
+    plan_key key;  /* first: the plan cache finds it there */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t layout_a, layout_b, layout_c, layout_d;
     cublasLtMatmulAlgo_t algo;
     size_t workspace;
     cublasLtMatmulHeuristicResult_t candidates[CANDIDATES];
     int ncandidates, tuned;
-    struct plan *next;
 } plan;
+
+_Static_assert(offsetof(plan, key) == 0, "plan_cache.c reads a plan's key at its start");
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static cublasLtHandle_t handles[MAX_DEVICES];
-static plan *buckets[PLAN_BUCKETS];
-static int plans;
 
 static int lt_fail(cublasStatus_t status, const char *what)
 {
@@ -96,17 +94,10 @@ static uint32_t alignment(const void *p)
     return align;
 }
 
-static uint64_t key_hash(const plan_key *k)
+/* The plan's descriptors (plan_cache.c frees the plan). */
+static void plan_destroy(void *kept)
 {
-    const unsigned char *p = (const unsigned char *)k;
-    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
-    for (size_t i = 0; i < sizeof *k; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
-static void plan_destroy(plan *p)
-{
+    plan *p = (plan *)kept;
     if (p->layout_a)
         cublasLtMatrixLayoutDestroy(p->layout_a);
     if (p->layout_b)
@@ -117,8 +108,15 @@ static void plan_destroy(plan *p)
         cublasLtMatrixLayoutDestroy(p->layout_d);
     if (p->desc)
         cublasLtMatmulDescDestroy(p->desc);
-    free(p);
 }
+
+/* The plans kept, under the lock. */
+static ampc_plan_cache plans = {
+    .plan_size = sizeof(plan),
+    .key_size = sizeof(plan_key),
+    .what = "a cuBLASLt plan",
+    .destroy = plan_destroy,
+};
 
 /* A column-major rows x cols layout, batched. */
 static int make_layout(cublasLtMatrixLayout_t *layout, int dtype, int64_t rows, int64_t cols, int64_t ld,
@@ -203,37 +201,22 @@ static int plan_build(cublasLtHandle_t handle, plan *p)
     return AMPC_OK;
 }
 
-/* The plan for key (kept in the cache, or *temporary set: the caller frees
- * it), with the lock held. */
+static int build(void *kept, void *handle)
+{
+    return plan_build(*(const cublasLtHandle_t *)handle, (plan *)kept);
+}
+
+/* The plan for key (kept in the cache, or *temporary set: the caller hands
+ * it to ampc_plan_done), with the lock held. */
 static int plan_get(const plan_key *key, plan **out, int *temporary)
 {
     const int device = key->device;
     if (handles[device] == NULL)
         LT_TRY(cublasLtCreate(&handles[device]), "cublasLtCreate");
-    const uint64_t slot = key_hash(key) % PLAN_BUCKETS;
-    for (plan *p = buckets[slot]; p != NULL; p = p->next)
-        if (memcmp(&p->key, key, sizeof *key) == 0) {
-            *out = p;
-            *temporary = 0;
-            return AMPC_OK;
-        }
-    plan *p = calloc(1, sizeof *p);
-    if (p == NULL)
-        return ampc_cuda_fail_msg(AMPC_ERR_OUT_OF_MEMORY, "out of host memory for a cuBLASLt plan");
-    p->key = *key;
-    const int rc = plan_build(handles[device], p);
-    if (rc != AMPC_OK) {
-        plan_destroy(p);
-        return rc;
-    }
-    *temporary = plans >= PLAN_LIMIT;
-    if (!*temporary) {
-        p->next = buckets[slot];
-        buckets[slot] = p;
-        plans++;
-    }
-    *out = p;
-    return AMPC_OK;
+    void *found = NULL;
+    const int rc = ampc_plan_get(&plans, key, build, &handles[device], &found, temporary);
+    *out = (plan *)found;
+    return rc;
 }
 
 /* One cublasLtMatmul of g with the given algorithm, on stream. */
@@ -360,8 +343,7 @@ static int gemm_locked(int device, void *stream, const ampc_gemm *g, const plan_
         if (rc == AMPC_OK)
             rc = freed;
     }
-    if (temporary)
-        plan_destroy(p);
+    ampc_plan_done(&plans, p, temporary);
     return rc;
 }
 

@@ -345,6 +345,30 @@ static PyObject *mod_cuda_stream_device(PyObject *module, PyObject *args)
     return PyLong_FromLong(device);
 }
 
+/* The lines AMPC_CONV_DEBUG asked of the GPU convolutions since the last
+ * call, which ampc._cuda keeps: ampc.nn prints them, as nothing in C does.
+ * "" where ampc._cuda is not loaded (no GPU array met yet: no lines). */
+static PyObject *mod_cuda_conv_report(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    ampc_state *st = ampc_state_of(module);
+    size_t length = 0;
+    if (st->cuda == NULL || (st->cuda->conv_report(NULL, 0, &length) == AMPC_OK && length == 0))
+        return PyUnicode_FromStringAndSize(NULL, 0);
+    char *text = PyMem_Malloc(AMPC_CUDA_CONV_REPORT_SIZE);
+    if (text == NULL)
+        return PyErr_NoMemory();
+    PyObject *lines = NULL;
+    const int status = st->cuda->conv_report(text, AMPC_CUDA_CONV_REPORT_SIZE, &length);
+    if (status != AMPC_OK)
+        ampc_cuda_raise(st, status, "taking AMPC_CONV_DEBUG's lines");
+    else if (length >= AMPC_CUDA_CONV_REPORT_SIZE)  /* not moved: ampc_cuda.h's bound broken */
+        PyErr_SetString(PyExc_RuntimeError, "ampc._cuda kept more AMPC_CONV_DEBUG lines than its bound");
+    else
+        lines = PyUnicode_DecodeUTF8(text, (Py_ssize_t)length, "replace");
+    PyMem_Free(text);
+    return lines;
+}
+
 PyMethodDef ampc_cuda_methods[] = {
     {"_cuda_build_info", mod_cuda_build_info, METH_NOARGS,
      "(built, why_not): whether ampc._cuda loads, and the import error if it does not."},
@@ -357,5 +381,7 @@ PyMethodDef ampc_cuda_methods[] = {
     {"_cuda_stream_device", mod_cuda_stream_device, METH_VARARGS, "The device a cudaStream_t belongs to."},
     {"_cuda_swap_stream", mod_cuda_swap_stream, METH_VARARGS, "Set this thread's stream; returns the old one."},
     {"_cuda_current_stream", mod_cuda_current_stream, METH_VARARGS, "(handle, owner) for a device."},
+    {"_cuda_conv_report", mod_cuda_conv_report, METH_NOARGS,
+     "The lines AMPC_CONV_DEBUG asked of the GPU convolutions since the last call, for Python to print."},
     {NULL, NULL, 0, NULL},
 };

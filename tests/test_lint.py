@@ -11,11 +11,19 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # setup.py's folders, subfolders too, so that a file moved between them stays linted.
 FOLDERS = ("src", "cpu", "kernels", "cuda")
-SOURCES = sorted(p for folder in FOLDERS for suffix in (".c", ".cu") for p in ROOT.glob(f"{folder}/**/*{suffix}"))
 
 
-def rel(path):
-    return path.relative_to(ROOT).as_posix()
+def c_files(root, suffixes):
+    return sorted(p for folder in FOLDERS for suffix in suffixes for p in root.glob(f"{folder}/**/*{suffix}"))
+
+
+SOURCES = c_files(ROOT, (".c", ".cu"))
+# Everything the compilers read: the sources, their headers and included text.
+C_TEXT_SUFFIXES = (".c", ".cu", ".h", ".cuh", ".inc")
+
+
+def rel(path, root=ROOT):
+    return path.relative_to(root).as_posix()
 
 
 def calls(name):
@@ -42,6 +50,43 @@ def test_no_float_conversions_in_pyerr_format():
 def test_no_exit_or_abort_in_library_code():
     bad = [rel(p) for p in SOURCES if re.search(r"\b(exit|abort)\s*\(", p.read_text())]
     assert not bad, bad
+
+
+# A call that writes to the process's stdout or stderr (snprintf and vsnprintf write to memory).
+PRINTS = re.compile(r"\b(?:std::)?(?:printf|fprintf|vprintf|vfprintf|dprintf|puts|fputs|putchar|fputc|putc|perror)"
+                    r"\s*\(|\bstd::(?:cout|cerr|clog)\b")
+
+
+def prints(root):
+    """file:line of each print in the C, CUDA and included text under root's folders."""
+    return [f"{rel(path, root)}:{text.count(chr(10), 0, m.start()) + 1}"
+            for path in c_files(root, C_TEXT_SUFFIXES) for text in [path.read_text()]
+            for m in PRINTS.finditer(text)]
+
+
+def test_nothing_prints_from_c():
+    """ampc's C hands what it has to say to Python, which prints it where the caller's sys.stderr
+    goes: an error as an exception's message, AMPC_CONV_DEBUG's lines through
+    _C._cuda_conv_report (cuda/conv_report.c). No C or CUDA file writes to stdout or stderr
+    itself, a kernel's printf included."""
+    assert not prints(ROOT), prints(ROOT)
+
+
+def test_a_planted_print_is_reported(tmp_path):
+    """The rule above finds a print in any of the four folders, at any depth, in any of the
+    suffixes, and leaves formatting into memory alone."""
+    planted = {
+        "cuda/sub/x.cuh": "// a kernel\n__device__ void f() { printf(\"%d\", 1); }\n",
+        "src/x.inc": "static void g(void)\n{\n    fprintf (stderr, \"no\");\n}\n",
+        "kernels/x.h": "#define SAY() puts(\"no\")\n",
+        "cpu/x.c": "void h(char *b) { snprintf(b, 4, \"%d\", 1); }\nvoid i(void) { perror(\"no\"); }\n",
+        "src/y.c": "void j(char *b, va_list ap) { vsnprintf(b, 4, \"%d\", ap); }\n",
+        "tests/z.c": "int main(void) { printf(\"tests may\"); }\n",
+    }
+    for name, text in planted.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert prints(tmp_path) == ["cpu/x.c:2", "cuda/sub/x.cuh:2", "kernels/x.h:1", "src/x.inc:3"]
 
 
 def test_every_kernel_launch_is_checked():

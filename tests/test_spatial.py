@@ -261,6 +261,28 @@ def test_conv2d_bad_input(rng):
         F.conv2d_backward(np.zeros((2, 6, 3, 3), F32), x, wt, groups=2)
 
 
+def test_convolutions_print_the_lines_cuda_kept(rng, monkeypatch, capsys):
+    """ampc._cuda keeps AMPC_CONV_DEBUG's lines instead of printing them (nothing in C prints); each
+    convolution call prints on sys.stderr what _C._cuda_conv_report hands it after the call, a
+    failing call's too (the GPU test_conv_debug_lines_reach_python checks the lines themselves)."""
+    taken = ["ampc conv: 1\n", "", "ampc conv: 2\nampc conv: 3\n", "ampc conv: 4\n", "ampc conv: 5\n", "",
+             "ampc conv: a failed call's\n"]
+    monkeypatch.setattr(_spatial._C, "_cuda_conv_report", lambda: taken.pop(0))
+    x, wt = ref.random(rng, (2, 4, 6, 6), F32), ref.random(rng, (6, 2, 3, 3), F32)
+    F.conv2d(x, wt, groups=2)
+    assert capsys.readouterr().err == "ampc conv: 1\n"
+    F.conv2d(x, wt, groups=2)
+    assert capsys.readouterr().err == ""
+    F.conv2d_backward(np.zeros((2, 6, 4, 4), F32), x, wt, groups=2)  # the data, then the filter gradient
+    assert capsys.readouterr().err == "ampc conv: 2\nampc conv: 3\nampc conv: 4\n"
+    F.conv1d(x[:, :, 0], wt[:, :, 0], groups=2)
+    assert capsys.readouterr().err == "ampc conv: 5\n"
+    F.conv1d(x[:, :, 0], wt[:, :, 0], groups=2)
+    with pytest.raises(ValueError, match="to have 2 channels"):
+        F.conv2d(x, wt)
+    assert capsys.readouterr().err == "ampc conv: a failed call's\n" and taken == []
+
+
 # --------------------------------------------------------------------------------------------
 # Batch norm
 # --------------------------------------------------------------------------------------------

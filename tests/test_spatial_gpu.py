@@ -2,6 +2,8 @@
 pooling kernels): forward and backward against torch's on the same inputs and against float64
 references (torch in float64), NCHW and channels-last, torch's autocast dtypes, bad input."""
 
+import re
+
 import pytest
 
 import ampc
@@ -178,6 +180,50 @@ def test_conv_bad_input():
         F.conv2d(x, wt)
     with pytest.raises(TypeError, match="same dtype"):
         F.conv2d(x, wt.half(), groups=2)
+
+
+# AMPC_CONV_DEBUG's three kinds of line, as cuda/conv.c and conv_graph.c format them, for the shape
+# of test_conv_debug_lines_reach_python (a float32 image of 5 x 11 x 13, 7 filters of 3 x 3).
+_KEY = (r"(forward|data gradient|filter gradient), dtype \d+, 1 x 5 x 11 x 13, 7 filters of 3 x 3, stride 1 x 1, "
+        r"padding 1 x 1, dilation 1 x 1, groups 1")
+_MS = r"(-?\d+\.\d{4}|-?inf|nan) ms"
+CONV_DEBUG_LINES = (
+    re.compile(rf"ampc conv legacy: {_KEY}: algo \d+ \S+ {_MS}, \d+ B, math \d+( \(nondeterministic\))?"
+               r"(?P<chosen> <- chosen)?"),
+    re.compile(rf"ampc conv graph: {_KEY}: config \d+/\d+ engine -?\d+ (timed|skipped)( \(nondeterministic\))? "
+               rf"{_MS}( <- chosen)?"),
+    re.compile(rf"ampc conv: {_KEY}: the graph API's engine chosen, {_MS}"),
+)
+
+
+def test_conv_debug_lines_reach_python(monkeypatch, capsys):
+    """AMPC_CONV_DEBUG=1: each pass's first call of a shape tells its timed algorithms and engines
+    and the one chosen, in conv.c's and conv_graph.c's formats, through Python's sys.stderr (which
+    capsys sees, and C's own fprintf did not); the plan's next call tells nothing, and without the
+    setting a new shape tells nothing either."""
+    before = ampc.backends.cudnn.benchmark
+    ampc.backends.cudnn.benchmark = True  # timed: AMPC_CUDNN_BENCHMARK=0 would leave nothing to tell
+    try:
+        monkeypatch.delenv("AMPC_CONV_DEBUG", raising=False)
+        F.conv2d(randn(1, 5, 11, 12), randn(7, 5, 3, 3), padding=1)
+        assert capsys.readouterr().err == ""
+        monkeypatch.setenv("AMPC_CONV_DEBUG", "1")
+        x, wt, dy = randn(1, 5, 11, 13), randn(7, 5, 3, 3), randn(1, 7, 11, 13)
+        F.conv2d(x, wt, padding=1)
+        F.conv2d_backward(dy, x, wt, padding=1, bias_grad=False)
+        err = capsys.readouterr().err
+        F.conv2d(x, wt, padding=1)
+        assert capsys.readouterr().err == ""
+    finally:
+        ampc.backends.cudnn.benchmark = before
+    chosen = {}
+    for line in err.splitlines():
+        match = next((m for m in (p.fullmatch(line) for p in CONV_DEBUG_LINES) if m), None)
+        assert match, line
+        graph_chosen = match.re is CONV_DEBUG_LINES[2]
+        legacy_chosen = match.re is CONV_DEBUG_LINES[0] and match.group("chosen") is not None
+        chosen[match.group(1)] = chosen.get(match.group(1), 0) + (graph_chosen or legacy_chosen)
+    assert chosen == {"forward": 1, "data gradient": 1, "filter gradient": 1}, err
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ keeps them. On the GPU the convolutions and batch norm are cuDNN's, and a channe
 (torch.channels_last) stays channels-last.
 """
 
+import sys
+
 from ampc import _C
 from ampc._C import as_dtype
 from ampc._arguments import as_int
@@ -48,6 +50,18 @@ def _reshape(x, shape):
 # --------------------------------------------------------------------------------------------
 # Convolutions: lower precision under autocast
 # --------------------------------------------------------------------------------------------
+
+
+def _cudnn(function, *args, **kwargs):
+    """function(*args, **kwargs), one of _C's convolutions, then on stderr the lines AMPC_CONV_DEBUG
+    asked of it on the GPU (a shape's timed algorithms and engines, and the one chosen): ampc._cuda
+    keeps them, as nothing in C prints. Printed when the call fails too."""
+    try:
+        return function(*args, **kwargs)
+    finally:
+        lines = _C._cuda_conv_report()
+        if lines and sys.stderr is not None:
+            sys.stderr.write(lines)
 
 
 def _same_padding(op, kernel, stride, dilation):
@@ -105,7 +119,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv2d: input (N, C, H, W) or (C, H, W), weight (K, C / groups, R, S)."""
     stride, padding, dilation, extra = _conv2d_args("conv2d", weight, stride, padding, dilation)
     x, unbatched = _batched("conv2d", input, 2)
-    y = _C._conv2d(_pad_end(x, extra), weight, bias, stride, padding, dilation, as_int("conv2d", "groups", groups))
+    y = _cudnn(_C._conv2d, _pad_end(x, extra), weight, bias, stride, padding, dilation,
+               as_int("conv2d", "groups", groups))
     return _reshape(y, tuple(y.shape)[1:]) if unbatched else y
 
 
@@ -118,8 +133,8 @@ def conv2d_backward(grad_output, input, weight, stride=1, padding=0, dilation=1,
     padded = _pad_end(x, extra)
     dy = _reshape(grad_output, (1,) + tuple(grad_output.shape)) if unbatched else grad_output
     args = (stride, padding, dilation, as_int(_op, "groups", groups))
-    gi = _C._conv2d_backward(dy, padded, weight, *args, "input", op=_op) if input_grad else None
-    gw = _C._conv2d_backward(dy, padded, weight, *args, "weight", op=_op) if weight_grad else None
+    gi = _cudnn(_C._conv2d_backward, dy, padded, weight, *args, "input", op=_op) if input_grad else None
+    gw = _cudnn(_C._conv2d_backward, dy, padded, weight, *args, "weight", op=_op) if weight_grad else None
     if gi is not None and extra != (0, 0):  # the padding's own gradient is dropped
         gi = _window(gi, x.shape[2], x.shape[3])
     gb = _C._sum(dy, (0, 2, 3)) if bias_grad else None
@@ -143,8 +158,8 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv1d: input (N, C, L) or (C, L), weight (K, C / groups, S)."""
     x, w, stride, padding, dilation, unbatched = _conv1d_as_2d("conv1d", input, weight, stride, padding, dilation)
     stride, padding, dilation, extra = _conv2d_args("conv1d", w, stride, padding, dilation)
-    y = _C._conv2d(_pad_end(x, extra), w, bias, stride, padding, dilation, as_int("conv1d", "groups", groups),
-                   op="conv1d")
+    y = _cudnn(_C._conv2d, _pad_end(x, extra), w, bias, stride, padding, dilation, as_int("conv1d", "groups", groups),
+               op="conv1d")
     n, k, _, length = y.shape
     return _reshape(y, (k, length) if unbatched else (n, k, length))
 
