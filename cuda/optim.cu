@@ -275,46 +275,31 @@ int bump_steps(const OptimTable &t, cudaStream_t s, const float *found_inf, bool
 
 /* Fill tables from the refs, one dtype at a time (the parameters are
  * independent: their order does not matter), and call launch(table, chunks)
- * for each. */
+ * for each. An empty parameter still gets an entry (its block does nothing). */
 template <class Launch>
 int launch_tables(const ampc_optim_ref *refs, int64_t n, Launch launch)
 {
     static const int dtypes[] = {AMPC_FLOAT32, AMPC_FLOAT64, AMPC_FLOAT16, AMPC_BFLOAT16};
-    OptimTable t;
+    OptimTable table;
     for (const int dtype : dtypes) {
-        t.n = 0;
-        t.dtype = dtype;
-        t.any_step = false;
-        t.first_chunk[0] = 0;
-        for (int64_t i = 0; i < n; i++) {
-            const ampc_optim_ref *r = &refs[i];
-            if ((int)r->dtype != dtype)
-                continue;
-            const int k = t.n++;
-            t.param[k] = r->param;
-            t.grad[k] = r->grad;
-            for (int s = 0; s < 3; s++)
-                t.state[s][k] = r->state[s];
-            t.step[k] = r->step;
-            t.any_step |= r->step != nullptr;
-            t.numel[k] = r->numel;
-            /* An empty parameter still gets a chunk (a block with nothing to
-             * do) so that this_piece sees every table entry. */
-            const int64_t chunks = r->numel > 0 ? (r->numel + CHUNK - 1) / CHUNK : 1;
-            t.first_chunk[k + 1] = t.first_chunk[k] + chunks;
-            if (t.n == TABLE) {
-                const int status = launch(t, t.first_chunk[t.n]);
-                if (status != AMPC_OK)
-                    return status;
-                t.n = 0;
-                t.any_step = false;
-            }
-        }
-        if (t.n > 0) {
-            const int status = launch(t, t.first_chunk[t.n]);
-            if (status != AMPC_OK)
-                return status;
-        }
+        table.dtype = dtype;
+        const int status = pack_and_launch<CHUNK>(
+            table, n,
+            [&](int64_t i, OptimTable &t, int k) {
+                const ampc_optim_ref *r = &refs[i];
+                if ((int)r->dtype != dtype)
+                    return Entry::left_out();
+                t.param[k] = r->param;
+                t.grad[k] = r->grad;
+                for (int s = 0; s < 3; s++)
+                    t.state[s][k] = r->state[s];
+                t.step[k] = r->step;
+                t.any_step = (k > 0 && t.any_step) || r->step != nullptr;  /* entry 0 starts a table */
+                return Entry::packed(r->numel);
+            },
+            launch);
+        if (status != AMPC_OK)
+            return status;
     }
     return AMPC_OK;
 }
