@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "dispatch.cuh"
 #include "multi_tensor.cuh"
 #include "optim.h"
 #include "optim_math.h"
@@ -49,6 +50,9 @@ struct OptimTable {
  * in float32, float64 in float64. */
 struct f16_bits { uint16_t b; };
 struct bf16_bits { uint16_t b; };
+/* A dtype's storage type, from its tag (dispatch.cuh). */
+template <class Tag>
+using Storage = float_type<Tag, f16_bits, bf16_bits, float, double>;
 
 template <typename S> struct Elem;
 template <> struct Elem<float> {
@@ -224,18 +228,6 @@ __device__ __forceinline__ bool skipped(const float *found_inf) { return found_i
 /* The scale read once per thread: the element math takes it by address. */
 #define LOCAL_SCALE(gs, scale) ((gs) ? ((scale) = *(gs), &(scale)) : nullptr)
 
-/* f(S()) for the storage type of a dtype. */
-template <class F>
-void with_storage(int dtype, F f)
-{
-    switch (dtype) {
-    case AMPC_FLOAT32: f(float()); break;
-    case AMPC_FLOAT64: f(double()); break;
-    case AMPC_FLOAT16: f(f16_bits()); break;
-    default: f(bf16_bits()); break;
-    }
-}
-
 /* One instantiation per storage type: the float64 one's registers would
  * otherwise halve the occupancy of the float32 one. */
 template <typename S>
@@ -319,8 +311,8 @@ extern "C" int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *ref
     cudaStream_t s = (cudaStream_t)stream;
     const ampc_sgd_config c = *config;
     return for_each_table(device, refs, n, [&](const OptimTable &t, int64_t chunks) {
-        with_storage(t.dtype, [&](auto storage) {
-            sgd_kernel<decltype(storage)><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
+        dispatch_float(t.dtype, [&](auto tag) {
+            sgd_kernel<Storage<decltype(tag)>><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
         });
         const int st = ampc_cuda_launched("launching the SGD kernel");
         return st == AMPC_OK && t.any_step ? bump_steps(t, s, found_inf, true) : st;
@@ -336,8 +328,8 @@ extern "C" int ampc_cuda_adam(int device, void *stream, const ampc_optim_ref *re
         const int st = bump_steps(t, s, found_inf, false);
         if (st != AMPC_OK)
             return st;
-        with_storage(t.dtype, [&](auto storage) {
-            adam_kernel<decltype(storage)><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
+        dispatch_float(t.dtype, [&](auto tag) {
+            adam_kernel<Storage<decltype(tag)>><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
         });
         return ampc_cuda_launched("launching the Adam kernel");
     });

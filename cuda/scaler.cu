@@ -65,7 +65,10 @@ struct TensorTable {
 
 __device__ __forceinline__ bool nonfinite(float v) { return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u; }
 
-/* The element at p as float32 and back, for the three 32/16-bit dtypes. */
+/* The element at p as float32 and back, for the three 32/16-bit dtypes.
+ * The dtype is a run-time value, element by element, on purpose: one
+ * launch's table mixes dtypes, so dispatch.cuh's compile-time dispatch
+ * (a kernel a dtype) would split a list into a launch per dtype. */
 __device__ __forceinline__ float load_as_f32(const char *p, int dtype)
 {
     if (dtype == AMPC_FLOAT32)
