@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "common.h"
+#include "dispatch.cuh"
 #include "kernels/fp_formats.h"
 #include "strided.cuh"
 
@@ -329,16 +330,15 @@ int launch(const ampc_loop *loop, cudaStream_t stream)
     return AMPC_OK;
 }
 
+/* This file's conversion tag of a floating dtype's tag (dispatch.cuh). */
+template <class Tag>
+using FloatOf = float_type<Tag, F16, BF16, F32, F64>;
+
 template <class S>
 int dispatch_dst(ampc_dtype dst, const ampc_loop *loop, cudaStream_t stream)
 {
-    switch (dst) {
-    case AMPC_FLOAT32: return launch<F32, S>(loop, stream);
-    case AMPC_FLOAT16: return launch<F16, S>(loop, stream);
-    case AMPC_BFLOAT16: return launch<BF16, S>(loop, stream);
-    case AMPC_FLOAT64: return launch<F64, S>(loop, stream);
-    default: break;
-    }
+    if (AMPC_DTYPE_IS_FLOAT(dst))
+        return dispatch_float(dst, [&](auto tag) { return launch<FloatOf<decltype(tag)>, S>(loop, stream); });
     if constexpr (!std::is_same<S, F32>::value && !std::is_same<S, F16>::value && !std::is_same<S, BF16>::value &&
                   !std::is_same<S, F64>::value) {
         return launch<S, S>(loop, stream);  /* an integer or bool copy: src/cast.c asked dst == src */
@@ -357,11 +357,9 @@ extern "C" int ampc_cuda_cast(int device, void *stream, const ampc_loop *loop, a
         return ampc_cuda_fail_msg(AMPC_ERR_INVALID, "cast: dtype %d from dtype %d", (int)dst, (int)src);
     cudaStream_t s = (cudaStream_t)stream;
     return ampc_on_device(device, [&] {
+        if (AMPC_DTYPE_IS_FLOAT(src))
+            return dispatch_float(src, [&](auto tag) { return dispatch_dst<FloatOf<decltype(tag)>>(dst, loop, s); });
         switch (src) {
-        case AMPC_FLOAT32: return dispatch_dst<F32>(dst, loop, s);
-        case AMPC_FLOAT16: return dispatch_dst<F16>(dst, loop, s);
-        case AMPC_BFLOAT16: return dispatch_dst<BF16>(dst, loop, s);
-        case AMPC_FLOAT64: return dispatch_dst<F64>(dst, loop, s);
         case AMPC_BOOL: return dispatch_dst<Bool>(dst, loop, s);
         case AMPC_INT8: return dispatch_dst<Int<int8_t>>(dst, loop, s);
         case AMPC_INT16: return dispatch_dst<Int<int16_t>>(dst, loop, s);

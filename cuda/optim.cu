@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "dispatch.cuh"
 #include "multi_tensor.cuh"
 #include "kernels/optim_descriptors.h"
 #include "kernels/optim_math.h"
@@ -49,6 +50,9 @@ struct OptimTable {
  * in float32, float64 in float64. */
 struct f16_bits { uint16_t b; };
 struct bf16_bits { uint16_t b; };
+/* A dtype's storage type, from its tag (dispatch.cuh). */
+template <class Tag>
+using Storage = float_type<Tag, f16_bits, bf16_bits, float, double>;
 
 template <typename S> struct Elem;
 template <> struct Elem<float> {
@@ -224,18 +228,6 @@ __device__ __forceinline__ bool skipped(const float *found_inf) { return found_i
 /* The scale read once per thread: the element math takes it by address. */
 #define LOCAL_SCALE(gs, scale) ((gs) ? ((scale) = *(gs), &(scale)) : nullptr)
 
-/* f(S()) for the storage type of a dtype. */
-template <class F>
-void with_storage(int dtype, F f)
-{
-    switch (dtype) {
-    case AMPC_FLOAT32: f(float()); break;
-    case AMPC_FLOAT64: f(double()); break;
-    case AMPC_FLOAT16: f(f16_bits()); break;
-    default: f(bf16_bits()); break;
-    }
-}
-
 /* One instantiation per storage type: the float64 one's registers would
  * otherwise halve the occupancy of the float32 one. */
 template <typename S>
@@ -275,46 +267,31 @@ int bump_steps(const OptimTable &t, cudaStream_t s, const float *found_inf, bool
 
 /* Fill tables from the refs, one dtype at a time (the parameters are
  * independent: their order does not matter), and call launch(table, chunks)
- * for each. */
+ * for each. An empty parameter still gets an entry (its block does nothing). */
 template <class Launch>
 int launch_tables(const ampc_optim_ref *refs, int64_t n, Launch launch)
 {
     static const int dtypes[] = {AMPC_FLOAT32, AMPC_FLOAT64, AMPC_FLOAT16, AMPC_BFLOAT16};
-    OptimTable t;
+    OptimTable table;
     for (const int dtype : dtypes) {
-        t.n = 0;
-        t.dtype = dtype;
-        t.any_step = false;
-        t.first_chunk[0] = 0;
-        for (int64_t i = 0; i < n; i++) {
-            const ampc_optim_ref *r = &refs[i];
-            if ((int)r->dtype != dtype)
-                continue;
-            const int k = t.n++;
-            t.param[k] = r->param;
-            t.grad[k] = r->grad;
-            for (int s = 0; s < 3; s++)
-                t.state[s][k] = r->state[s];
-            t.step[k] = r->step;
-            t.any_step |= r->step != nullptr;
-            t.numel[k] = r->numel;
-            /* An empty parameter still gets a chunk (a block with nothing to
-             * do) so that this_piece sees every table entry. */
-            const int64_t chunks = r->numel > 0 ? (r->numel + CHUNK - 1) / CHUNK : 1;
-            t.first_chunk[k + 1] = t.first_chunk[k] + chunks;
-            if (t.n == TABLE) {
-                const int status = launch(t, t.first_chunk[t.n]);
-                if (status != AMPC_OK)
-                    return status;
-                t.n = 0;
-                t.any_step = false;
-            }
-        }
-        if (t.n > 0) {
-            const int status = launch(t, t.first_chunk[t.n]);
-            if (status != AMPC_OK)
-                return status;
-        }
+        table.dtype = dtype;
+        const int status = pack_and_launch<CHUNK>(
+            table, n,
+            [&](int64_t i, OptimTable &t, int k) {
+                const ampc_optim_ref *r = &refs[i];
+                if ((int)r->dtype != dtype)
+                    return Entry::left_out();
+                t.param[k] = r->param;
+                t.grad[k] = r->grad;
+                for (int s = 0; s < 3; s++)
+                    t.state[s][k] = r->state[s];
+                t.step[k] = r->step;
+                t.any_step = (k > 0 && t.any_step) || r->step != nullptr;  /* entry 0 starts a table */
+                return Entry::packed(r->numel);
+            },
+            launch);
+        if (status != AMPC_OK)
+            return status;
     }
     return AMPC_OK;
 }
@@ -334,8 +311,8 @@ extern "C" int ampc_cuda_sgd(int device, void *stream, const ampc_optim_ref *ref
     cudaStream_t s = (cudaStream_t)stream;
     const ampc_sgd_config c = *config;
     return for_each_table(device, refs, n, [&](const OptimTable &t, int64_t chunks) {
-        with_storage(t.dtype, [&](auto storage) {
-            sgd_kernel<decltype(storage)><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
+        dispatch_float(t.dtype, [&](auto tag) {
+            sgd_kernel<Storage<decltype(tag)>><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
         });
         const int st = ampc_cuda_launched("launching the SGD kernel");
         return st == AMPC_OK && t.any_step ? bump_steps(t, s, found_inf, true) : st;
@@ -351,8 +328,8 @@ extern "C" int ampc_cuda_adam(int device, void *stream, const ampc_optim_ref *re
         const int st = bump_steps(t, s, found_inf, false);
         if (st != AMPC_OK)
             return st;
-        with_storage(t.dtype, [&](auto storage) {
-            adam_kernel<decltype(storage)><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
+        dispatch_float(t.dtype, [&](auto tag) {
+            adam_kernel<Storage<decltype(tag)>><<<(unsigned)chunks, BLOCK, 0, s>>>(t, c, grad_scale, found_inf);
         });
         return ampc_cuda_launched("launching the Adam kernel");
     });

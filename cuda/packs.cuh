@@ -22,6 +22,7 @@
 
 #include <type_traits>
 
+#include "dispatch.cuh"
 #include "ops.cuh"
 
 namespace ops {
@@ -58,15 +59,16 @@ template <class T>
 __host__ __device__ constexpr int vec_of() { return Pack<T>::VEC; }
 
 /* The storage type of an ampc dtype, for dispatch: fn(T{}) with T float,
- * __half or __nv_bfloat16. */
+ * __half or __nv_bfloat16. float64 has no packs: it takes float's
+ * instance, whose fast paths turn float64 away (packs_fit,
+ * launch_fast_rows). */
+template <class Tag>
+using PackStorage = float_type<Tag, __half, __nv_bfloat16, float, float>;
+
 template <class Fn>
 int with_storage(int dtype, Fn fn)
 {
-    switch (dtype) {
-    case AMPC_FLOAT16: return fn(__half());
-    case AMPC_BFLOAT16: return fn(__nv_bfloat16());
-    default: return fn(0.0f);
-    }
+    return dispatch_float(dtype, [&](auto tag) { return fn(PackStorage<decltype(tag)>()); });
 }
 
 /* Whether rows of n elements of a dtype starting at these pointers all take

@@ -65,7 +65,10 @@ struct TensorTable {
 
 __device__ __forceinline__ bool nonfinite(float v) { return (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u; }
 
-/* The element at p as float32 and back, for the three 32/16-bit dtypes. */
+/* The element at p as float32 and back, for the three 32/16-bit dtypes.
+ * The dtype is a run-time value, element by element, on purpose: one
+ * launch's table mixes dtypes, so dispatch.cuh's compile-time dispatch
+ * (a kernel a dtype) would split a list into a launch per dtype. */
 __device__ __forceinline__ float load_as_f32(const char *p, int dtype)
 {
     if (dtype == AMPC_FLOAT32)
@@ -394,38 +397,25 @@ int zero_flag(ampc_scaler_block *block, int slot, cudaStream_t stream)
 
 /* Walk a gradient list: dense gradients fill tables, each launched through
  * dense(table, chunks) when full and at the end; strided ones go one by one
- * through strided(grad). Empty gradients are left out. */
+ * through strided(grad), in their turn (the norm pass's partials keep the
+ * list's order). Empty gradients are left out. */
 template <class Dense, class Strided>
 int for_each_launch(const ampc_grad_ref *grads, int64_t n, Dense dense, Strided strided)
 {
     TensorTable table;
-    table.n = 0;
-    table.first_chunk[0] = 0;
-    for (int64_t i = 0; i <= n; i++) {
-        const bool last = i == n;
-        if (!last && grads[i].numel == 0)
-            continue;
-        if (!last && grads[i].loop != NULL) {
-            const int status = strided(grads[i]);
-            if (status != AMPC_OK)
-                return status;
-            continue;
-        }
-        if (!last) {
-            const int t = table.n++;
-            table.ptr[t] = grads[i].data;
-            table.numel[t] = grads[i].numel;
-            table.dtype[t] = (uint8_t)grads[i].dtype;
-            table.first_chunk[t + 1] = table.first_chunk[t] + (grads[i].numel + CHUNK - 1) / CHUNK;
-        }
-        if (table.n > 0 && (last || table.n == TABLE)) {
-            const int status = dense(table, table.first_chunk[table.n]);
-            if (status != AMPC_OK)
-                return status;
-            table.n = 0;
-        }
-    }
-    return AMPC_OK;
+    return pack_and_launch<CHUNK>(
+        table, n,
+        [&](int64_t i, TensorTable &t, int k) {
+            const ampc_grad_ref &g = grads[i];
+            if (g.numel == 0)
+                return Entry::left_out();
+            if (g.loop != NULL)
+                return Entry::left_out(strided(g));
+            t.ptr[k] = g.data;
+            t.dtype[k] = (uint8_t)g.dtype;
+            return Entry::packed(g.numel);
+        },
+        dense);
 }
 
 /* The unscale pass over a list: inv_scale from the block, or `factor`. */

@@ -191,7 +191,9 @@ def include_violations(root):
 # ---------------------------------------------------------------------------------------------
 
 # A function definition that is not static: its return type starts a line, its body follows the
-# parameters (which may span lines). Prototypes end in ";" and are not matched.
+# parameters (which may span lines). Prototypes end in ";" and are not matched. Only ampc_ names
+# count: every function ampc shares between files has one (C has one namespace), where a C++ file's
+# member functions and anonymous namespaces reuse short names (load, store, launch) file by file.
 _C_DEFINITION = re.compile(r'^(?!static\b)[A-Za-z_][\w \t*"]*?\b([A-Za-z_]\w*)\s*\([^;{}()]*(?:\([^()]*\)[^;{}()]*)*\)\s*\{', re.M)
 
 
@@ -207,10 +209,14 @@ def c_call_edges(root):
         if path.endswith((".c", ".cu")):
             with open(os.path.join(root, path), encoding="utf-8") as f:
                 codes[path] = c_code(f.read())
-    defined = {}
+    defined, twice = {}, set()
     for path, code in codes.items():
-        for m in _C_DEFINITION.finditer(code):
-            defined.setdefault(m.group(1), path)
+        for name in {m.group(1) for m in _C_DEFINITION.finditer(code) if m.group(1).startswith("ampc_")}:
+            if name in defined:
+                twice.add(name)
+            defined.setdefault(name, path)
+    for name in twice:  # file-local in each (a .cu's anonymous namespace): the linker would refuse two
+        del defined[name]
     return {path: {defined[name] for name in set(re.findall(r"\b[A-Za-z_]\w*\b", code))
                    if defined.get(name, path) != path}
             for path, code in codes.items()}
@@ -517,14 +523,16 @@ def test_a_planted_include_across_the_layers_is_reported(tmp_path):
 
 def test_a_planted_call_cycle_is_reported(tmp_path):
     plant(tmp_path, {
-        "src/a.c": "int a_helper(int x)\n{\n    return b_helper(x);\n}\n",
-        "src/b.c": "/* a_helper( in a comment is no call */\nstatic int quiet(void) { return 0; }\n"
-                   "int b_helper(int x)\n{\n    return x ? a_helper(x - 1) : quiet();\n}\n",
-        "src/c.c": "static int quiet(void) { return 1; }\nint c_entry(void)\n{\n    return a_helper(2);\n}\n",
-        "src/d.c": "int c_entry(void);\nint d_entry(int (*f)(void))\n{\n    return f == c_entry;\n}\n",
+        "src/a.c": "int helper(int x)\n{\n    return x;\n}\nint ampc_a(int x)\n{\n    return ampc_b(x);\n}\n",
+        "src/b.c": "/* ampc_a( in a comment is no call */\nstatic int quiet(void) { return 0; }\n"
+                   "int ampc_b(int x)\n{\n    return x ? ampc_a(x - 1) : quiet();\n}\n",
+        "src/c.c": "static int quiet(void) { return helper(1); }\nint ampc_c(void)\n{\n    return ampc_a(2);\n}\n",
+        "src/d.c": "int ampc_c(void);\nint ampc_d(int (*f)(void))\n{\n    return f == ampc_c;\n}\n",
+        "cuda/e.cu": "namespace {\nint ampc_launch(int x)\n{\n    return x;\n}\n}\nint ampc_e(void) { return ampc_launch(1); }\n",
+        "cuda/f.cu": "namespace {\nint ampc_launch(int x)\n{\n    return -x;\n}\n}\nint ampc_f(void) { return ampc_launch(2); }\n",
     })
     assert c_call_edges(tmp_path) == {"src/a.c": {"src/b.c"}, "src/b.c": {"src/a.c"}, "src/c.c": {"src/a.c"},
-                                      "src/d.c": {"src/c.c"}}
+                                      "src/d.c": {"src/c.c"}, "cuda/e.cu": set(), "cuda/f.cu": set()}
     assert c_call_cycles(tmp_path) == [("src/a.c", "src/b.c")]
 
 
