@@ -129,6 +129,8 @@ PyDoc_STRVAR(mod_as_dtype_doc,
 static PyMethodDef module_methods[] = {
     {"from_dlpack", mod_from_dlpack, METH_O, mod_from_dlpack_doc},
     {"as_dtype", mod_as_dtype, METH_O, mod_as_dtype_doc},
+    {"_dtypes", ampc_dtypes_info, METH_NOARGS,
+     "Each dtype ampc knows, by number: (name, kind, size, DLPack code, DLPack bits, NumPy dtype)."},
     {"get_num_threads", mod_get_num_threads, METH_NOARGS,
      "get_num_threads()\n--\n\nThreads ampc's CPU kernels use."},
     {"set_num_threads", mod_set_num_threads, METH_O,
