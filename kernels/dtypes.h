@@ -43,9 +43,6 @@ enum {
 };
 #define AMPC_DTYPE_IS_FLOAT(d) ((unsigned)(d) < (unsigned)AMPC_NUM_DTYPES && (AMPC_FLOAT_DTYPE_BITS >> (unsigned)(d) & 1))
 
-/* The CPU tables still indexed by float position (cast_cpu.h, cpu_kernels.h). */
-#define AMPC_NUM_FLOAT_DTYPES 4
-
 /* Bytes per element. */
 static inline int64_t ampc_dtype_size(ampc_dtype d)
 {

@@ -277,8 +277,8 @@ static int module_exec(PyObject *module)
         PyModule_AddFunctions(module, ampc_attention_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cuda_methods) < 0)
         return -1;
-    for (int d = 0; d < AMPC_NUM_FLOAT_DTYPES; d++)
-        if (PyModule_AddObjectRef(module, ampc_dtype_names[d], (PyObject *)st->descr[d]) < 0)
+    for (int d = 0; d < AMPC_NUM_DTYPES; d++)
+        if (AMPC_DTYPE_IS_FLOAT(d) && PyModule_AddObjectRef(module, ampc_dtype_names[d], (PyObject *)st->descr[d]) < 0)
             return -1;
     /* AMPC_CPU_ISA=portable|avx2|avx512|avx512bf16 forces one table, to test
      * or to compare a whole program on each. */
