@@ -161,3 +161,16 @@ def test_an_interrupt_inside_repr_is_not_swallowed():
         ampc.register_autocast("an_op_of_mine", FailingStr("fastest"))
     with pytest.raises(TypeError, match="register_autocast: policy must be one of .* got <Failing object>"):
         ampc.register_autocast("an_op_of_mine", Failing())
+
+
+def test_ampc_exports_the_floating_dtypes_the_table_lists():
+    from ampc.nn._common import FLOATING, FLOATING_NAMES
+
+    floating = [(name, dtype) for name, kind, *_, dtype in _C._dtypes() if kind == "float"]
+    assert [name for name, _ in floating] == ["float32", "float16", "bfloat16", "float64"]
+    for name, dtype in floating:
+        assert getattr(ampc, name) == dtype and name in ampc.__all__ and name in dir(ampc)
+    assert FLOATING == {dtype for _, dtype in floating}
+    assert FLOATING_NAMES == "float32, float16, bfloat16 or float64"
+    with pytest.raises(AttributeError, match="no attribute 'int8'"):
+        ampc.int8  # noqa: B018  (only the floating dtypes are ampc's names, as before)
