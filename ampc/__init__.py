@@ -52,9 +52,10 @@ from ampc.amp import (
 __version__ = "0.1.0"
 
 # The floating dtypes by name, as _C lists them (kernels/dtypes.def, the one place a dtype is
-# declared): ampc.float16 is numpy.dtype("float16"), ampc.bfloat16 numpy.dtype(ml_dtypes.bfloat16).
+# declared): ampc.float16 is numpy.dtype("float16"), ampc.bfloat16 numpy.dtype(ml_dtypes.bfloat16);
+# those only stored and cast (kind "stored_float": float8) too, as torch names its float8 dtypes.
 # Module attributes through __getattr__ (PEP 562), so a dtype added to the table needs no line here.
-_FLOATING_DTYPES = {name: dtype for name, kind, *_, dtype in _C._dtypes() if kind == "float"}
+_FLOATING_DTYPES = {name: dtype for name, kind, *_, dtype in _C._dtypes() if kind in ("float", "stored_float")}
 
 
 def __getattr__(name):

@@ -31,7 +31,13 @@ enum {
 };
 
 /* dtypes.def's KIND column. */
-typedef enum { AMPC_KIND_FLOAT, AMPC_KIND_BOOL, AMPC_KIND_INT, AMPC_KIND_UINT } ampc_dtype_kind;
+typedef enum {
+    AMPC_KIND_FLOAT,         /* floating, and ampc computes in it */
+    AMPC_KIND_STORED_FLOAT,  /* floating, only stored and cast (none yet; float8 next) */
+    AMPC_KIND_BOOL,
+    AMPC_KIND_INT,
+    AMPC_KIND_UINT,
+} ampc_dtype_kind;
 
 /* Bit d set when dtype d is of kind FLOAT: the test below goes by the
  * table, not by position, so a dtype appended later counts for what it is. */

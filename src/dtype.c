@@ -183,7 +183,8 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
 PyObject *ampc_dtypes_info(PyObject *module, PyObject *Py_UNUSED(arg))
 {
     static const char *const kinds[] = {
-        [AMPC_KIND_FLOAT] = "float", [AMPC_KIND_BOOL] = "bool", [AMPC_KIND_INT] = "int", [AMPC_KIND_UINT] = "uint",
+        [AMPC_KIND_FLOAT] = "float", [AMPC_KIND_STORED_FLOAT] = "stored_float", [AMPC_KIND_BOOL] = "bool",
+        [AMPC_KIND_INT] = "int", [AMPC_KIND_UINT] = "uint",
     };
     static const int dl[AMPC_NUM_DTYPES][2] = {
 #define AMPC_DTYPE(ENUM, VALUE, NAME, SIZE, KIND, DL_CODE, DL_BITS, ...) [AMPC_##ENUM] = {DL_CODE, DL_BITS},
