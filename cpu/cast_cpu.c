@@ -100,7 +100,7 @@ void ampc_cast_cpu(const ampc_loop *loop, ampc_dtype dst, ampc_dtype src, int fr
         .dst_size = ampc_dtype_size(dst),
         .src_size = ampc_dtype_size(src),
     };
-    if (AMPC_DTYPE_IS_FLOAT(dst) && AMPC_DTYPE_IS_FLOAT(src)) {
+    if (ampc_cast_portable.contig[dst][src] != NULL) {  /* two floating dtypes */
         const ampc_cast_table *table = ampc_isa_table(ampc_isa_active());
         const int large = loop->numel * ampc_dtype_size(dst) >= STREAMING_MIN_BYTES;
         job.contig = table->contig[dst][src] ? table->contig[dst][src] : ampc_cast_portable.contig[dst][src];

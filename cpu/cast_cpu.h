@@ -1,9 +1,10 @@
 /*
- * cast_cpu.h: CPU conversion kernels between the four floating dtypes.
+ * cast_cpu.h: CPU conversion kernels between the floating dtypes.
  *
- * One table per instruction set. Each table holds a contiguous kernel for
- * every (destination, source) pair it accelerates and NULL elsewhere; NULL
- * falls back to the portable table, which has every pair. All tables compute
+ * One table per instruction set, indexed [destination][source] by dtype
+ * number. Each table holds a contiguous kernel for every pair it accelerates
+ * and NULL elsewhere; NULL falls back to the portable table, which has every
+ * pair of floating dtypes (NULL there: no such conversion). All tables compute
  * the same function, bit for bit (fp_formats.h), which the tests check by
  * forcing each instruction set in turn on the same inputs.
  */
@@ -21,10 +22,10 @@ typedef void (*ampc_cast_strided_fn)(const char *src, int64_t src_stride,
 
 typedef struct {
     const char *name;
-    ampc_cast_contig_fn contig[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES]; /* [dst][src] */
+    ampc_cast_contig_fn contig[AMPC_NUM_DTYPES][AMPC_NUM_DTYPES]; /* [dst][src] */
     /* The same with non-temporal stores, for outputs far larger than the
      * caches: they skip reading each destination line before writing it. */
-    ampc_cast_contig_fn streaming[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES];
+    ampc_cast_contig_fn streaming[AMPC_NUM_DTYPES][AMPC_NUM_DTYPES];
 } ampc_cast_table;
 
 typedef enum {
@@ -35,9 +36,11 @@ typedef enum {
     AMPC_ISA_COUNT
 } ampc_isa;
 
-/* The portable kernels: every pair, contiguous and strided. */
+/* The portable kernels: every pair of floating dtypes, contiguous and
+ * strided; strided also from integer and bool to each floating dtype
+ * (torch's conversions). [dst][src]; NULL: no such kernel. */
 extern const ampc_cast_table ampc_cast_portable;
-extern const ampc_cast_strided_fn ampc_cast_strided[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES];
+extern const ampc_cast_strided_fn ampc_cast_strided[AMPC_NUM_DTYPES][AMPC_NUM_DTYPES];
 
 /* The strided kernel for any source the CPU casts: the table's for two
  * floating dtypes; integer and bool sources to a floating dtype (torch's

@@ -1,5 +1,5 @@
 /*
- * cast_portable.c: the portable conversion kernels, for every pair of the four
+ * cast_portable.c: the portable conversion kernels, for every pair of the
  * floating dtypes, contiguous and strided; and from integer and bool arrays to
  * each floating dtype, strided only.
  *
@@ -61,25 +61,6 @@ DEFINE_CONVERSION(f64_to_f32, uint64_t, uint32_t, ampc_f64_to_f32_bits)
 DEFINE_CONVERSION(f64_to_f16, uint64_t, uint16_t, ampc_f64_to_f16_bits)
 DEFINE_CONVERSION(f64_to_bf16, uint64_t, uint16_t, ampc_f64_to_bf16_bits)
 
-/* Rows: destination; columns: source; order of ampc_dtype (f32, f16, bf16, f64). */
-const ampc_cast_table ampc_cast_portable = {
-    "portable",
-    {
-        {copy_contig_4, f16_to_f32_contig, bf16_to_f32_contig, f64_to_f32_contig},
-        {f32_to_f16_contig, copy_contig_2, bf16_to_f16_contig, f64_to_f16_contig},
-        {f32_to_bf16_contig, f16_to_bf16_contig, copy_contig_2, f64_to_bf16_contig},
-        {f32_to_f64_contig, f16_to_f64_contig, bf16_to_f64_contig, copy_contig_8},
-    },
-    {{NULL}},
-};
-
-const ampc_cast_strided_fn ampc_cast_strided[AMPC_NUM_FLOAT_DTYPES][AMPC_NUM_FLOAT_DTYPES] = {
-    {copy_strided_4, f16_to_f32_strided, bf16_to_f32_strided, f64_to_f32_strided},
-    {f32_to_f16_strided, copy_strided_2, bf16_to_f16_strided, f64_to_f16_strided},
-    {f32_to_bf16_strided, f16_to_bf16_strided, copy_strided_2, f64_to_bf16_strided},
-    {f32_to_f64_strided, f16_to_f64_strided, bf16_to_f64_strided, copy_strided_8},
-};
-
 /* Integer and bool sources, as torch's .to(): the value converted to float32
  * (to nearest; float64 directly) and a 16-bit result rounded from there, as
  * c10::Half and c10::BFloat16 are constructed from an integer. */
@@ -124,21 +105,50 @@ DEFINE_STRIDED_CONVERSION(bool_to_f16, uint8_t, uint16_t, bool_to_f16_value)
 DEFINE_STRIDED_CONVERSION(bool_to_bf16, uint8_t, uint16_t, bool_to_bf16_value)
 DEFINE_STRIDED_CONVERSION(bool_to_f64, uint8_t, uint64_t, bool_to_f64_value)
 
-#define FROM_INTEGER_ROW(NAME) {NAME##_to_f32_strided, NAME##_to_f16_strided, NAME##_to_bf16_strided, NAME##_to_f64_strided}
-/* Rows: source, from AMPC_BOOL on; columns: destination, f32 f16 bf16 f64. */
-static const ampc_cast_strided_fn from_integer[AMPC_NUM_DTYPES - AMPC_BOOL][AMPC_NUM_FLOAT_DTYPES] = {
-    FROM_INTEGER_ROW(bool), FROM_INTEGER_ROW(i8), FROM_INTEGER_ROW(i16), FROM_INTEGER_ROW(i32),
-    FROM_INTEGER_ROW(i64), FROM_INTEGER_ROW(u8), FROM_INTEGER_ROW(u16), FROM_INTEGER_ROW(u32),
-    FROM_INTEGER_ROW(u64),
+/* [dst][src] by dtype number; a pair not named: no such kernel. F32_ROW(_contig)
+ * or (_strided): destination float32's floating sources, and so on;
+ * INTEGER_SOURCES(f32): its integer and bool sources (strided only). */
+#define F32_ROW(K) \
+    [AMPC_FLOAT32] = copy##K##_4, [AMPC_FLOAT16] = f16_to_f32##K, \
+    [AMPC_BFLOAT16] = bf16_to_f32##K, [AMPC_FLOAT64] = f64_to_f32##K
+#define F16_ROW(K) \
+    [AMPC_FLOAT32] = f32_to_f16##K, [AMPC_FLOAT16] = copy##K##_2, \
+    [AMPC_BFLOAT16] = bf16_to_f16##K, [AMPC_FLOAT64] = f64_to_f16##K
+#define BF16_ROW(K) \
+    [AMPC_FLOAT32] = f32_to_bf16##K, [AMPC_FLOAT16] = f16_to_bf16##K, \
+    [AMPC_BFLOAT16] = copy##K##_2, [AMPC_FLOAT64] = f64_to_bf16##K
+#define F64_ROW(K) \
+    [AMPC_FLOAT32] = f32_to_f64##K, [AMPC_FLOAT16] = f16_to_f64##K, \
+    [AMPC_BFLOAT16] = bf16_to_f64##K, [AMPC_FLOAT64] = copy##K##_8
+#define INTEGER_SOURCES(D)                                                                        \
+    [AMPC_BOOL] = bool_to_##D##_strided, [AMPC_INT8] = i8_to_##D##_strided,                       \
+    [AMPC_INT16] = i16_to_##D##_strided, [AMPC_INT32] = i32_to_##D##_strided,                     \
+    [AMPC_INT64] = i64_to_##D##_strided, [AMPC_UINT8] = u8_to_##D##_strided,                      \
+    [AMPC_UINT16] = u16_to_##D##_strided, [AMPC_UINT32] = u32_to_##D##_strided,                   \
+    [AMPC_UINT64] = u64_to_##D##_strided
+
+const ampc_cast_table ampc_cast_portable = {
+    "portable",
+    {
+        [AMPC_FLOAT32] = {F32_ROW(_contig)},
+        [AMPC_FLOAT16] = {F16_ROW(_contig)},
+        [AMPC_BFLOAT16] = {BF16_ROW(_contig)},
+        [AMPC_FLOAT64] = {F64_ROW(_contig)},
+    },
+    {{NULL}},
 };
-#undef FROM_INTEGER_ROW
+
+const ampc_cast_strided_fn ampc_cast_strided[AMPC_NUM_DTYPES][AMPC_NUM_DTYPES] = {
+    [AMPC_FLOAT32] = {F32_ROW(_strided), INTEGER_SOURCES(f32)},
+    [AMPC_FLOAT16] = {F16_ROW(_strided), INTEGER_SOURCES(f16)},
+    [AMPC_BFLOAT16] = {BF16_ROW(_strided), INTEGER_SOURCES(bf16)},
+    [AMPC_FLOAT64] = {F64_ROW(_strided), INTEGER_SOURCES(f64)},
+};
 
 ampc_cast_strided_fn ampc_cast_strided_any(ampc_dtype dst, ampc_dtype src)
 {
-    if (AMPC_DTYPE_IS_FLOAT(src) && AMPC_DTYPE_IS_FLOAT(dst))
+    if (ampc_cast_strided[dst][src] != NULL)
         return ampc_cast_strided[dst][src];
-    if (AMPC_DTYPE_IS_FLOAT(dst))
-        return from_integer[src - AMPC_BOOL][dst];
     if (dst != src)
         return NULL;
     switch (ampc_dtype_size(src)) {

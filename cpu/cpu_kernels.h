@@ -73,8 +73,8 @@ typedef int (*ampc_unscale_fn)(char *p, int64_t n, float inv_scale, int check_on
 typedef double (*ampc_sumsq_fn)(const char *p, int64_t n, float inv_scale, int *nonfinite);
 
 typedef struct {
-    ampc_unscale_fn unscale[AMPC_NUM_FLOAT_DTYPES];
-    ampc_sumsq_fn sumsq[AMPC_NUM_FLOAT_DTYPES];
+    ampc_unscale_fn unscale[AMPC_NUM_DTYPES];  /* by dtype number */
+    ampc_sumsq_fn sumsq[AMPC_NUM_DTYPES];
 } ampc_unscale_table;
 
 /* Per instruction set (NULL entries fall back to the portable ones). */

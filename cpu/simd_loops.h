@@ -63,19 +63,19 @@ SIMD_LOOPS(f64, f32, 8, 4, AMPC_FLOAT64, AMPC_FLOAT32)
 
 #undef SIMD_LOOPS
 
-/* [dst][src] in ampc_dtype order (f32, f16, bf16, f64); NULL: the portable kernel. */
-const ampc_cast_table SIMD_TABLE = {
-    SIMD_LABEL,
-    {
-        {NULL, SIMD_NAME(f16_to_f32), SIMD_NAME(bf16_to_f32), SIMD_NAME(f64_to_f32)},
-        {SIMD_NAME(f32_to_f16), NULL, SIMD_NAME(bf16_to_f16), NULL},
-        {SIMD_NAME(f32_to_bf16), SIMD_NAME(f16_to_bf16), NULL, NULL},
-        {SIMD_NAME(f32_to_f64), SIMD_NAME(f16_to_f64), SIMD_NAME(bf16_to_f64), NULL},
-    },
-    {
-        {NULL, SIMD_NAME(f16_to_f32_streaming), SIMD_NAME(bf16_to_f32_streaming), SIMD_NAME(f64_to_f32_streaming)},
-        {SIMD_NAME(f32_to_f16_streaming), NULL, SIMD_NAME(bf16_to_f16_streaming), NULL},
-        {SIMD_NAME(f32_to_bf16_streaming), SIMD_NAME(f16_to_bf16_streaming), NULL, NULL},
-        {SIMD_NAME(f32_to_f64_streaming), SIMD_NAME(f16_to_f64_streaming), SIMD_NAME(bf16_to_f64_streaming), NULL},
-    },
-};
+/* [dst][src] by dtype number; a pair not named here: the portable kernel. */
+#define SIMD_ROWS(SUFFIX)                                                                               \
+    {                                                                                                   \
+        [AMPC_FLOAT32] = {[AMPC_FLOAT16] = SIMD_NAME(f16_to_f32##SUFFIX),                               \
+                          [AMPC_BFLOAT16] = SIMD_NAME(bf16_to_f32##SUFFIX),                             \
+                          [AMPC_FLOAT64] = SIMD_NAME(f64_to_f32##SUFFIX)},                              \
+        [AMPC_FLOAT16] = {[AMPC_FLOAT32] = SIMD_NAME(f32_to_f16##SUFFIX),                               \
+                          [AMPC_BFLOAT16] = SIMD_NAME(bf16_to_f16##SUFFIX)},                            \
+        [AMPC_BFLOAT16] = {[AMPC_FLOAT32] = SIMD_NAME(f32_to_bf16##SUFFIX),                             \
+                           [AMPC_FLOAT16] = SIMD_NAME(f16_to_bf16##SUFFIX)},                            \
+        [AMPC_FLOAT64] = {[AMPC_FLOAT32] = SIMD_NAME(f32_to_f64##SUFFIX),                               \
+                          [AMPC_FLOAT16] = SIMD_NAME(f16_to_f64##SUFFIX),                               \
+                          [AMPC_BFLOAT16] = SIMD_NAME(bf16_to_f64##SUFFIX)},                            \
+    }
+const ampc_cast_table SIMD_TABLE = {SIMD_LABEL, SIMD_ROWS(), SIMD_ROWS(_streaming)};
+#undef SIMD_ROWS

@@ -60,6 +60,8 @@ SIMD_UNSCALE_LOOPS(bf16, 2, AMPC_BFLOAT16)
 #undef SIMD_UNSCALE_LOOPS
 
 const ampc_unscale_table SIMD_UNSCALE_TABLE = {
-    {SIMD_NAME(unscale_f32), SIMD_NAME(unscale_f16), SIMD_NAME(unscale_bf16), NULL},
-    {SIMD_NAME(sumsq_f32), SIMD_NAME(sumsq_f16), SIMD_NAME(sumsq_bf16), NULL},
+    {[AMPC_FLOAT32] = SIMD_NAME(unscale_f32), [AMPC_FLOAT16] = SIMD_NAME(unscale_f16),
+     [AMPC_BFLOAT16] = SIMD_NAME(unscale_bf16)},
+    {[AMPC_FLOAT32] = SIMD_NAME(sumsq_f32), [AMPC_FLOAT16] = SIMD_NAME(sumsq_f16),
+     [AMPC_BFLOAT16] = SIMD_NAME(sumsq_bf16)},
 };

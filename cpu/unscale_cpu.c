@@ -117,8 +117,10 @@ static double sumsq_f64(const char *p, int64_t n, float inv_scale, int *nonfinit
 }
 
 const ampc_unscale_table ampc_unscale_portable = {
-    {unscale_f32, unscale_f16, unscale_bf16, unscale_f64},
-    {sumsq_f32, sumsq_f16, sumsq_bf16, sumsq_f64},
+    {[AMPC_FLOAT32] = unscale_f32, [AMPC_FLOAT16] = unscale_f16, [AMPC_BFLOAT16] = unscale_bf16,
+     [AMPC_FLOAT64] = unscale_f64},
+    {[AMPC_FLOAT32] = sumsq_f32, [AMPC_FLOAT16] = sumsq_f16, [AMPC_BFLOAT16] = sumsq_bf16,
+     [AMPC_FLOAT64] = sumsq_f64},
 };
 
 /* The other norms: sum of |u|^p (p = 1 or any p), or max |u| (p = inf). */

@@ -15,35 +15,47 @@
 extern "C" {
 #endif
 
+/* The dtypes, numbered as dtypes.def says. */
 typedef enum {
-    /* The floating dtypes of mixed precision; ampc.cast converts between any two. */
-    AMPC_FLOAT32 = 0,
-    AMPC_FLOAT16 = 1,
-    AMPC_BFLOAT16 = 2,
-    AMPC_FLOAT64 = 3,
-    /* Valid array dtypes that mixed precision never casts. */
-    AMPC_BOOL = 4,
-    AMPC_INT8 = 5,
-    AMPC_INT16 = 6,
-    AMPC_INT32 = 7,
-    AMPC_INT64 = 8,
-    AMPC_UINT8 = 9,
-    AMPC_UINT16 = 10,
-    AMPC_UINT32 = 11,
-    AMPC_UINT64 = 12,
-    AMPC_NUM_DTYPES
+#define AMPC_DTYPE(ENUM, VALUE, ...) AMPC_##ENUM = VALUE,
+#include "kernels/dtypes.def"
+#undef AMPC_DTYPE
 } ampc_dtype;
 
-#define AMPC_NUM_FLOAT_DTYPES 4
-#define AMPC_DTYPE_IS_FLOAT(d) ((unsigned)(d) < AMPC_NUM_FLOAT_DTYPES)
+/* One more than the largest value (dtypes.def's rows have no gap). */
+enum {
+    AMPC_NUM_DTYPES = 0
+#define AMPC_DTYPE(...) + 1
+#include "kernels/dtypes.def"
+#undef AMPC_DTYPE
+};
+
+/* dtypes.def's KIND column. */
+typedef enum {
+    AMPC_KIND_FLOAT,         /* floating, and ampc computes in it */
+    AMPC_KIND_STORED_FLOAT,  /* floating, only stored and cast (none yet; float8 next) */
+    AMPC_KIND_BOOL,
+    AMPC_KIND_INT,
+    AMPC_KIND_UINT,
+} ampc_dtype_kind;
+
+/* Bit d set when dtype d is of kind FLOAT: the test below goes by the
+ * table, not by position, so a dtype appended later counts for what it is. */
+enum {
+    AMPC_FLOAT_DTYPE_BITS = 0
+#define AMPC_DTYPE(ENUM, VALUE, NAME, SIZE, KIND, ...) | (AMPC_KIND_##KIND == AMPC_KIND_FLOAT ? 1 << (VALUE) : 0)
+#include "kernels/dtypes.def"
+#undef AMPC_DTYPE
+};
+#define AMPC_DTYPE_IS_FLOAT(d) ((unsigned)(d) < (unsigned)AMPC_NUM_DTYPES && (AMPC_FLOAT_DTYPE_BITS >> (unsigned)(d) & 1))
 
 /* Bytes per element. */
 static inline int64_t ampc_dtype_size(ampc_dtype d)
 {
     switch (d) {
-    case AMPC_FLOAT64: case AMPC_INT64: case AMPC_UINT64: return 8;
-    case AMPC_FLOAT32: case AMPC_INT32: case AMPC_UINT32: return 4;
-    case AMPC_FLOAT16: case AMPC_BFLOAT16: case AMPC_INT16: case AMPC_UINT16: return 2;
+#define AMPC_DTYPE(ENUM, VALUE, NAME, SIZE, ...) case AMPC_##ENUM: return SIZE;
+#include "kernels/dtypes.def"
+#undef AMPC_DTYPE
     default: return 1;
     }
 }

@@ -129,6 +129,9 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
 /* torch's dtype as ampc's, read through its str() ("torch.float16"): -1 when
  * that is not torch's name of a dtype ampc knows, -2 with an exception. */
 int ampc_dtype_of_torch(PyObject *dtype);
+/* _C._dtypes(): dtypes.def's rows as (name, kind, size, DLPack code, DLPack
+ * bits, NumPy dtype), indexed by ampc's dtype number. */
+PyObject *ampc_dtypes_info(PyObject *module, PyObject *arg);
 
 /* ------------------------------------------------------------------------ */
 /* The caller's array library (interop.c)                                   */

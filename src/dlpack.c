@@ -22,46 +22,22 @@
 /* dtypes and devices                                                        */
 /* ------------------------------------------------------------------------ */
 
+/* Each dtype's DLPack type (dtypes.def); lanes are always 1. */
+static const DLDataType dl_types[AMPC_NUM_DTYPES] = {
+#define AMPC_DTYPE(ENUM, VALUE, NAME, SIZE, KIND, DL_CODE, DL_BITS, ...) [AMPC_##ENUM] = {DL_CODE, DL_BITS, 1},
+#include "kernels/dtypes.def"
+#undef AMPC_DTYPE
+};
+
 static int dtype_from_dl(DLDataType t)
 {
-    if (t.lanes != 1)
-        return -1;
-    switch (t.code) {
-    case kDLFloat:
-        return t.bits == 32 ? AMPC_FLOAT32 : t.bits == 16 ? AMPC_FLOAT16 : t.bits == 64 ? AMPC_FLOAT64 : -1;
-    case kDLBfloat:
-        return t.bits == 16 ? AMPC_BFLOAT16 : -1;
-    case kDLBool:
-        return t.bits == 8 ? AMPC_BOOL : -1;
-    case kDLInt:
-    case kDLUInt: {
-        const int base = t.code == kDLInt ? AMPC_INT8 : AMPC_UINT8;
-        switch (t.bits) {
-        case 8: return base;
-        case 16: return base + 1;
-        case 32: return base + 2;
-        case 64: return base + 3;
-        default: return -1;
-        }
-    }
-    default:
-        return -1;
-    }
+    for (int d = 0; d < AMPC_NUM_DTYPES; d++)
+        if (t.code == dl_types[d].code && t.bits == dl_types[d].bits && t.lanes == 1)
+            return d;
+    return -1;
 }
 
-static DLDataType dtype_to_dl(ampc_dtype d)
-{
-    DLDataType t = {kDLFloat, (uint8_t)(ampc_dtype_size(d) * 8), 1};
-    if (d == AMPC_BFLOAT16)
-        t.code = kDLBfloat;
-    else if (d == AMPC_BOOL)
-        t.code = kDLBool;
-    else if (d >= AMPC_INT8 && d <= AMPC_INT64)
-        t.code = kDLInt;
-    else if (d >= AMPC_UINT8)
-        t.code = kDLUInt;
-    return t;
-}
+static DLDataType dtype_to_dl(ampc_dtype d) { return dl_types[d]; }
 
 /* ------------------------------------------------------------------------ */
 /* Consumer                                                                  */

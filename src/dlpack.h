@@ -57,7 +57,10 @@ typedef enum {
     kDLBfloat = 4,
     kDLComplex = 5,
     kDLBool = 6,
-    /* 7..17: float8, float6 and float4 variants (DLPack 1.1); ampc does not read them yet. */
+    /* 7..17: float8, float6 and float4 variants (DLPack 1.1). The two below are the
+     * ones ampc's float8 dtypes will use (issue 53); the others stay refused. */
+    kDLFloat8_e4m3fn = 10,
+    kDLFloat8_e5m2 = 12,
 } DLDataTypeCode;
 
 typedef struct {

@@ -10,47 +10,50 @@
 #include "ampc.h"
 
 #include <string.h>
+#include "dlpack.h"
+
+#define NUMPY(type_num) type_num, NULL
+#define ML_DTYPES(name) -1, name
 
 const char *const ampc_dtype_names[AMPC_NUM_DTYPES] = {
-    "float32", "float16", "bfloat16", "float64", "bool", "int8", "int16",
-    "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+#define AMPC_DTYPE(ENUM, VALUE, NAME, ...) [AMPC_##ENUM] = NAME,
+#include "kernels/dtypes.def"
+#undef AMPC_DTYPE
 };
 
-/* Accepted names; torch dtypes are read through their names too
- * (str(torch.half) == "torch.float16"). */
+/* dtypes.def's columns that Python needs. */
 static const struct {
-    const char *name;
-    ampc_dtype dtype;
-} dtype_aliases[] = {
-    {"float32", AMPC_FLOAT32},  {"fp32", AMPC_FLOAT32},   {"single", AMPC_FLOAT32},
-    {"float16", AMPC_FLOAT16},  {"fp16", AMPC_FLOAT16},   {"half", AMPC_FLOAT16},
-    {"bfloat16", AMPC_BFLOAT16}, {"bf16", AMPC_BFLOAT16},
-    {"float64", AMPC_FLOAT64},  {"fp64", AMPC_FLOAT64},   {"double", AMPC_FLOAT64},
-    {"bool", AMPC_BOOL},        {"int8", AMPC_INT8},      {"int16", AMPC_INT16},
-    {"int32", AMPC_INT32},      {"int64", AMPC_INT64},    {"uint8", AMPC_UINT8},
-    {"uint16", AMPC_UINT16},    {"uint32", AMPC_UINT32},  {"uint64", AMPC_UINT64},
+    ampc_dtype_kind kind;
+    int numpy_type;           /* NumPy's type number; -1: registered by ml_dtypes */
+    const char *ml_dtypes;    /* the ml_dtypes attribute that holds it, or NULL */
+    const char *aliases;      /* other accepted names, separated by spaces */
+} rows[AMPC_NUM_DTYPES] = {
+#define AMPC_DTYPE(ENUM, VALUE, NAME, SIZE, KIND, DL_CODE, DL_BITS, NP, C_TYPE, ALIASES) \
+    [AMPC_##ENUM] = {AMPC_KIND_##KIND, NP, ALIASES},
+#include "kernels/dtypes.def"
+#undef AMPC_DTYPE
 };
 
 int ampc_dtype_init(ampc_state *st)
 {
-    static const int numpy_types[AMPC_NUM_DTYPES] = {
-        NPY_FLOAT32, NPY_FLOAT16, -1 /* bfloat16 */, NPY_FLOAT64, NPY_BOOL,
-        NPY_INT8, NPY_INT16, NPY_INT32, NPY_INT64, NPY_UINT8, NPY_UINT16, NPY_UINT32, NPY_UINT64,
-    };
     for (int d = 0; d < AMPC_NUM_DTYPES; d++) {
-        if (numpy_types[d] >= 0)
-            st->descr[d] = PyArray_DescrFromType(numpy_types[d]);
+        if (rows[d].numpy_type >= 0) {
+            st->descr[d] = PyArray_DescrFromType(rows[d].numpy_type);
+            continue;
+        }
+        PyObject *ml_dtypes = PyImport_ImportModule("ml_dtypes");
+        if (ml_dtypes == NULL)
+            return -1;
+        PyObject *type = PyObject_GetAttrString(ml_dtypes, rows[d].ml_dtypes);
+        Py_DECREF(ml_dtypes);
+        if (type == NULL)
+            return -1;
+        const int ok = PyArray_DescrConverter(type, &st->descr[d]);
+        Py_DECREF(type);
+        if (ok != NPY_SUCCEED)
+            return -1;
     }
-    PyObject *ml_dtypes = PyImport_ImportModule("ml_dtypes");
-    if (ml_dtypes == NULL)
-        return -1;
-    PyObject *bf16 = PyObject_GetAttrString(ml_dtypes, "bfloat16");
-    Py_DECREF(ml_dtypes);
-    if (bf16 == NULL)
-        return -1;
-    const int ok = PyArray_DescrConverter(bf16, &st->descr[AMPC_BFLOAT16]);
-    Py_DECREF(bf16);
-    return ok == NPY_SUCCEED ? 0 : -1;
+    return 0;
 }
 
 int ampc_dtype_from_descr(ampc_state *st, PyArray_Descr *descr)
@@ -58,40 +61,39 @@ int ampc_dtype_from_descr(ampc_state *st, PyArray_Descr *descr)
     if (!PyDataType_ISNOTSWAPPED(descr))
         return -1;
     const int type_num = descr->type_num;
-    const npy_intp size = PyDataType_ELSIZE(descr);
-    switch (type_num) {
-    case NPY_FLOAT32:
-        return AMPC_FLOAT32;
-    case NPY_FLOAT16:
-        return AMPC_FLOAT16;
-    case NPY_FLOAT64:
-        return AMPC_FLOAT64;
-    case NPY_BOOL:
-        return AMPC_BOOL;
-    default:
-        break;
+    const int64_t size = (int64_t)PyDataType_ELSIZE(descr);
+    for (int d = 0; d < AMPC_NUM_DTYPES; d++) {
+        if (rows[d].numpy_type >= 0 ? type_num == rows[d].numpy_type
+                                    : descr->typeobj == st->descr[d]->typeobj)
+            return d;
+        /* NumPy has two type numbers for some integer sizes (long, long long). */
+        if ((rows[d].kind == AMPC_KIND_INT && PyTypeNum_ISSIGNED(type_num)) ||
+            (rows[d].kind == AMPC_KIND_UINT && PyTypeNum_ISUNSIGNED(type_num)))
+            if (size == ampc_dtype_size((ampc_dtype)d))
+                return d;
     }
-    /* NumPy has two type numbers for some integer sizes (long, long long). */
-    if (PyTypeNum_ISSIGNED(type_num) || PyTypeNum_ISUNSIGNED(type_num)) {
-        const int base = PyTypeNum_ISSIGNED(type_num) ? AMPC_INT8 : AMPC_UINT8;
-        switch (size) {
-        case 1: return base;
-        case 2: return base + 1;
-        case 4: return base + 2;
-        case 8: return base + 3;
-        default: return -1;
-        }
-    }
-    if (descr->typeobj == st->descr[AMPC_BFLOAT16]->typeobj)
-        return AMPC_BFLOAT16;
     return -1;
+}
+
+/* Is `name` one of the space-separated words of `words`? */
+static int is_word_of(const char *name, const char *words)
+{
+    const size_t len = strlen(name);
+    for (const char *w = words; *w != '\0';) {
+        const size_t n = strcspn(w, " ");
+        if (n == len && len > 0 && strncmp(w, name, len) == 0)
+            return 1;
+        w += n;
+        w += strspn(w, " ");
+    }
+    return 0;
 }
 
 static int dtype_from_name(const char *name)
 {
-    for (size_t i = 0; i < sizeof dtype_aliases / sizeof dtype_aliases[0]; i++)
-        if (strcmp(name, dtype_aliases[i].name) == 0)
-            return dtype_aliases[i].dtype;
+    for (int d = 0; d < AMPC_NUM_DTYPES; d++)
+        if (strcmp(name, ampc_dtype_names[d]) == 0 || is_word_of(name, rows[d].aliases))
+            return d;
     return -1;
 }
 
@@ -176,4 +178,29 @@ int ampc_dtype_parse(ampc_state *st, PyObject *obj, const char *argname, ampc_dt
         return unsupported(obj, argname);
     *out = (ampc_dtype)d;
     return 0;
+}
+
+PyObject *ampc_dtypes_info(PyObject *module, PyObject *Py_UNUSED(arg))
+{
+    static const char *const kinds[] = {
+        [AMPC_KIND_FLOAT] = "float", [AMPC_KIND_STORED_FLOAT] = "stored_float", [AMPC_KIND_BOOL] = "bool",
+        [AMPC_KIND_INT] = "int", [AMPC_KIND_UINT] = "uint",
+    };
+    static const int dl[AMPC_NUM_DTYPES][2] = {
+#define AMPC_DTYPE(ENUM, VALUE, NAME, SIZE, KIND, DL_CODE, DL_BITS, ...) [AMPC_##ENUM] = {DL_CODE, DL_BITS},
+#include "kernels/dtypes.def"
+#undef AMPC_DTYPE
+    };
+    ampc_state *st = ampc_state_of(module);
+    PyObject *all = PyTuple_New(AMPC_NUM_DTYPES);
+    for (int d = 0; all != NULL && d < AMPC_NUM_DTYPES; d++) {
+        PyObject *row = Py_BuildValue("(ssLiiO)", ampc_dtype_names[d], kinds[rows[d].kind],
+                                      (long long)ampc_dtype_size((ampc_dtype)d), dl[d][0], dl[d][1],
+                                      (PyObject *)st->descr[d]);
+        if (row == NULL)
+            Py_CLEAR(all);
+        else
+            PyTuple_SET_ITEM(all, d, row);
+    }
+    return all;
 }

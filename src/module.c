@@ -129,6 +129,8 @@ PyDoc_STRVAR(mod_as_dtype_doc,
 static PyMethodDef module_methods[] = {
     {"from_dlpack", mod_from_dlpack, METH_O, mod_from_dlpack_doc},
     {"as_dtype", mod_as_dtype, METH_O, mod_as_dtype_doc},
+    {"_dtypes", ampc_dtypes_info, METH_NOARGS,
+     "Each dtype ampc knows, by number: (name, kind, size, DLPack code, DLPack bits, NumPy dtype)."},
     {"get_num_threads", mod_get_num_threads, METH_NOARGS,
      "get_num_threads()\n--\n\nThreads ampc's CPU kernels use."},
     {"set_num_threads", mod_set_num_threads, METH_O,
@@ -275,8 +277,8 @@ static int module_exec(PyObject *module)
         PyModule_AddFunctions(module, ampc_attention_methods) < 0 ||
         PyModule_AddFunctions(module, ampc_cuda_methods) < 0)
         return -1;
-    for (int d = 0; d < AMPC_NUM_FLOAT_DTYPES; d++)
-        if (PyModule_AddObjectRef(module, ampc_dtype_names[d], (PyObject *)st->descr[d]) < 0)
+    for (int d = 0; d < AMPC_NUM_DTYPES; d++)
+        if (AMPC_DTYPE_IS_FLOAT(d) && PyModule_AddObjectRef(module, ampc_dtype_names[d], (PyObject *)st->descr[d]) < 0)
             return -1;
     /* AMPC_CPU_ISA=portable|avx2|avx512|avx512bf16 forces one table, to test
      * or to compare a whole program on each. */

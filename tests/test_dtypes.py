@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 import ampc
+from ampc import _C
+from dlpack_fakes import FakeTensor, exported
 
 
 def test_the_four_floating_dtypes_are_numpy_dtypes():
@@ -13,6 +15,53 @@ def test_the_four_floating_dtypes_are_numpy_dtypes():
     assert ampc.bfloat16 == np.dtype(ml_dtypes.bfloat16)
     assert ampc.float64 == np.dtype(np.float64)
     assert ampc.bfloat16 != ampc.float16  # same size, different format
+
+
+# kernels/dtypes.def's rows: the numbers cross the boundary between ampc._C and ampc._cuda, so they
+# never change (new dtypes are appended: float8_e4m3fn and float8_e5m2 come next, at 13 and 14).
+# (name, kind, size, DLPack code, DLPack bits, NumPy dtype), in ampc's dtype number order.
+DTYPE_ROWS = [
+    ("float32", "float", 4, 2, 32, np.dtype(np.float32)),
+    ("float16", "float", 2, 2, 16, np.dtype(np.float16)),
+    ("bfloat16", "float", 2, 4, 16, np.dtype(ml_dtypes.bfloat16)),
+    ("float64", "float", 8, 2, 64, np.dtype(np.float64)),
+    ("bool", "bool", 1, 6, 8, np.dtype(np.bool_)),
+    ("int8", "int", 1, 0, 8, np.dtype(np.int8)),
+    ("int16", "int", 2, 0, 16, np.dtype(np.int16)),
+    ("int32", "int", 4, 0, 32, np.dtype(np.int32)),
+    ("int64", "int", 8, 0, 64, np.dtype(np.int64)),
+    ("uint8", "uint", 1, 1, 8, np.dtype(np.uint8)),
+    ("uint16", "uint", 2, 1, 16, np.dtype(np.uint16)),
+    ("uint32", "uint", 4, 1, 32, np.dtype(np.uint32)),
+    ("uint64", "uint", 8, 1, 64, np.dtype(np.uint64)),
+]
+
+
+def test_the_dtype_numbers_are_pinned():
+    assert list(_C._dtypes()) == DTYPE_ROWS
+
+
+@pytest.mark.parametrize("row", DTYPE_ROWS, ids=[r[0] for r in DTYPE_ROWS])
+def test_every_dtype_round_trips_through_its_name_numpy_and_dlpack(row):
+    name, _, size, code, bits, dtype = row
+    assert ampc.as_dtype(name) == dtype and ampc.as_dtype(dtype) == dtype and dtype.itemsize == size
+    x = np.arange(3).astype(dtype)
+    a = ampc.from_dlpack(x)  # NumPy's dtype in
+    assert a.dtype == dtype
+    t = exported(cap := a.__dlpack__(max_version=(1, 0))).dl_tensor  # DLPack's type out
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes) == (code, bits, 1)
+    del cap
+    fake = FakeTensor(data=x.ctypes.data, shape=(3,), code=code, bits=bits)  # DLPack's type in
+    b = ampc.from_dlpack(fake.capsule)
+    assert b.dtype == dtype and np.array_equal(np.asarray(b), x)
+
+
+@pytest.mark.parametrize("code,bits", [(2, 8), (4, 32), (6, 16), (0, 128), (10, 8), (12, 8), (7, 8), (5, 64)])
+def test_dlpack_types_no_row_names_are_refused(code, bits):
+    x = np.zeros(4, np.uint8 if bits == 8 else np.float64)
+    fake = FakeTensor(data=x.ctypes.data, shape=(1,), code=code, bits=bits)
+    with pytest.raises((BufferError, TypeError)):
+        ampc.from_dlpack(fake.capsule)
 
 
 @pytest.mark.parametrize(
@@ -112,3 +161,16 @@ def test_an_interrupt_inside_repr_is_not_swallowed():
         ampc.register_autocast("an_op_of_mine", FailingStr("fastest"))
     with pytest.raises(TypeError, match="register_autocast: policy must be one of .* got <Failing object>"):
         ampc.register_autocast("an_op_of_mine", Failing())
+
+
+def test_ampc_exports_the_floating_dtypes_the_table_lists():
+    from ampc.nn._common import FLOATING, FLOATING_NAMES
+
+    floating = [(name, dtype) for name, kind, *_, dtype in _C._dtypes() if kind == "float"]
+    assert [name for name, _ in floating] == ["float32", "float16", "bfloat16", "float64"]
+    for name, dtype in floating:
+        assert getattr(ampc, name) == dtype and name in ampc.__all__ and name in dir(ampc)
+    assert FLOATING == {dtype for _, dtype in floating}
+    assert FLOATING_NAMES == "float32, float16, bfloat16 or float64"
+    with pytest.raises(AttributeError, match="no attribute 'int8'"):
+        ampc.int8  # noqa: B018  (only the floating dtypes are ampc's names, as before)

@@ -7,7 +7,6 @@ import functools
 import math
 import numbers
 
-import ml_dtypes
 import numpy as np
 
 from ampc import _C
@@ -40,7 +39,10 @@ def dtype_of(x):
     return as_dtype(x.dtype)
 
 
-FLOATING = {F32, F64, np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}  # the dtypes ampc computes on
+# The dtypes ampc computes on (kernels/dtypes.def's kind "float"), and their names for messages.
+FLOATING = {dtype for _, kind, *_, dtype in _C._dtypes() if kind == "float"}
+_NAMES = [name for name, kind, *_ in _C._dtypes() if kind == "float"]
+FLOATING_NAMES = ", ".join(_NAMES[:-1]) + " or " + _NAMES[-1]  # "float32, float16, bfloat16 or float64"
 
 
 def is_floating_array(x):
@@ -86,8 +88,7 @@ def floating_dtype(op, name, x):
     except TypeError:  # a dtype ampc does not know (complex)
         dtype = None
     if dtype not in FLOATING:
-        raise TypeError(f"{op}: {name} must be a floating array (float32, float16, bfloat16 or float64), "
-                        f"got dtype {x.dtype}")
+        raise TypeError(f"{op}: {name} must be a floating array ({FLOATING_NAMES}), got dtype {x.dtype}")
     return dtype
 
 
