@@ -5,7 +5,6 @@ live in the C extension ampc._C; CUDA kernels in ampc._cuda, loaded the first ti
 is seen.
 """
 
-from ampc import _C
 from ampc._C import (
     ArgumentError,
     Array,
@@ -14,7 +13,11 @@ from ampc._C import (
     Parameter,
     StateDictError,
     as_dtype,
+    bfloat16,
     cast,
+    float16,
+    float32,
+    float64,
     from_dlpack,
     get_num_threads,
     set_num_threads,
@@ -51,24 +54,6 @@ from ampc.amp import (
 
 __version__ = "0.1.0"
 
-# The floating dtypes by name, as _C lists them (kernels/dtypes.def, the one place a dtype is
-# declared): ampc.float16 is numpy.dtype("float16"), ampc.bfloat16 numpy.dtype(ml_dtypes.bfloat16);
-# those only stored and cast (kind "stored_float": float8) too, as torch names its float8 dtypes.
-# Module attributes through __getattr__ (PEP 562), so a dtype added to the table needs no line here.
-_FLOATING_DTYPES = {name: dtype for name, kind, *_, dtype in _C._dtypes() if kind in ("float", "stored_float")}
-
-
-def __getattr__(name):
-    try:
-        return _FLOATING_DTYPES[name]
-    except KeyError:
-        raise AttributeError(f"module 'ampc' has no attribute '{name}'") from None
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_FLOATING_DTYPES))
-
-
 __all__ = [
     "ArgumentError",
     "StateDictError",
@@ -88,6 +73,7 @@ __all__ = [
     "autocast_policy",
     "autograd",
     "backends",
+    "bfloat16",
     "cast",
     "clear_autocast_cache",
     "cpu",
@@ -96,6 +82,9 @@ __all__ = [
     "custom_fwd",
     "distributed",
     "enable_grad",
+    "float16",
+    "float32",
+    "float64",
     "from_dlpack",
     "get_autocast_dtype",
     "get_num_threads",
@@ -115,4 +104,4 @@ __all__ = [
     "set_autocast_enabled",
     "set_grad_enabled",
     "set_num_threads",
-] + list(_FLOATING_DTYPES)
+]
