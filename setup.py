@@ -63,7 +63,7 @@ if compiler_is_gcc():
 # and cuda/ (ampc._cuda).
 FOLDERS = {"ampc._C": ("src", "cpu", "kernels"), "ampc._cuda": ("cuda",)}
 SOURCE_SUFFIXES = {"ampc._C": (".c",), "ampc._cuda": (".c", ".cu")}
-HEADER_SUFFIXES = (".h", ".inc", ".cuh")
+HEADER_SUFFIXES = (".h", ".inc", ".cuh", ".def")
 # Per-file nvcc options, by path. A key that names no source of ampc._cuda fails the build (below):
 # renamed silently, cuda/optim.cu would lose --fmad=false and its bit equality with the CPU.
 NVCC_FILE_FLAGS = {"cuda/optim.cu": ["--fmad=false"]}

@@ -273,18 +273,18 @@ int launch_dense_op(const ampc_ew &c, int arity, cudaStream_t stream)
     return ampc_cuda_launched("elementwise kernel");
 }
 
-/* The ops a network's activations and gradients go through most get a
- * kernel of their own: with every op's case inside the loop (erf, pow,
- * tanh ...) the kernel ran at half torch's bandwidth. */
+/* The ops a network's activations and gradients go through most (flag
+ * AMPC_EW_GPU_KERNEL in kernels/ew_ops.def) get a kernel of their own: with
+ * every op's case inside the loop (erf, pow, tanh ...) the kernel ran at
+ * half torch's bandwidth. The others share the ANY_OP kernel. */
 template <class T>
 int launch_dense(const ampc_ew &c, int arity, cudaStream_t stream)
 {
     switch (c.op) {
-    case AMPC_EW_RELU: return launch_dense_op<T, AMPC_EW_RELU>(c, arity, stream);
-    case AMPC_EW_RELU_GRAD: return launch_dense_op<T, AMPC_EW_RELU_GRAD>(c, arity, stream);
-    case AMPC_EW_ADD: return launch_dense_op<T, AMPC_EW_ADD>(c, arity, stream);
-    case AMPC_EW_MUL: return launch_dense_op<T, AMPC_EW_MUL>(c, arity, stream);
-    case AMPC_EW_COPY: return launch_dense_op<T, AMPC_EW_COPY>(c, arity, stream);
+#define AMPC_EW_OP(ENUM, name_, arity_, flags_) \
+    case AMPC_EW_##ENUM: \
+        return launch_dense_op<T, ((flags_) & AMPC_EW_GPU_KERNEL) != 0 ? (int)AMPC_EW_##ENUM : ANY_OP>(c, arity, stream);
+#include "kernels/ew_ops.def"
     default: return launch_dense_op<T, ANY_OP>(c, arity, stream);
     }
 }

@@ -278,31 +278,10 @@ static int is_number(PyObject *obj)
  * operand (the result is floating) or, for the ops torch computes in floating
  * point whatever their input (exp, division ...), alone, giving float32.
  * The rest (gelu, the gradients, the losses) are floating only, as torch's
- * kernels are. */
-static int ew_takes_integers(ampc_ew_op op)
-{
-    switch (op) {
-    case AMPC_EW_COPY: case AMPC_EW_NEG: case AMPC_EW_RELU: case AMPC_EW_ABS: case AMPC_EW_SIGN:
-    case AMPC_EW_POW_SCALAR: case AMPC_EW_ADD: case AMPC_EW_MUL: case AMPC_EW_POW: case AMPC_EW_MAXIMUM:
-    case AMPC_EW_MINIMUM: case AMPC_EW_POW_BASE_GRAD: case AMPC_EW_POW_EXPONENT_GRAD:
-    case AMPC_EW_SIGMOID: case AMPC_EW_TANH: case AMPC_EW_EXP: case AMPC_EW_LOG: case AMPC_EW_SQRT:
-    case AMPC_EW_RSQRT: case AMPC_EW_DIV:
-        return 1;
-    default:
-        return 0;
-    }
-}
+ * kernels are. The flags: kernels/ew_ops.def. */
+static int ew_takes_integers(ampc_ew_op op) { return (ampc_ew_flags(op) & AMPC_EW_INT) != 0; }
 
-static int ew_integers_give_float(ampc_ew_op op)
-{
-    switch (op) {
-    case AMPC_EW_SIGMOID: case AMPC_EW_TANH: case AMPC_EW_EXP: case AMPC_EW_LOG: case AMPC_EW_SQRT:
-    case AMPC_EW_RSQRT: case AMPC_EW_DIV:
-        return 1;
-    default:
-        return 0;
-    }
-}
+static int ew_integers_give_float(ampc_ew_op op) { return (ampc_ew_flags(op) & AMPC_EW_INT_FLOAT) != 0; }
 
 /* Read e's operands into in[] (NULL for a Python number after the first
  * operand, its value in e->value) and set e->out.dtype: dtype= where given,
@@ -1200,12 +1179,8 @@ done:
 static PyObject *mod_ew_ops(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
     static const char *const names[] = {
-        "copy", "neg", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "log", "pow_scalar",
-        "sqrt", "rsqrt", "abs", "sign", "add", "mul", "div", "pow", "maximum", "minimum",
-        "pow_base_grad", "pow_exponent_grad",
-        "relu_grad", "gelu_grad", "gelu_tanh_grad", "silu_grad", "sigmoid_grad", "tanh_grad", "pow_scalar_grad",
-        "squared_diff", "abs_diff", "bce_logits", "bce", "squared_diff_grad", "abs_diff_grad",
-        "bce_logits_grad", "bce_grad",
+#define AMPC_EW_OP(ENUM, name, arity, flags) name,
+#include "kernels/ew_ops.def"
     };
     _Static_assert(sizeof names / sizeof *names == AMPC_EW_NUM_OPS, "a name for each elementwise op");
     PyObject *d = PyDict_New();

@@ -87,7 +87,7 @@ ALLOWED_UPWARD_IMPORTS = [
 # ---------------------------------------------------------------------------------------------
 
 C_FOLDERS = ("src", "cpu", "kernels", "cuda")  # setup.py's FOLDERS, both modules'
-C_SUFFIXES = (".c", ".h", ".cu", ".cuh", ".inc")
+C_SUFFIXES = (".c", ".h", ".cu", ".cuh", ".inc", ".def")
 # A quoted include is looked for beside the including file, then in setup.py's include_dirs in their
 # order: "src", "cuda", then the root, where an include written with its folder ("kernels/dtypes.h")
 # resolves.
