@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 8
+#define AMPC_CUDA_ABI_VERSION 9
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 
 typedef enum {
@@ -178,6 +178,8 @@ typedef struct ampc_cuda_api {
      * what its kernels do not serve. */
     int (*attention)(int device, void *stream, const ampc_attention *a);
     int (*attention_backward)(int device, void *stream, const ampc_attention_backward *b);
+
+    /* --- ABI 9: no new entry; ampc_ew gained param2 (op_descriptors.h) --- */
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

@@ -82,7 +82,7 @@ static inline int ampc_ew_flags(ampc_ew_op op)
     return flags[op];
 }
 
-/* out (dense, C order, `shape`) = f(in[0], in[1]; param) * in[2] * scale,
+/* out (dense, C order, `shape`) = f(in[0], in[1]; param, param2) * in[2] * scale,
  * in[2] only when nin == 3 (in[1] unused by a unary op). Input strides are
  * in elements and may be zero (broadcast) or negative. An operand whose
  * data is NULL is the constant value[x] (a Python number). */
@@ -98,6 +98,7 @@ typedef struct {
     ampc_buf in[3];
     double value[3];
     int64_t strides[3][AMPC_MAX_NDIM];
+    double param2;  /* a formula's q (ew_ops.def): a second parameter, softplus's threshold */
 } ampc_ew;
 
 /* Drop size-1 dimensions and merge the dimensions that every input walks

@@ -416,7 +416,8 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     /* name may come fifth positionally: every call names its op, and each keyword given costs a
      * lookup of every keyword before it in this list (a new str each, 0.1 us) */
-    static char *kwlist[] = {"op", "a", "b", "c", "name", "param", "scale", "dtype", "shape", "names", NULL};
+    static char *kwlist[] = {"op", "a", "b", "c", "name", "param", "scale", "dtype", "shape", "names", "param2",
+                             NULL};
     ampc_state *st = ampc_state_of(module);
     int op;
     PyObject *objs[3] = {NULL, Py_None, Py_None}, *dtype_obj = Py_None, *shape_obj = Py_None, *result = NULL;
@@ -426,8 +427,8 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
     ampc_ew e = {0};
     e.param = 1.0;
     e.scale = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|OOs$ddOOO:_ew", kwlist, &op, &objs[0], &objs[1], &objs[2],
-                                     &name, &e.param, &e.scale, &dtype_obj, &shape_obj, &names_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|OOs$ddOOOd:_ew", kwlist, &op, &objs[0], &objs[1], &objs[2],
+                                     &name, &e.param, &e.scale, &dtype_obj, &shape_obj, &names_obj, &e.param2))
         return NULL;
     if (names_obj != Py_None) {
         if (!PyTuple_Check(names_obj) || PyTuple_GET_SIZE(names_obj) > 3) {
@@ -1196,8 +1197,8 @@ static PyObject *mod_ew_ops(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg
 PyMethodDef ampc_ops_methods[] = {
     {"_ew_ops", mod_ew_ops, METH_NOARGS, "The elementwise op codes of _ew, by name."},
     {"_ew", (PyCFunction)(void (*)(void))mod_ew, METH_VARARGS | METH_KEYWORDS,
-     "_ew(op, a, b=None, c=None, name='elementwise', *, param=1.0, scale=1.0, dtype=None, shape=None, names=None): "
-     "f(a, b; param) * c * scale, broadcast; errors name the op `name` and the operands `names`."},
+     "_ew(op, a, b=None, c=None, name='elementwise', *, param=1.0, scale=1.0, dtype=None, shape=None, names=None, "
+     "param2=0.0): f(a, b; param, param2) * c * scale, broadcast; errors name the op `name` and the operands `names`."},
     {"_softmax", (PyCFunction)(void (*)(void))mod_softmax, METH_VARARGS | METH_KEYWORDS,
      "_softmax(input, dim, log, dtype=None, *, causal=False, causal_offset=0): causal masks the last two dimensions "
      "as attention's is_causal does (query row i takes key columns 0..i + causal_offset: a band of queries that "
