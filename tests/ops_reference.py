@@ -61,6 +61,24 @@ def silu(x):
     return x / (1 + np.exp(-x))
 
 
+def softplus(x, beta=1.0, threshold=20.0):
+    """torch's: log(1 + e^(beta x)) / beta, x itself where beta x > threshold."""
+    return np.where(x * beta > threshold, x, np.logaddexp(0, x * beta) / beta)
+
+
+def softplus_grad(g, x, beta=1.0, threshold=20.0):
+    return np.where(x * beta > threshold, g, g / (1 + np.exp(-x * beta)))
+
+
+def mish(x):
+    return x * np.tanh(np.logaddexp(0, x))
+
+
+def mish_grad(g, x):
+    t = np.tanh(np.logaddexp(0, x))
+    return g * (t + x / (1 + np.exp(-x)) * (1 - t * t))
+
+
 def relu(x):
     return np.maximum(x, 0)
 

@@ -86,6 +86,9 @@ UNARY = [
     ("gelu", F.gelu, TF.gelu),
     ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda x: TF.gelu(x, approximate="tanh")),
     ("silu", F.silu, TF.silu),
+    ("softplus", F.softplus, TF.softplus),
+    ("softplus_beta", lambda x: F.softplus(x, 2.0, 1.5), lambda x: TF.softplus(x, 2.0, 1.5)),
+    ("mish", F.mish, TF.mish),
     ("sigmoid", F.sigmoid, torch.sigmoid),
     ("tanh", F.tanh, torch.tanh),
     ("exp", F.exp, torch.exp),
@@ -116,6 +119,9 @@ BACKWARD = [
     ("gelu_tanh", lambda g, x: F.gelu_backward(g, x, approximate="tanh"),
      lambda x: TF.gelu(x, approximate="tanh")),
     ("silu", lambda g, x: F.silu_backward(g, x), TF.silu),
+    ("softplus", lambda g, x: F.softplus_backward(g, x), TF.softplus),
+    ("softplus_beta", lambda g, x: F.softplus_backward(g, x, 2.0, 1.5), lambda x: TF.softplus(x, 2.0, 1.5)),
+    ("mish", lambda g, x: F.mish_backward(g, x), TF.mish),
     ("pow3", lambda g, x: F.pow_backward(g, x, 3.0), lambda x: torch.pow(x, 3.0)),
     ("abs", lambda g, x: F.abs_backward(g, x), torch.abs),
 ]
@@ -644,6 +650,8 @@ AUTOCAST = [
     ("mse_loss", lambda m, x, w: m.mse_loss(x, x)),
     ("relu", lambda m, x, w: m.relu(x)),
     ("gelu", lambda m, x, w: m.gelu(x)),
+    ("softplus", lambda m, x, w: m.softplus(x)),
+    ("mish", lambda m, x, w: m.mish(x)),
 ]
 
 
