@@ -45,20 +45,8 @@ def noncontiguous(x):
 # Elementwise
 # --------------------------------------------------------------------------------------------
 
-UNARY = [
-    ("relu", F.relu, ref.relu),
-    ("gelu", F.gelu, ref.gelu),
-    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), ref.gelu_tanh),
-    ("silu", F.silu, ref.silu),
-    ("softplus", F.softplus, ref.softplus),
-    ("softplus_beta", lambda x: F.softplus(x, beta=2.0, threshold=1.5), lambda x: ref.softplus(x, 2.0, 1.5)),
-    ("mish", F.mish, ref.mish),
-    ("exp", F.exp, np.exp),
-    ("sigmoid", F.sigmoid, lambda x: 1 / (1 + np.exp(-x))),
-    ("tanh", F.tanh, np.tanh),
-    ("pow3", lambda x: F.pow(x, 3.0), lambda x: x**3),
-    ("pow2", lambda x: F.pow(x, 2), lambda x: x**2),
-]
+# the pointwise ops of ops_reference.POINTWISE that these lists name
+UNARY = [(op.name, op.forward(F), op.reference) for op in ref.pointwise("cpu")]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -232,17 +220,7 @@ def test_relu_keeps_nan():
     assert np.isnan(out[0]) and out[1] == 0 and out[2] == 2
 
 
-BACKWARD_UNARY = [
-    ("relu", F.relu, lambda g, x: F.relu_backward(g, x)),
-    ("gelu", F.gelu, lambda g, x: F.gelu_backward(g, x)),
-    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda g, x: F.gelu_backward(g, x, approximate="tanh")),
-    ("silu", F.silu, lambda g, x: F.silu_backward(g, x)),
-    ("softplus", F.softplus, lambda g, x: F.softplus_backward(g, x)),
-    ("softplus_beta", lambda x: F.softplus(x, 2.0, 3.0), lambda g, x: F.softplus_backward(g, x, 2.0, 3.0)),
-    ("mish", F.mish, lambda g, x: F.mish_backward(g, x)),
-    ("pow3", lambda x: F.pow(x, 3.0), lambda g, x: F.pow_backward(g, x, 3.0)),
-    ("exp", F.exp, lambda g, x: F.exp_backward(g, F.exp(x))),
-]
+BACKWARD_UNARY = [(op.name, op.forward(F), op.backward(F)) for op in ref.pointwise("cpu_grad")]
 
 
 @pytest.mark.parametrize("name,fwd,bwd", BACKWARD_UNARY, ids=[u[0] for u in BACKWARD_UNARY])
