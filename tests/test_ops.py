@@ -212,6 +212,11 @@ def test_softplus_and_mish_on_the_tape_and_in_place(rng):
     a = x.copy()
     assert F.mish(a, inplace=True) is a
     np.testing.assert_array_equal(a, F.mish(x))
+    for bad in ({"beta": "2"}, {"threshold": None}):  # a clear error naming the op, not float()'s
+        with pytest.raises(TypeError, match=f"softplus: {next(iter(bad))} must be a number"):
+            F.softplus(x, **bad)
+        with pytest.raises(TypeError, match=f"softplus_backward: {next(iter(bad))} must be a number"):
+            F.softplus_backward(g, x, **bad)
 
 
 def test_relu_keeps_nan():

@@ -787,18 +787,27 @@ def silu_backward(grad_output, input):
     return _gradient_at_input("silu_grad", "silu_backward", grad_output, input)
 
 
+def _softplus_numbers(op, beta, threshold):
+    for name, value in (("beta", beta), ("threshold", threshold)):
+        if not _is_number(value):
+            raise TypeError(f"{op}: {name} must be a number, got {type(value).__name__}")
+    return float(beta), float(threshold)
+
+
 @autocast_op(name="softplus")
 @_op
 def softplus(input, beta=1.0, threshold=20.0):
     """log(1 + exp(beta * input)) / beta, and input itself where beta * input > threshold, as torch's
     (float32 under CUDA autocast)."""
-    return _ew("softplus", input, param=float(beta), param2=float(threshold))
+    beta, threshold = _softplus_numbers("softplus", beta, threshold)
+    return _ew("softplus", input, param=beta, param2=threshold)
 
 
 @_backward_op
 def softplus_backward(grad_output, input, beta=1.0, threshold=20.0):
     """grad_output * sigmoid(beta * input), grad_output itself where beta * input > threshold, as torch's."""
-    return _gradient_at_input("softplus_grad", "softplus_backward", grad_output, input, float(beta), float(threshold))
+    beta, threshold = _softplus_numbers("softplus_backward", beta, threshold)
+    return _gradient_at_input("softplus_grad", "softplus_backward", grad_output, input, beta, threshold)
 
 
 @_op
