@@ -32,7 +32,7 @@
 extern "C" {
 #endif
 
-#define AMPC_CUDA_ABI_VERSION 9
+#define AMPC_CUDA_ABI_VERSION 10
 #define AMPC_CUDA_API_CAPSULE "ampc._cuda._api"
 /* conv_report's lines never reach this many bytes with their NUL. */
 #define AMPC_CUDA_CONV_REPORT_SIZE ((size_t)64 << 10)
@@ -190,6 +190,8 @@ typedef struct ampc_cuda_api {
      * NUL-terminated, and forgotten. A buf of AMPC_CUDA_CONV_REPORT_SIZE
      * bytes always takes them. */
     int (*conv_report)(char *buf, size_t size, size_t *length);
+
+    /* --- ABI 10: no new entry; ampc_ew gained param2 (op_descriptors.h) --- */
 } ampc_cuda_api;
 
 /* Defined by cuda/api.c: the table ampc._cuda exports. */

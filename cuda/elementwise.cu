@@ -2,7 +2,8 @@
  * elementwise.cu: ampc_ew on the GPU: out = f(a, b; p) * c * scale over a
  * broadcast index space, in the compute type of the output (float, double
  * for float64), each element rounded once. The same formulas as the CPU's
- * ops_real.inc, element by element.
+ * ops_real.inc, element by element: those of kernels/ew_ops.def from its
+ * text, the others written here as there.
  *
  * The layout is coalesced first (ampc_ew_coalesce: size-1 dimensions gone,
  * dimensions every operand walks contiguously merged), so a dense or
@@ -66,14 +67,49 @@ __device__ __forceinline__ Acc bce_logits(Acc x, Acc t)
     return isinf(x) ? limit : ((Acc)1 - t) * x - log_sigmoid;
 }
 
-/* f(a, b; p) of one element. Inlined, so that a kernel given op as a
+/* The table's formulas (kernels/ew_ops.def), one function an op, ew_formula_<ENUM>(a, b, p, q), in
+ * the GPU's maths: ops.cuh's m_exp ... and the helpers above; REAL is the compute type Acc. */
+#define REAL Acc
+#define EXP m_exp
+#define LOG m_log
+#define LOG1P m_log1p
+#define TANH m_tanh
+#define POW m_pow
+#define SQRT m_sqrt
+#define FABS m_abs
+#define SIGMOID sigmoid
+#define SIGN sign_of
+#define AMPC_EW_OP(ENUM_, name_, arity_, flags_)
+#define AMPC_EW_FORMULA(ENUM_, name_, arity_, flags_, formula_)                                   \
+    template <class Acc>                                                                          \
+    __device__ __forceinline__ Acc ew_formula_##ENUM_(Acc a, Acc b, Acc p, Acc q)                 \
+    {                                                                                             \
+        (void)a, (void)b, (void)p, (void)q;                                                       \
+        return formula_;                                                                          \
+    }
+#include "kernels/ew_ops.def"
+#undef REAL
+#undef EXP
+#undef LOG
+#undef LOG1P
+#undef TANH
+#undef POW
+#undef SQRT
+#undef FABS
+#undef SIGMOID
+#undef SIGN
+
+/* f(a, b; p, q) of one element. Inlined, so that a kernel given op as a
  * constant keeps only its case. */
 template <class Acc>
-__device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
+__device__ __forceinline__ Acc apply(int op, Acc p, Acc q, Acc a, Acc b)
 {
     switch (op) {
+#define AMPC_EW_OP(ENUM_, name_, arity_, flags_)
+#define AMPC_EW_FORMULA(ENUM_, name_, arity_, flags_, formula_) \
+    case AMPC_EW_##ENUM_: return ew_formula_##ENUM_<Acc>(a, b, p, q);
+#include "kernels/ew_ops.def"
     case AMPC_EW_COPY: return a;
-    case AMPC_EW_NEG: return -a;
     case AMPC_EW_RELU: return a > 0 || a != a ? a : (Acc)0;  /* NaN stays NaN */
     case AMPC_EW_GELU: return a * normal_cdf(a);
     case AMPC_EW_GELU_TANH: {
@@ -81,25 +117,8 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
         sigmoid_pair((Acc)2 * gelu_tanh_inner(a), s, rest);
         return a * s;
     }
-    case AMPC_EW_SILU: return a * sigmoid(a);
-    case AMPC_EW_SIGMOID: return sigmoid(a);
-    case AMPC_EW_TANH: return m_tanh(a);
-    case AMPC_EW_EXP: return m_exp(a);
-    case AMPC_EW_LOG: return m_log(a);
     case AMPC_EW_POW_SCALAR: return pow_by(a, p);
-    case AMPC_EW_SQRT: return m_sqrt(a);
-    case AMPC_EW_RSQRT: return (Acc)1 / m_sqrt(a);
-    case AMPC_EW_ABS: return m_abs(a);
-    case AMPC_EW_SIGN: return sign_of(a);
     case AMPC_EW_ADD: return p == 1 ? a + b : a + p * b;
-    case AMPC_EW_MUL: return a * b;
-    case AMPC_EW_DIV: return a / b;
-    case AMPC_EW_POW: return m_pow(a, b);
-    case AMPC_EW_MAXIMUM: return a != a || b != b ? a + b : a > b ? a : b;
-    case AMPC_EW_MINIMUM: return a != a || b != b ? a + b : a < b ? a : b;
-    case AMPC_EW_POW_BASE_GRAD: return b == 0 ? (Acc)0 : b * m_pow(a, b - 1);
-    case AMPC_EW_POW_EXPONENT_GRAD: return a == 0 && b >= 0 ? (Acc)0 : m_pow(a, b) * m_log(a);
-    case AMPC_EW_RELU_GRAD: return b <= (Acc)0 ? (Acc)0 : a;  /* torch's: a NaN input passes its gradient */
     case AMPC_EW_GELU_GRAD: {
         const Acc k = (Acc)(M_2_SQRTPI * M_SQRT1_2 * 0.5); /* 1 / sqrt(2 pi) */
         const Acc cdf = normal_cdf(b);
@@ -116,20 +135,13 @@ __device__ __forceinline__ Acc apply(int op, Acc p, Acc a, Acc b)
         const Acc s = sigmoid(b);
         return a * s * ((Acc)1 + b * ((Acc)1 - s));
     }
-    case AMPC_EW_SIGMOID_GRAD: return a * b * ((Acc)1 - b);
-    case AMPC_EW_TANH_GRAD: return a * ((Acc)1 - b * b);
     case AMPC_EW_POW_SCALAR_GRAD: return a * (p * pow_by(b, p - 1));
-    case AMPC_EW_SQUARED_DIFF: return (a - b) * (a - b);
-    case AMPC_EW_ABS_DIFF: return m_abs(a - b);
     case AMPC_EW_BCE_LOGITS: return bce_logits(a, b);
     case AMPC_EW_BCE: {
         const Acc la = m_log(a) > (Acc)-100 ? m_log(a) : (Acc)-100;
         const Acc l1a = m_log1p(-a) > (Acc)-100 ? m_log1p(-a) : (Acc)-100;
         return -(b * la + ((Acc)1 - b) * l1a);
     }
-    case AMPC_EW_SQUARED_DIFF_GRAD: return (Acc)2 * (a - b);
-    case AMPC_EW_ABS_DIFF_GRAD: return sign_of(a - b);
-    case AMPC_EW_BCE_LOGITS_GRAD: return sigmoid(a) - b;
     case AMPC_EW_BCE_GRAD: {
         const Acc d = ((Acc)1 - a) * a;
         return (a - b) / (d > (Acc)1e-12 ? d : (Acc)1e-12);
@@ -147,7 +159,7 @@ __device__ __forceinline__ Acc operand(const ampc_ew &e, int x, int64_t off)
 template <class Acc>
 __global__ void elementwise_kernel(ampc_ew e, int arity)
 {
-    const Acc p = (Acc)e.param, scale = (Acc)e.scale;
+    const Acc p = (Acc)e.param, q = (Acc)e.param2, scale = (Acc)e.scale;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < e.numel;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[3] = {0, 0, 0};
@@ -160,7 +172,7 @@ __global__ void elementwise_kernel(ampc_ew e, int arity)
         }
         const Acc a = operand<Acc>(e, 0, off[0]);
         const Acc b = arity > 1 ? operand<Acc>(e, 1, off[1]) : (Acc)0;
-        Acc v = apply<Acc>(e.op, p, a, b);
+        Acc v = apply<Acc>(e.op, p, q, a, b);
         /* as the CPU: out *= c * scale */
         if (e.nin > 2)
             v *= operand<Acc>(e, 2, off[2]) * scale;
@@ -205,7 +217,7 @@ template <class T, int V, int OP>
 __device__ __forceinline__ void dense_values(const ampc_ew &e, int arity, int64_t at)
 {
     const int op = OP == ANY_OP ? e.op : OP;
-    const float p = (float)e.param, scale = (float)e.scale;
+    const float p = (float)e.param, q = (float)e.param2, scale = (float)e.scale;
     float a[V], b[V], c[V];
     load_values<T, V>(e, 0, at, a);
     if (arity > 1)
@@ -213,7 +225,7 @@ __device__ __forceinline__ void dense_values(const ampc_ew &e, int arity, int64_
     if (e.nin > 2)
         load_values<T, V>(e, 2, at, c);
     for (int k = 0; k < V; k++) {
-        a[k] = apply<float>(op, p, a[k], arity > 1 ? b[k] : 0.0f);
+        a[k] = apply<float>(op, p, q, a[k], arity > 1 ? b[k] : 0.0f);
         if (e.nin > 2)
             a[k] *= c[k] * scale;
         else if (scale != 1.0f)
@@ -273,18 +285,18 @@ int launch_dense_op(const ampc_ew &c, int arity, cudaStream_t stream)
     return ampc_cuda_launched("elementwise kernel");
 }
 
-/* The ops a network's activations and gradients go through most get a
- * kernel of their own: with every op's case inside the loop (erf, pow,
- * tanh ...) the kernel ran at half torch's bandwidth. */
+/* The ops a network's activations and gradients go through most (flag
+ * AMPC_EW_GPU_KERNEL in kernels/ew_ops.def) get a kernel of their own: with
+ * every op's case inside the loop (erf, pow, tanh ...) the kernel ran at
+ * half torch's bandwidth. The others share the ANY_OP kernel. */
 template <class T>
 int launch_dense(const ampc_ew &c, int arity, cudaStream_t stream)
 {
     switch (c.op) {
-    case AMPC_EW_RELU: return launch_dense_op<T, AMPC_EW_RELU>(c, arity, stream);
-    case AMPC_EW_RELU_GRAD: return launch_dense_op<T, AMPC_EW_RELU_GRAD>(c, arity, stream);
-    case AMPC_EW_ADD: return launch_dense_op<T, AMPC_EW_ADD>(c, arity, stream);
-    case AMPC_EW_MUL: return launch_dense_op<T, AMPC_EW_MUL>(c, arity, stream);
-    case AMPC_EW_COPY: return launch_dense_op<T, AMPC_EW_COPY>(c, arity, stream);
+#define AMPC_EW_OP(ENUM, name_, arity_, flags_) \
+    case AMPC_EW_##ENUM: \
+        return launch_dense_op<T, ((flags_) & AMPC_EW_GPU_KERNEL) != 0 ? (int)AMPC_EW_##ENUM : ANY_OP>(c, arity, stream);
+#include "kernels/ew_ops.def"
     default: return launch_dense_op<T, ANY_OP>(c, arity, stream);
     }
 }

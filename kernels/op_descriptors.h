@@ -49,59 +49,40 @@ static inline ampc_dtype ampc_acc_dtype(ampc_dtype d) { return d == AMPC_FLOAT64
 /* Elementwise                                                               */
 /* ------------------------------------------------------------------------ */
 
-/* f(a, b; p). Forward ops read a (and b); a gradient op reads the incoming
- * gradient as a and the forward's input (or output) as b. */
+/* f(a, b; p). The ops, their names, arities and flags: kernels/ew_ops.def. */
+enum {
+    AMPC_EW_INT = 1,         /* takes integer and bool arrays beside a floating one */
+    AMPC_EW_INT_FLOAT = 2,   /* ... and alone, giving float32 */
+    AMPC_EW_GPU_KERNEL = 4,  /* a dense GPU kernel of its own */
+};
+
 typedef enum {
-    /* unary: f(a) */
-    AMPC_EW_COPY = 0,
-    AMPC_EW_NEG,
-    AMPC_EW_RELU,
-    AMPC_EW_GELU,           /* a * Phi(a), with erf */
-    AMPC_EW_GELU_TANH,      /* PyTorch's approximate='tanh' */
-    AMPC_EW_SILU,
-    AMPC_EW_SIGMOID,
-    AMPC_EW_TANH,
-    AMPC_EW_EXP,
-    AMPC_EW_LOG,
-    AMPC_EW_POW_SCALAR,     /* a ** p */
-    AMPC_EW_SQRT,
-    AMPC_EW_RSQRT,
-    AMPC_EW_ABS,
-    AMPC_EW_SIGN,
-    /* binary: f(a, b) */
-    AMPC_EW_ADD,            /* a + p * b (torch's alpha) */
-    AMPC_EW_MUL,
-    AMPC_EW_DIV,
-    AMPC_EW_POW,            /* a ** b */
-    AMPC_EW_MAXIMUM,
-    AMPC_EW_MINIMUM,
-    /* pow's gradients with an array exponent: a = x, b = the exponent, the multiplier c = dy */
-    AMPC_EW_POW_BASE_GRAD,  /* b == 0 ? 0 : b * a ** (b - 1) */
-    AMPC_EW_POW_EXPONENT_GRAD, /* a == 0 && b >= 0 ? 0 : a ** b * log(a) */
-    /* gradients: a = dy, b = the forward's x (or y where said) */
-    AMPC_EW_RELU_GRAD,      /* a where b (y or x: the same test) is not <= 0 */
-    AMPC_EW_GELU_GRAD,
-    AMPC_EW_GELU_TANH_GRAD,
-    AMPC_EW_SILU_GRAD,
-    AMPC_EW_SIGMOID_GRAD,   /* b: y */
-    AMPC_EW_TANH_GRAD,      /* b: y */
-    AMPC_EW_POW_SCALAR_GRAD,/* dy * (p * x ** (p - 1)) */
-    /* pointwise losses: a = input, b = target; their gradients with respect to a */
-    AMPC_EW_SQUARED_DIFF,   /* (a - b)^2 */
-    AMPC_EW_ABS_DIFF,       /* |a - b| */
-    AMPC_EW_BCE_LOGITS,     /* (1 - b) a - log_sigmoid(a) */
-    AMPC_EW_BCE,            /* -(b * log(a) + (1 - b) * log(1 - a)), logs clamped at -100 */
-    AMPC_EW_SQUARED_DIFF_GRAD,
-    AMPC_EW_ABS_DIFF_GRAD,  /* sign(a - b) */
-    AMPC_EW_BCE_LOGITS_GRAD,/* sigmoid(a) - b */
-    AMPC_EW_BCE_GRAD,       /* (a - b) / max((1 - a) * a, 1e-12) */
+#define AMPC_EW_OP(ENUM, name, arity, flags) AMPC_EW_##ENUM,
+#include "kernels/ew_ops.def"
     AMPC_EW_NUM_OPS
 } ampc_ew_op;
 
 /* Number of array operands an op reads before the optional multiplier c. */
-static inline int ampc_ew_arity(ampc_ew_op op) { return op < AMPC_EW_ADD ? 1 : 2; }
+static inline int ampc_ew_arity(ampc_ew_op op)
+{
+    static const signed char arity[] = {
+#define AMPC_EW_OP(ENUM, name, arity, flags) arity,
+#include "kernels/ew_ops.def"
+    };
+    return arity[op];
+}
 
-/* out (dense, C order, `shape`) = f(in[0], in[1]; param) * in[2] * scale,
+/* The op's AMPC_EW_* flags. */
+static inline int ampc_ew_flags(ampc_ew_op op)
+{
+    static const unsigned char flags[] = {
+#define AMPC_EW_OP(ENUM, name, arity, flags) flags,
+#include "kernels/ew_ops.def"
+    };
+    return flags[op];
+}
+
+/* out (dense, C order, `shape`) = f(in[0], in[1]; param, param2) * in[2] * scale,
  * in[2] only when nin == 3 (in[1] unused by a unary op). Input strides are
  * in elements and may be zero (broadcast) or negative. An operand whose
  * data is NULL is the constant value[x] (a Python number). */
@@ -117,6 +98,7 @@ typedef struct {
     ampc_buf in[3];
     double value[3];
     int64_t strides[3][AMPC_MAX_NDIM];
+    double param2;  /* a formula's q (ew_ops.def): a second parameter, softplus's threshold */
 } ampc_ew;
 
 /* Drop size-1 dimensions and merge the dimensions that every input walks

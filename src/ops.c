@@ -33,31 +33,10 @@ static int is_number(PyObject *obj)
  * operand (the result is floating) or, for the ops torch computes in floating
  * point whatever their input (exp, division ...), alone, giving float32.
  * The rest (gelu, the gradients, the losses) are floating only, as torch's
- * kernels are. */
-static int ew_takes_integers(ampc_ew_op op)
-{
-    switch (op) {
-    case AMPC_EW_COPY: case AMPC_EW_NEG: case AMPC_EW_RELU: case AMPC_EW_ABS: case AMPC_EW_SIGN:
-    case AMPC_EW_POW_SCALAR: case AMPC_EW_ADD: case AMPC_EW_MUL: case AMPC_EW_POW: case AMPC_EW_MAXIMUM:
-    case AMPC_EW_MINIMUM: case AMPC_EW_POW_BASE_GRAD: case AMPC_EW_POW_EXPONENT_GRAD:
-    case AMPC_EW_SIGMOID: case AMPC_EW_TANH: case AMPC_EW_EXP: case AMPC_EW_LOG: case AMPC_EW_SQRT:
-    case AMPC_EW_RSQRT: case AMPC_EW_DIV:
-        return 1;
-    default:
-        return 0;
-    }
-}
+ * kernels are. The flags: kernels/ew_ops.def. */
+static int ew_takes_integers(ampc_ew_op op) { return (ampc_ew_flags(op) & AMPC_EW_INT) != 0; }
 
-static int ew_integers_give_float(ampc_ew_op op)
-{
-    switch (op) {
-    case AMPC_EW_SIGMOID: case AMPC_EW_TANH: case AMPC_EW_EXP: case AMPC_EW_LOG: case AMPC_EW_SQRT:
-    case AMPC_EW_RSQRT: case AMPC_EW_DIV:
-        return 1;
-    default:
-        return 0;
-    }
-}
+static int ew_integers_give_float(ampc_ew_op op) { return (ampc_ew_flags(op) & AMPC_EW_INT_FLOAT) != 0; }
 
 /* Read e's operands into in[] (NULL for a Python number after the first
  * operand, its value in e->value) and set e->out.dtype: dtype= where given,
@@ -166,7 +145,8 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
 {
     /* name may come fifth positionally: every call names its op, and each keyword given costs a
      * lookup of every keyword before it in this list (a new str each, 0.1 us) */
-    static char *kwlist[] = {"op", "a", "b", "c", "name", "param", "scale", "dtype", "shape", "names", NULL};
+    static char *kwlist[] = {"op", "a", "b", "c", "name", "param", "scale", "dtype", "shape", "names", "param2",
+                             NULL};
     ampc_state *st = ampc_state_of(module);
     int op;
     PyObject *objs[3] = {NULL, Py_None, Py_None}, *dtype_obj = Py_None, *shape_obj = Py_None, *result = NULL;
@@ -176,8 +156,8 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
     ampc_ew e = {0};
     e.param = 1.0;
     e.scale = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|OOs$ddOOO:_ew", kwlist, &op, &objs[0], &objs[1], &objs[2],
-                                     &name, &e.param, &e.scale, &dtype_obj, &shape_obj, &names_obj))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iO|OOs$ddOOOd:_ew", kwlist, &op, &objs[0], &objs[1], &objs[2],
+                                     &name, &e.param, &e.scale, &dtype_obj, &shape_obj, &names_obj, &e.param2))
         return NULL;
     if (names_obj != Py_None) {
         if (!PyTuple_Check(names_obj) || PyTuple_GET_SIZE(names_obj) > 3) {
@@ -907,12 +887,8 @@ done:
 static PyObject *mod_ew_ops(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(args))
 {
     static const char *const names[] = {
-        "copy", "neg", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "log", "pow_scalar",
-        "sqrt", "rsqrt", "abs", "sign", "add", "mul", "div", "pow", "maximum", "minimum",
-        "pow_base_grad", "pow_exponent_grad",
-        "relu_grad", "gelu_grad", "gelu_tanh_grad", "silu_grad", "sigmoid_grad", "tanh_grad", "pow_scalar_grad",
-        "squared_diff", "abs_diff", "bce_logits", "bce", "squared_diff_grad", "abs_diff_grad",
-        "bce_logits_grad", "bce_grad",
+#define AMPC_EW_OP(ENUM, name, arity, flags) name,
+#include "kernels/ew_ops.def"
     };
     _Static_assert(sizeof names / sizeof *names == AMPC_EW_NUM_OPS, "a name for each elementwise op");
     PyObject *d = PyDict_New();
@@ -928,8 +904,8 @@ static PyObject *mod_ew_ops(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg
 PyMethodDef ampc_ops_methods[] = {
     {"_ew_ops", mod_ew_ops, METH_NOARGS, "The elementwise op codes of _ew, by name."},
     {"_ew", (PyCFunction)(void (*)(void))mod_ew, METH_VARARGS | METH_KEYWORDS,
-     "_ew(op, a, b=None, c=None, name='elementwise', *, param=1.0, scale=1.0, dtype=None, shape=None, names=None): "
-     "f(a, b; param) * c * scale, broadcast; errors name the op `name` and the operands `names`."},
+     "_ew(op, a, b=None, c=None, name='elementwise', *, param=1.0, scale=1.0, dtype=None, shape=None, names=None, "
+     "param2=0.0): f(a, b; param, param2) * c * scale, broadcast; errors name the op `name` and the operands `names`."},
     {"_softmax", (PyCFunction)(void (*)(void))mod_softmax, METH_VARARGS | METH_KEYWORDS,
      "_softmax(input, dim, log, dtype=None, *, causal=False, causal_offset=0): causal masks the last two dimensions "
      "as attention's is_causal does (query row i takes key columns 0..i + causal_offset: a band of queries that "

@@ -2,6 +2,7 @@
 kernels), and the tolerance each dtype's rounding allows."""
 
 import math
+from typing import Callable, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -59,6 +60,24 @@ def gelu_tanh(x):
 
 def silu(x):
     return x / (1 + np.exp(-x))
+
+
+def softplus(x, beta=1.0, threshold=20.0):
+    """torch's: log(1 + e^(beta x)) / beta, x itself where beta x > threshold."""
+    return np.where(x * beta > threshold, x, np.logaddexp(0, x * beta) / beta)
+
+
+def softplus_grad(g, x, beta=1.0, threshold=20.0):
+    return np.where(x * beta > threshold, g, g / (1 + np.exp(-x * beta)))
+
+
+def mish(x):
+    return x * np.tanh(np.logaddexp(0, x))
+
+
+def mish_grad(g, x):
+    t = np.tanh(np.logaddexp(0, x))
+    return g * (t + x / (1 + np.exp(-x)) * (1 - t * t))
 
 
 def relu(x):
@@ -161,3 +180,63 @@ def numeric_grad(f, x, r, h=1e-6):
         flat[i] = old
         gflat[i] = (up - down) / (2 * h)
     return g
+
+
+# --------------------------------------------------------------------------------------------
+# The pointwise ops the op tests share: one entry an op, read by test_ops.py, test_ops_gpu.py and
+# test_ops_properties(_gpu).py, each taking the entries its lists name. A new pointwise op is one
+# entry here (its test ids: its name in each list).
+# --------------------------------------------------------------------------------------------
+
+
+class Pointwise(NamedTuple):
+    """A pointwise op as the tests call it. forward(F) and backward(F): the op and its gradient
+    (grad_output, input) from ampc.nn.functional F; reference: the float64 formula; torch(TF, torch):
+    torch's op, or None; lists: "cpu" and "cpu_grad" (test_ops.py's forward and backward lists),
+    "gpu" and "gpu_grad" (test_ops_gpu.py's), "properties" (the property tests')."""
+    name: str
+    forward: Callable
+    reference: Callable
+    torch: Callable
+    backward: Callable
+    lists: str
+
+
+POINTWISE = [
+    Pointwise("relu", lambda F: F.relu, relu, lambda TF, torch: TF.relu, lambda F: F.relu_backward,
+              "cpu cpu_grad gpu gpu_grad properties"),
+    Pointwise("gelu", lambda F: F.gelu, gelu, lambda TF, torch: TF.gelu, lambda F: F.gelu_backward,
+              "cpu cpu_grad gpu gpu_grad properties"),
+    Pointwise("gelu_tanh", lambda F: lambda x: F.gelu(x, approximate="tanh"), gelu_tanh,
+              lambda TF, torch: lambda x: TF.gelu(x, approximate="tanh"),
+              lambda F: lambda g, x: F.gelu_backward(g, x, approximate="tanh"), "cpu cpu_grad gpu gpu_grad properties"),
+    Pointwise("silu", lambda F: F.silu, silu, lambda TF, torch: TF.silu, lambda F: F.silu_backward,
+              "cpu cpu_grad gpu gpu_grad properties"),
+    Pointwise("softplus", lambda F: F.softplus, softplus, lambda TF, torch: TF.softplus,
+              lambda F: F.softplus_backward, "cpu cpu_grad gpu gpu_grad"),
+    Pointwise("softplus_beta", lambda F: lambda x: F.softplus(x, 2.0, 1.5), lambda x: softplus(x, 2.0, 1.5),
+              lambda TF, torch: lambda x: TF.softplus(x, 2.0, 1.5),
+              lambda F: lambda g, x: F.softplus_backward(g, x, 2.0, 1.5), "cpu cpu_grad gpu gpu_grad"),
+    Pointwise("mish", lambda F: F.mish, mish, lambda TF, torch: TF.mish, lambda F: F.mish_backward,
+              "cpu cpu_grad gpu gpu_grad"),
+    Pointwise("exp", lambda F: F.exp, np.exp, lambda TF, torch: torch.exp,
+              lambda F: lambda g, x: F.exp_backward(g, F.exp(x)), "cpu cpu_grad gpu"),
+    Pointwise("sigmoid", lambda F: F.sigmoid, lambda x: 1 / (1 + np.exp(-x)), lambda TF, torch: torch.sigmoid,
+              None, "cpu gpu"),
+    Pointwise("tanh", lambda F: F.tanh, np.tanh, lambda TF, torch: torch.tanh, None, "cpu gpu properties"),
+    Pointwise("log", lambda F: F.log, np.log, lambda TF, torch: torch.log, None, "gpu"),
+    Pointwise("abs", lambda F: F.abs, np.abs, lambda TF, torch: torch.abs, lambda F: F.abs_backward, "gpu gpu_grad"),
+    Pointwise("sqrt", lambda F: lambda x: F.sqrt(F.abs(x)), lambda x: np.sqrt(np.abs(x)),
+              lambda TF, torch: lambda x: torch.sqrt(torch.abs(x)), None, "gpu"),
+    Pointwise("rsqrt", lambda F: lambda x: F.rsqrt(F.abs(x)), lambda x: 1 / np.sqrt(np.abs(x)),
+              lambda TF, torch: lambda x: torch.rsqrt(torch.abs(x)), None, "gpu"),
+    Pointwise("pow3", lambda F: lambda x: F.pow(x, 3.0), lambda x: x**3, lambda TF, torch: lambda x: torch.pow(x, 3.0),
+              lambda F: lambda g, x: F.pow_backward(g, x, 3.0), "cpu cpu_grad gpu gpu_grad"),
+    Pointwise("pow2", lambda F: lambda x: F.pow(x, 2), lambda x: x**2, lambda TF, torch: lambda x: torch.pow(x, 2),
+              None, "cpu gpu"),
+]
+
+
+def pointwise(list_name):
+    """The entries of POINTWISE in the list `list_name`, in order."""
+    return [op for op in POINTWISE if list_name in op.lists.split()]

@@ -45,17 +45,8 @@ def noncontiguous(x):
 # Elementwise
 # --------------------------------------------------------------------------------------------
 
-UNARY = [
-    ("relu", F.relu, ref.relu),
-    ("gelu", F.gelu, ref.gelu),
-    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), ref.gelu_tanh),
-    ("silu", F.silu, ref.silu),
-    ("exp", F.exp, np.exp),
-    ("sigmoid", F.sigmoid, lambda x: 1 / (1 + np.exp(-x))),
-    ("tanh", F.tanh, np.tanh),
-    ("pow3", lambda x: F.pow(x, 3.0), lambda x: x**3),
-    ("pow2", lambda x: F.pow(x, 2), lambda x: x**2),
-]
+# the pointwise ops of ops_reference.POINTWISE that these lists name
+UNARY = [(op.name, op.forward(F), op.reference) for op in ref.pointwise("cpu")]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
@@ -178,20 +169,63 @@ def test_log_of_positive(rng):
         assert_close(F.log(x), np.log(f64(x)), dtype, what="log")
 
 
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("beta,threshold", [(1.0, 20.0), (2.0, 1.5), (0.5, -1.0)], ids=str)
+def test_softplus_and_mish_every_element(rng, dtype, beta, threshold):
+    """softplus (torch's: x itself, bit for bit, where beta x > threshold) and mish over a wide range
+    and their special values, forward and backward, every element against the float64 formulas; each
+    output a fresh array (no poisoned buffer shows through) and the input left as it was."""
+    x = np.concatenate([ref.random(rng, (300,), dtype, scale=8.0),
+                        np.array([0.0, -0.0, 1.0, -1.0, 19.5, 20.5, 30.0, -30.0, -200.0, 90.0, 1e4, -1e4,
+                                  np.inf, -np.inf]).astype(dtype)])
+    g = ref.random(rng, x.shape, dtype)
+    before = x.copy()
+    xd, gd = f64(x), f64(g)
+    finite = np.isfinite(xd)
+    with np.errstate(over="ignore", invalid="ignore"):
+        y = F.softplus(x, beta, threshold)
+        assert_close(y[finite], ref.softplus(xd, beta, threshold)[finite], dtype, scale=0, what="softplus")
+        assert y[-2] == np.inf and y[-1] == 0  # x at inf; log1p(e^-inf) / beta at -inf
+        above = xd * beta > threshold
+        np.testing.assert_array_equal(y[above].view(np.uint8), x[above].view(np.uint8))
+        dx = F.softplus_backward(g, x, beta, threshold)
+        assert_close(dx, ref.softplus_grad(gd, xd, beta, threshold), dtype, what="softplus_backward")
+        np.testing.assert_array_equal(dx[above].view(np.uint8), g[above].view(np.uint8))
+        m = F.mish(x)
+        assert_close(m[finite], ref.mish(xd[finite]), dtype, scale=0, what="mish")
+        assert m[-2] == np.inf and np.isnan(m[-1])  # torch's: inf * tanh(inf), -inf * tanh(0)
+        # the gradient crosses 0 (near x = -1.19): its tolerance is relative to its largest value
+        assert_close(F.mish_backward(g, x)[finite], ref.mish_grad(gd, xd)[finite], dtype, what="mish_backward")
+    np.testing.assert_array_equal(x.view(np.uint8), before.view(np.uint8))
+
+
+def test_softplus_and_mish_on_the_tape_and_in_place(rng):
+    """softplus and mish as ampc.autograd records them (the gradient of a loss through them equals
+    the backward functions'), and mish(inplace=True) writing the caller's array, as torch's."""
+    x = ref.random(rng, (4, 6), F32, scale=3.0)
+    g = ref.random(rng, (4, 6), F32)
+    for fwd, bwd in ((lambda t: F.softplus(t, 2.0, 1.0), lambda: F.softplus_backward(g, x, 2.0, 1.0)),
+                     (F.mish, lambda: F.mish_backward(g, x))):
+        p = ampc.nn.Parameter(x.copy())
+        fwd(p).backward(g)
+        np.testing.assert_array_equal(p.grad, bwd())
+    a = x.copy()
+    assert F.mish(a, inplace=True) is a
+    np.testing.assert_array_equal(a, F.mish(x))
+    for bad in ({"beta": "2"}, {"threshold": None}):  # a clear error naming the op, not float()'s
+        with pytest.raises(TypeError, match=f"softplus: {next(iter(bad))} must be a number"):
+            F.softplus(x, **bad)
+        with pytest.raises(TypeError, match=f"softplus_backward: {next(iter(bad))} must be a number"):
+            F.softplus_backward(g, x, **bad)
+
+
 def test_relu_keeps_nan():
     x = np.array([np.nan, -1.0, 2.0], np.float32)
     out = F.relu(x)
     assert np.isnan(out[0]) and out[1] == 0 and out[2] == 2
 
 
-BACKWARD_UNARY = [
-    ("relu", F.relu, lambda g, x: F.relu_backward(g, x)),
-    ("gelu", F.gelu, lambda g, x: F.gelu_backward(g, x)),
-    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda g, x: F.gelu_backward(g, x, approximate="tanh")),
-    ("silu", F.silu, lambda g, x: F.silu_backward(g, x)),
-    ("pow3", lambda x: F.pow(x, 3.0), lambda g, x: F.pow_backward(g, x, 3.0)),
-    ("exp", F.exp, lambda g, x: F.exp_backward(g, F.exp(x))),
-]
+BACKWARD_UNARY = [(op.name, op.forward(F), op.backward(F)) for op in ref.pointwise("cpu_grad")]
 
 
 @pytest.mark.parametrize("name,fwd,bwd", BACKWARD_UNARY, ids=[u[0] for u in BACKWARD_UNARY])

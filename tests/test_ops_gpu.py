@@ -9,6 +9,7 @@ import math
 import pytest
 
 import ampc
+import ops_reference as ref
 
 pytestmark = pytest.mark.gpu
 
@@ -81,21 +82,8 @@ def autograd(fn, inputs, grad_output, wrt=None):
 # Elementwise
 # --------------------------------------------------------------------------------------------
 
-UNARY = [
-    ("relu", F.relu, TF.relu),
-    ("gelu", F.gelu, TF.gelu),
-    ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), lambda x: TF.gelu(x, approximate="tanh")),
-    ("silu", F.silu, TF.silu),
-    ("sigmoid", F.sigmoid, torch.sigmoid),
-    ("tanh", F.tanh, torch.tanh),
-    ("exp", F.exp, torch.exp),
-    ("log", F.log, torch.log),
-    ("abs", F.abs, torch.abs),
-    ("sqrt", lambda x: F.sqrt(F.abs(x)), lambda x: torch.sqrt(torch.abs(x))),
-    ("rsqrt", lambda x: F.rsqrt(F.abs(x)), lambda x: torch.rsqrt(torch.abs(x))),
-    ("pow3", lambda x: F.pow(x, 3.0), lambda x: torch.pow(x, 3.0)),
-    ("pow2", lambda x: F.pow(x, 2), lambda x: torch.pow(x, 2)),
-]
+# the pointwise ops of ops_reference.POINTWISE that these lists name
+UNARY = [(op.name, op.forward(F), op.torch(TF, torch)) for op in ref.pointwise("gpu")]
 SIZES = [(1,), (7,), (33, 65), (1_000_003,)]
 
 
@@ -110,15 +98,7 @@ def test_unary(name, op, top, shape, dtype):
         against(op(inp), top, [inp], dtype, what=name)
 
 
-BACKWARD = [
-    ("relu", lambda g, x: F.relu_backward(g, x), TF.relu),
-    ("gelu", lambda g, x: F.gelu_backward(g, x), TF.gelu),
-    ("gelu_tanh", lambda g, x: F.gelu_backward(g, x, approximate="tanh"),
-     lambda x: TF.gelu(x, approximate="tanh")),
-    ("silu", lambda g, x: F.silu_backward(g, x), TF.silu),
-    ("pow3", lambda g, x: F.pow_backward(g, x, 3.0), lambda x: torch.pow(x, 3.0)),
-    ("abs", lambda g, x: F.abs_backward(g, x), torch.abs),
-]
+BACKWARD = [(op.name, op.backward(F), op.torch(TF, torch)) for op in ref.pointwise("gpu_grad")]
 
 
 @pytest.mark.parametrize("dtype", FLOATS, ids=ID.get)
@@ -644,6 +624,8 @@ AUTOCAST = [
     ("mse_loss", lambda m, x, w: m.mse_loss(x, x)),
     ("relu", lambda m, x, w: m.relu(x)),
     ("gelu", lambda m, x, w: m.gelu(x)),
+    ("softplus", lambda m, x, w: m.softplus(x)),
+    ("mish", lambda m, x, w: m.mish(x)),
 ]
 
 

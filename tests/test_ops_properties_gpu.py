@@ -57,8 +57,7 @@ def cases(draw, min_dims=1, max_dims=4, max_side=12, four_d=False):
     return x, t
 
 
-UNARY = {"relu": (F.relu, ref.relu), "gelu": (F.gelu, ref.gelu), "silu": (F.silu, ref.silu),
-         "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), ref.gelu_tanh), "tanh": (F.tanh, np.tanh)}
+UNARY = {op.name: (op.forward(F), op.reference) for op in ref.pointwise("properties")}  # ops_reference.POINTWISE
 
 
 @settings(max_examples=EXAMPLES, deadline=None)

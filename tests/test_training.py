@@ -578,12 +578,17 @@ def test_the_remaining_layers_run_their_functional_ops():
         (nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), x4,
          lambda v: F.avg_pool2d(v, 3, 2, 1, True, False)),
         (nn.SiLU(), x4, F.silu), (nn.Sigmoid(), x4, F.sigmoid), (nn.Tanh(), x4, F.tanh),
+        (nn.Softplus(), x4, F.softplus), (nn.Softplus(2, 0.5), x4, lambda v: F.softplus(v, 2.0, 0.5)),
+        (nn.Mish(), x4, F.mish),
         (nn.Softmax(dim=1), x4, lambda v: F.softmax(v, 1)), (nn.LogSoftmax(dim=-1), x4, lambda v: F.log_softmax(v, -1)),
     ]
     for module, x, fn in cases:
         got = module(x)
         if fn is not None:
             np.testing.assert_array_equal(got, fn(x), err_msg=type(module).__name__)
+    assert repr(nn.Softplus()) == "Softplus(beta=1.0, threshold=20.0)"  # torch's reprs
+    assert repr(nn.Softplus(2, 0.5)) == "Softplus(beta=2, threshold=0.5)"
+    assert repr(nn.Mish()) == "Mish()" and repr(nn.Mish(inplace=True)) == "Mish(inplace=True)"
     indices = nn.MaxPool2d(2, return_indices=True)(x4)
     assert isinstance(indices, tuple) and np.array_equal(indices[0], F.max_pool2d(x4, 2))
     with pytest.raises(NotImplementedError, match="padding_mode 'reflect' is not supported"):

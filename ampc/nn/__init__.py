@@ -23,6 +23,7 @@ from ampc.nn.modules import (
     LogSoftmax,
     MSELoss,
     MaxPool2d,
+    Mish,
     Module,
     ModuleDict,
     ModuleList,
@@ -33,6 +34,7 @@ from ampc.nn.modules import (
     SiLU,
     Sigmoid,
     Softmax,
+    Softplus,
     Tanh,
 )
 from ampc.nn.modules import __all__ as _modules

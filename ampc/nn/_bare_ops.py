@@ -648,10 +648,10 @@ def mean_backward(grad_output, input_shape, dim=None, keepdim=False):
     return _sum_gradient("mean_backward", grad_output, shape, dim, keepdim, 1.0 / count if count else math.nan)
 
 
-def _gradient_at_input(kernel, op, grad_output, input, param=1.0):
+def _gradient_at_input(kernel, op, grad_output, input, param=1.0, param2=0.0):
     """kernel(grad_output, input) in input's dtype: the gradient of pointwise op `op` at its input."""
-    return _ew(kernel, grad_output, input, param=param, dtype=_floating_dtype(op, "input", input), name=op,
-               names=("grad_output", "input"))
+    return _ew(kernel, grad_output, input, param=param, param2=param2, dtype=_floating_dtype(op, "input", input),
+               name=op, names=("grad_output", "input"))
 
 
 @autocast_op(name="exp")
@@ -785,6 +785,40 @@ def silu(input, inplace=False):
 @_backward_op
 def silu_backward(grad_output, input):
     return _gradient_at_input("silu_grad", "silu_backward", grad_output, input)
+
+
+def _softplus_numbers(op, beta, threshold):
+    for name, value in (("beta", beta), ("threshold", threshold)):
+        if not _is_number(value):
+            raise TypeError(f"{op}: {name} must be a number, got {type(value).__name__}")
+    return float(beta), float(threshold)
+
+
+@autocast_op(name="softplus")
+@_op
+def softplus(input, beta=1.0, threshold=20.0):
+    """log(1 + exp(beta * input)) / beta, and input itself where beta * input > threshold, as torch's
+    (float32 under CUDA autocast)."""
+    beta, threshold = _softplus_numbers("softplus", beta, threshold)
+    return _ew("softplus", input, param=beta, param2=threshold)
+
+
+@_backward_op
+def softplus_backward(grad_output, input, beta=1.0, threshold=20.0):
+    """grad_output * sigmoid(beta * input), grad_output itself where beta * input > threshold, as torch's."""
+    beta, threshold = _softplus_numbers("softplus_backward", beta, threshold)
+    return _gradient_at_input("softplus_grad", "softplus_backward", grad_output, input, beta, threshold)
+
+
+@_op
+def mish(input, inplace=False):
+    """input * tanh(softplus(input)), as torch's."""
+    return _in_place(input, _ew("mish", input), inplace)
+
+
+@_backward_op
+def mish_backward(grad_output, input):
+    return _gradient_at_input("mish_grad", "mish_backward", grad_output, input)
 
 
 @_op

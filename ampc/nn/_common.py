@@ -24,12 +24,14 @@ def acc_dtype(dtype):
     return F64 if dtype == F64 else F32
 
 
-def ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None, name=None, names=None):
-    """The elementwise kernel op on a, b, c. Its errors name the public op `name` (default: op) and
-    its arguments `names` (default: input, other, scale)."""
-    if param == 1.0 and scale == 1.0 and dtype is None and names is None:  # most calls: the C defaults
+def ew(op, a, b=None, c=None, *, param=1.0, scale=1.0, dtype=None, name=None, names=None, param2=0.0):
+    """The elementwise kernel op on a, b, c (param and param2: its formula's p and q, ew_ops.def). Its
+    errors name the public op `name` (default: op) and its arguments `names` (default: input, other,
+    scale)."""
+    if param == 1.0 and scale == 1.0 and dtype is None and names is None and param2 == 0.0:  # the C defaults
         return _C._ew(OPS[op], a, b, c, name or op)  # positional: a keyword costs 0.1-0.5 µs a call
-    return _C._ew(OPS[op], a, b, c, param=param, scale=scale, dtype=dtype, name=name or op, names=names)
+    return _C._ew(OPS[op], a, b, c, param=param, scale=scale, dtype=dtype, name=name or op, names=names,
+                  param2=param2)
 
 
 def dtype_of(x):

@@ -33,9 +33,9 @@ from ampc.nn import _attention, _embedding, _shape_ops, _spatial
 from ampc.nn._bare_ops import (  # noqa: F401 - off the tape; each names an argument that is no array
     abs_backward, binary_cross_entropy_backward, binary_cross_entropy_with_logits_backward, cross_entropy_backward,
     exp_backward, gelu_backward, group_norm_backward, l1_loss_backward, layer_norm_backward, linear_backward,
-    log_backward, log_softmax_backward, matmul_backward, mean_backward, mse_loss_backward, nll_loss_backward,
-    pow_backward, pow_exponent_backward, relu_backward, rsqrt_backward, silu_backward, softmax_backward,
-    sqrt_backward, sum_backward)
+    log_backward, log_softmax_backward, matmul_backward, mean_backward, mish_backward, mse_loss_backward,
+    nll_loss_backward, pow_backward, pow_exponent_backward, relu_backward, rsqrt_backward, silu_backward,
+    softmax_backward, softplus_backward, sqrt_backward, sum_backward)
 from ampc.nn._common import F32, F64, OPS  # noqa: F401
 from ampc.nn._differentiable import OPS as _TAPE
 
@@ -71,6 +71,8 @@ rsqrt = _TAPE["rsqrt"]
 relu = _TAPE["relu"]
 gelu = _TAPE["gelu"]
 silu = _TAPE["silu"]
+softplus = _TAPE["softplus"]
+mish = _TAPE["mish"]
 sigmoid = _TAPE["sigmoid"]
 tanh = _TAPE["tanh"]
 abs = _TAPE["abs"]  # noqa: A001 - torch's name
