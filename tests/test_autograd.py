@@ -1,6 +1,7 @@
 """ampc.autograd: backward() through graphs of ampc ops, against float64 finite differences and the
 ops' own backward functions; grad mode, retain_graph, the scaler's scaled loss, autocast's dtypes."""
 
+import inspect
 import ml_dtypes
 import numpy as np
 import pytest
@@ -726,3 +727,19 @@ def test_tensor_operators_before_their_ops_are_registered_raise_a_clear_error():
     finally:
         ampc.autograd.set_tensor_ops(ampc.nn.functional)
     np.testing.assert_array_equal(np.asarray((a + 1).data), 2.0)
+
+
+def test_the_tape_builds_each_op_whose_gradient_needs_only_its_input():
+    """_bare_ops.GRADIENT_AT_INPUT is how such an op reaches the tape (written once, in _bare_ops):
+    each entry pairs the op with its own *_backward, and functional publishes the tape's version."""
+    from ampc.nn import _bare_ops, _differentiable
+
+    assert {"silu", "softplus", "mish", "gelu", "log", "abs"} <= set(_bare_ops.GRADIENT_AT_INPUT)
+    for name, (forward, backward, arguments) in _bare_ops.GRADIENT_AT_INPUT.items():
+        assert forward is getattr(_bare_ops, name) and backward is getattr(_bare_ops, name + "_backward")
+        assert set(arguments) <= set(inspect.signature(forward).parameters)
+        assert getattr(F, name) is _differentiable.OPS[name]
+        values = np.linspace(-3, 3, 7, dtype=np.float32) + 0.25  # log's input: every value nonzero
+        x = ampc.nn.Parameter(values)
+        F.sum(getattr(F, name)(x)).backward()
+        np.testing.assert_array_equal(np.asarray(x.grad), np.asarray(backward(np.ones(7, np.float32), values)))

@@ -43,6 +43,20 @@ def _backward_op(fn):
     return _names_non_arrays(_op(fn))
 
 
+# The pointwise ops whose gradient needs only the incoming gradient, the input and the forward's
+# arguments named here: name -> (forward, backward, those arguments). The tape builds their entries
+# from it (_differentiable), so such an op is written once, in this file.
+GRADIENT_AT_INPUT = {}
+
+
+def _gradient_of(forward, *arguments):
+    """Decorates forward's backward(grad_output, input, *arguments): the pair goes on the tape."""
+    def record(backward):
+        GRADIENT_AT_INPUT[forward.__name__] = (forward, backward, arguments)
+        return backward
+    return record
+
+
 def _check_reduction(op, reduction):
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{op}: {reduction} is not a valid value for reduction")
@@ -742,6 +756,7 @@ def exp_backward(grad_output, output):
     return _ew("mul", grad_output, output, name="exp_backward", names=("grad_output", "output"))
 
 
+@_gradient_of(log)
 @_backward_op
 def log_backward(grad_output, input):
     return _ew("div", grad_output, input, name="log_backward", names=("grad_output", "input"))
@@ -769,6 +784,7 @@ def gelu(input, approximate="none"):
     return _ew("gelu" if approximate == "none" else "gelu_tanh", input, name="gelu")
 
 
+@_gradient_of(gelu, "approximate")
 @_backward_op
 def gelu_backward(grad_output, input, approximate="none"):
     if approximate not in ("none", "tanh"):
@@ -782,6 +798,7 @@ def silu(input, inplace=False):
     return _in_place(input, _ew("silu", input), inplace)
 
 
+@_gradient_of(silu)
 @_backward_op
 def silu_backward(grad_output, input):
     return _gradient_at_input("silu_grad", "silu_backward", grad_output, input)
@@ -803,6 +820,7 @@ def softplus(input, beta=1.0, threshold=20.0):
     return _ew("softplus", input, param=beta, param2=threshold)
 
 
+@_gradient_of(softplus, "beta", "threshold")
 @_backward_op
 def softplus_backward(grad_output, input, beta=1.0, threshold=20.0):
     """grad_output * sigmoid(beta * input), grad_output itself where beta * input > threshold, as torch's."""
@@ -816,6 +834,7 @@ def mish(input, inplace=False):
     return _in_place(input, _ew("mish", input), inplace)
 
 
+@_gradient_of(mish)
 @_backward_op
 def mish_backward(grad_output, input):
     return _gradient_at_input("mish_grad", "mish_backward", grad_output, input)
@@ -836,6 +855,7 @@ def abs(input):  # noqa: A001 - torch's name
     return _ew("abs", input)
 
 
+@_gradient_of(abs)
 @_backward_op
 def abs_backward(grad_output, input):
     """grad_output * sign(input): 0 at 0 and where input is NaN, as torch's."""
