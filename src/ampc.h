@@ -161,6 +161,17 @@ typedef struct {
     PyTypeObject *source;           /* strong: type of the object the caller gave */
 } ampc_view;
 
+/* 1 if the two views have the same dimensions (their strides, dtypes and devices aside). */
+static inline int ampc_same_shape(const ampc_view *a, const ampc_view *b)
+{
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d])
+            return 0;
+    return 1;
+}
+
 typedef enum {
     AMPC_FOR_READING = 0,
     AMPC_FOR_WRITING = 1,  /* an out= argument: asks DLPack producers not to copy */

@@ -15,16 +15,6 @@
 #include <string.h>
 #include "ampc_cuda.h"
 
-static int same_shape(const ampc_view *a, const ampc_view *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d])
-            return 0;
-    return 1;
-}
-
 /* 1 if the two views touch a common byte, unless they are the same elements
  * in the same layout (an in-place cast to the same dtype is a plain copy). */
 static int overlaps(const ampc_view *a, const ampc_view *b)
@@ -75,7 +65,7 @@ static int check_out(const ampc_view *out, const ampc_view *x, int have_dtype, a
                      ampc_device_str(x->device, a, sizeof a), ampc_device_str(out->device, b, sizeof b));
         return -1;
     }
-    if (!same_shape(out, x)) {
+    if (!ampc_same_shape(out, x)) {
         char sa[256], sb[256];
         ampc_shape_str(out, sa, sizeof sa);
         ampc_shape_str(x, sb, sizeof sb);

@@ -274,20 +274,10 @@ int ampc_op_broadcast_strides(const char *op, const char *name, const ampc_view 
     return 0;
 }
 
-static int same_shape(const ampc_view *x, const ampc_view *y)
-{
-    if (x->ndim != y->ndim)
-        return 0;
-    for (int d = 0; d < x->ndim; d++)
-        if (x->shape[d] != y->shape[d])
-            return 0;
-    return 1;
-}
-
 int ampc_op_check_same_shape(const char *op, const ampc_view *x, const char *xn, const ampc_view *y,
                              const char *yn)
 {
-    if (same_shape(x, y))
+    if (ampc_same_shape(x, y))
         return 0;
     char sx[256], sy[256];
     ampc_shape_str(x, sx, sizeof sx);
