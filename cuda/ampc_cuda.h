@@ -146,7 +146,8 @@ typedef struct ampc_cuda_api {
 
     /* --- ABI 5 --- */
 
-    /* The op kernels of op_descriptors.h (cuda/ops.cu, cuda/gemm.c), queued on stream. */
+    /* The op kernels of op_descriptors.h (cuda/elementwise.cu, softmax.cu,
+     * norm.cu, loss.cu, reduce.cu, gemm.c ...), queued on stream. */
     int (*elementwise)(int device, void *stream, const ampc_ew *e);
     int (*softmax)(int device, void *stream, const ampc_softmax *s);
     int (*softmax_backward)(int device, void *stream, const ampc_softmax_backward *s);

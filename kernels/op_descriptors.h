@@ -1,6 +1,7 @@
 /*
- * op_descriptors.h: the kernels behind ampc.nn.functional, as the CPU (ops_cpu.c) and
- * CUDA (cuda/ops.cu, cuda/gemm.c) code see them. Plain C, shared with
+ * op_descriptors.h: the kernels behind ampc.nn.functional, as the CPU
+ * (cpu/ops_cpu.c, spatial_cpu.c, embedding_cpu.c) and CUDA (cuda/'s .cu
+ * files, gemm.c, conv.c) code see them. Plain C, shared with
  * ampc._cuda through ampc_cuda.h. The entry points that take them are each
  * backend's: cpu_kernels.h, and ampc_cuda.h's table.
  *
