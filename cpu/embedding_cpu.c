@@ -25,7 +25,7 @@ static void embedding_range(void *ctx, int64_t begin, int64_t end)
     const ampc_embedding *e = ctx;
     const int64_t row = e->dim * ampc_dtype_size(e->weight.dtype);
     for (int64_t i = begin; i < end; i++)
-        memcpy((char *)e->out.data + i * row, (const char *)e->weight.data + index_at(&e->indices, i) * row,
+        memcpy((char *)e->out.data + i * row, (const char *)e->weight.data + ampc_index_at(&e->indices, i) * row,
                (size_t)row);
 }
 
@@ -98,7 +98,7 @@ int ampc_cpu_embedding_backward(const ampc_embedding_backward *e)
     }
     /* a counting sort of the positions by index, stable: ascending positions within an index */
     for (int64_t i = 0; i < e->count; i++) {
-        const int64_t r = index_at(&e->indices, i);
+        const int64_t r = ampc_index_at(&e->indices, i);
         if (r >= 0 && r < e->num && r != e->padding_idx)
             start[r + 1]++;
     }
@@ -112,7 +112,7 @@ int ampc_cpu_embedding_backward(const ampc_embedding_backward *e)
     }
     memcpy(next, start, (size_t)e->num * sizeof *next);
     for (int64_t i = 0; i < e->count; i++) {
-        const int64_t r = index_at(&e->indices, i);
+        const int64_t r = ampc_index_at(&e->indices, i);
         if (r >= 0 && r < e->num && r != e->padding_idx)
             order[next[r]++] = i;
     }

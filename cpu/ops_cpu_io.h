@@ -72,17 +72,4 @@ static inline void store_vals(const ampc_buf *out, int64_t off, int64_t stride, 
         ampc_cast_strided[out->dtype][acc](vals, ampc_dtype_size(acc), dst, stride * size, n);
 }
 
-/* Element i of an integer array of indices (class targets, embedding rows). */
-static inline int64_t index_at(const ampc_buf *t, int64_t i)
-{
-    switch (t->dtype) {
-    case AMPC_INT64: return ((const int64_t *)t->data)[i];
-    case AMPC_INT32: return ((const int32_t *)t->data)[i];
-    case AMPC_INT16: return ((const int16_t *)t->data)[i];
-    case AMPC_INT8: return ((const int8_t *)t->data)[i];
-    case AMPC_UINT8: return ((const uint8_t *)t->data)[i];
-    default: return -1;
-    }
-}
-
 #endif /* AMPC_OPS_CPU_IO_H */

@@ -43,6 +43,21 @@ typedef struct {
     ampc_dtype dtype;
 } ampc_buf;
 
+/* Element i of an integer array of indices (class targets, embedding rows):
+ * int8/16/32/64 or uint8, the dtypes the entry points accept as indices;
+ * -1 for any other. */
+static inline int64_t ampc_index_at(const ampc_buf *t, int64_t i)
+{
+    switch (t->dtype) {
+    case AMPC_INT64: return ((const int64_t *)t->data)[i];
+    case AMPC_INT32: return ((const int32_t *)t->data)[i];
+    case AMPC_INT16: return ((const int16_t *)t->data)[i];
+    case AMPC_INT8: return ((const int8_t *)t->data)[i];
+    case AMPC_UINT8: return ((const uint8_t *)t->data)[i];
+    default: return -1;
+    }
+}
+
 /* The float type a kernel computes in for data of dtype d. */
 static inline ampc_dtype ampc_acc_dtype(ampc_dtype d) { return d == AMPC_FLOAT64 ? AMPC_FLOAT64 : AMPC_FLOAT32; }
 

@@ -16,26 +16,15 @@
 
 static ampc_buf buf_of(const ampc_view *v) { return (ampc_buf){v->data, v->dtype}; }
 
-static int64_t index_value(const ampc_view *v, int64_t i)
-{
-    const char *p = (const char *)v->data + i * ampc_dtype_size(v->dtype);
-    switch (v->dtype) {
-    case AMPC_INT64: return *(const int64_t *)p;
-    case AMPC_INT32: return *(const int32_t *)p;
-    case AMPC_INT16: return *(const int16_t *)p;
-    case AMPC_INT8: return *(const int8_t *)p;
-    default: return *(const uint8_t *)p;
-    }
-}
-
 /* On the CPU, every index must name a row (the GPU writes NaN instead: it
  * cannot look without waiting for the device). idx is dense. */
 static int check_indices(const ampc_op_args *a, const ampc_view *idx, int64_t num)
 {
     if (a->device.type != AMPC_DEVICE_CPU)
         return 0;
+    const ampc_buf indices = buf_of(idx);
     for (int64_t i = 0; i < idx->numel; i++) {
-        const int64_t r = index_value(idx, i);
+        const int64_t r = ampc_index_at(&indices, i);
         if (r < 0 || r >= num) {
             PyErr_Format(PyExc_ValueError, "%s: input holds the index %lld, outside the %lld rows of weight", a->op,
                          (long long)r, (long long)num);
