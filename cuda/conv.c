@@ -27,7 +27,6 @@
 
 #include <float.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "plan_cache.h"

@@ -19,7 +19,6 @@
  */
 #include "common.h"
 
-#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
