@@ -198,8 +198,9 @@ class BuildExt(build_ext):
 core = Extension(
     "ampc._C",
     sources=sources("ampc._C"),
-    # "." (the root): an include written with its folder ("kernels/dtypes.h") resolves from anywhere
-    include_dirs=["src", "cuda", ".", numpy.get_include()],
+    # "." (the root): an include written with its folder ("kernels/dtypes.h") resolves from anywhere.
+    # Neither module sees the other's folder: they meet only in kernels/backend.h's table.
+    include_dirs=["src", ".", numpy.get_include()],
     extra_compile_args=["-std=gnu11"] + WARNINGS + OPT + FP + SANITIZE,
     extra_link_args=SANITIZE,
     depends=headers(),
@@ -219,7 +220,7 @@ if want_cuda != "0":
             Extension(
                 "ampc._cuda",
                 sources=sources("ampc._cuda"),
-                include_dirs=["src", "cuda", "."] + cuda_includes,
+                include_dirs=["cuda", "."] + cuda_includes,
                 library_dirs=cuda_libs,
                 runtime_library_dirs=cuda_libs,
                 libraries=["cudart_static", "cublasLt", "cudnn", "rt", "dl", "pthread"],

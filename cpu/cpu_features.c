@@ -14,7 +14,7 @@
 #define AMPC_X86 1
 #endif
 
-int ampc_cpu_features(ampc_cpu_feature *out, int max)
+int ampc_cpu_features(ampc_feature *out, int max)
 {
     int n = 0;
 #ifdef AMPC_X86

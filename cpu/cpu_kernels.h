@@ -1,12 +1,9 @@
 /*
- * cpu_kernels.h: the CPU backend's kernels, the entry points ampc._C calls
- * for arrays in host memory. Plain C, no Python: the caller releases the
- * GIL around them, and most split their work across ampc's threads
- * (parallel.h).
- *
- * The descriptors they take (op_descriptors.h, optim_descriptors.h, grad_list.h) are the contract
- * both backends fill; ampc._cuda's entry points for the same descriptors
- * are in its table (cuda/ampc_cuda.h). Nothing here is seen by cuda/.
+ * cpu_kernels.h: the CPU backend's kernels, for arrays in host memory, in
+ * their plain form; cpu/backend.c puts them in the backend table
+ * (kernels/backend.h) through which ampc._C calls them. Plain C, no Python:
+ * the caller releases the GIL around them, and most split their work across
+ * ampc's threads (parallel.h). Nothing here is seen outside cpu/.
  */
 #ifndef AMPC_CPU_KERNELS_H
 #define AMPC_CPU_KERNELS_H

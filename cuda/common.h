@@ -8,7 +8,7 @@
 #define AMPC_CUDA_COMMON_H
 
 #include <cuda_runtime.h>
-#include "ampc_cuda.h"
+#include "backend_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -373,7 +373,7 @@ static int choose(cudnnHandle_t handle, conv_plan *p, const timing *timed, int c
     }
     if (chosen == NULL) {
         char text[AMPC_CONV_KEY_TEXT];
-        return ampc_cuda_fail_msg(AMPC_ERR_CUDA, "cuDNN has no %salgorithm for this convolution (%s; %d timed, %d "
+        return ampc_cuda_fail_msg(AMPC_ERR_DEVICE, "cuDNN has no %salgorithm for this convolution (%s; %d timed, %d "
                                   "ranked, the first: %s)", p->key.deterministic ? "deterministic " : "",
                                   ampc_conv_key_text(&p->key, text, sizeof text), count, ranked_count,
                                   count > 0 ? cudnnGetErrorString(timed[0].status)

@@ -1,6 +1,6 @@
 /*
  * conv_report.c: AMPC_CONV_DEBUG's lines (conv_report.h), kept until
- * ampc._C takes them: nothing in ampc's C prints (ampc_cuda.h's rules,
+ * ampc._C takes them: nothing in ampc's C prints (kernels/backend.h's rules,
  * tests/test_lint.py), so the lines reach stderr through Python's
  * sys.stderr, where a caller can redirect or capture them.
  *
@@ -22,7 +22,7 @@
 #define NOTICE_ROOM 128  /* kept free for the line that counts the lines left out */
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static char text[AMPC_CUDA_CONV_REPORT_SIZE - NOTICE_ROOM];
+static char text[AMPC_CONV_REPORT_SIZE - NOTICE_ROOM];
 static size_t used;            /* the bytes kept: at most sizeof text - 1 */
 static unsigned long left_out; /* lines that did not fit since the last take */
 

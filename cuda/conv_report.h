@@ -7,7 +7,7 @@
 #define AMPC_CUDA_CONV_REPORT_H
 
 #include <stddef.h>
-#include "ampc_cuda.h"
+#include "backend_cuda.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,9 +19,6 @@ int ampc_conv_debugging(void);
 
 /* Keep one formatted line (fmt ends with its newline). */
 void ampc_conv_debug_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* The table's conv_report (ampc_cuda.h). */
-int ampc_cuda_conv_report(char *buf, size_t size, size_t *length);
 
 #ifdef __cplusplus
 }

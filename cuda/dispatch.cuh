@@ -16,7 +16,7 @@
 #ifndef AMPC_DISPATCH_CUH
 #define AMPC_DISPATCH_CUH
 
-#include "ampc_cuda.h"
+#include "backend_cuda.h"
 
 namespace dtype_tag {
 

@@ -15,7 +15,7 @@ int ampc_dnn_fail(cudnnStatus_t status, const char *what)
 {
     const int code = status == CUDNN_STATUS_ALLOC_FAILED ? AMPC_ERR_OUT_OF_MEMORY
                      : status == CUDNN_STATUS_BAD_PARAM || status == CUDNN_STATUS_NOT_SUPPORTED ? AMPC_ERR_INVALID
-                                                                                                 : AMPC_ERR_CUDA;
+                                                                                                 : AMPC_ERR_DEVICE;
     return ampc_cuda_fail_msg(code, "%s: %s", what, cudnnGetErrorString(status));
 }
 

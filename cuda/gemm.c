@@ -63,7 +63,7 @@ static cublasLtHandle_t handles[MAX_DEVICES];
 
 static int lt_fail(cublasStatus_t status, const char *what)
 {
-    return ampc_cuda_fail_msg(status == CUBLAS_STATUS_ALLOC_FAILED ? AMPC_ERR_OUT_OF_MEMORY : AMPC_ERR_CUDA,
+    return ampc_cuda_fail_msg(status == CUBLAS_STATUS_ALLOC_FAILED ? AMPC_ERR_OUT_OF_MEMORY : AMPC_ERR_DEVICE,
                               "%s: %s", what, cublasLtGetStatusString(status));
 }
 
@@ -190,7 +190,7 @@ static int plan_build(cublasLtHandle_t handle, plan *p)
     if (st != CUBLAS_STATUS_SUCCESS)
         return lt_fail(st, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0)
-        return ampc_cuda_fail_msg(k->has_bias_grad ? AMPC_ERR_UNSUPPORTED : AMPC_ERR_CUDA,
+        return ampc_cuda_fail_msg(k->has_bias_grad ? AMPC_ERR_UNSUPPORTED : AMPC_ERR_DEVICE,
                                   "cuBLASLt has no algorithm for a %lldx%lldx%lld product (batch %lld) of these "
                                   "dtypes and layouts%s", (long long)k->m, (long long)k->n, (long long)k->k,
                                   (long long)k->batch, k->has_bias_grad ? " with the bias gradient" : "");

@@ -127,7 +127,7 @@ int ampc_cuda_free(int device, void *ptr, size_t nbytes, void *stream)
     return err == cudaSuccess ? AMPC_OK : ampc_cuda_fail(err, "cudaFreeAsync");
 }
 
-int ampc_cuda_get_memory_stats(int device, ampc_cuda_memory_stats *stats)
+int ampc_cuda_get_memory_stats(int device, ampc_memory_stats *stats)
 {
     int status = check_device(device);
     if (status != AMPC_OK)

@@ -32,7 +32,7 @@ static int status_of(cudaError_t err)
     case cudaErrorInsufficientDriver:
         return AMPC_ERR_NO_DEVICE;
     default:
-        return AMPC_ERR_CUDA;
+        return AMPC_ERR_DEVICE;
     }
 }
 
@@ -102,7 +102,7 @@ int ampc_cuda_device_count(int *count)
     return AMPC_OK;
 }
 
-int ampc_cuda_get_device_props(int device, ampc_cuda_device_props *props)
+int ampc_cuda_get_device_props(int device, ampc_device_props *props)
 {
     struct cudaDeviceProp p;
     AMPC_CUDA_TRY(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
@@ -114,7 +114,7 @@ int ampc_cuda_get_device_props(int device, ampc_cuda_device_props *props)
     return AMPC_OK;
 }
 
-int ampc_cuda_get_versions(ampc_cuda_versions *v)
+int ampc_cuda_get_versions(ampc_backend_versions *v)
 {
     AMPC_CUDA_TRY(cudaRuntimeGetVersion(&v->runtime), "cudaRuntimeGetVersion");
     v->runtime_built = CUDART_VERSION;

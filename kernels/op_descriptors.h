@@ -1,9 +1,8 @@
 /*
  * op_descriptors.h: the kernels behind ampc.nn.functional, as the CPU
  * (cpu/ops_cpu.c, spatial_cpu.c, embedding_cpu.c) and CUDA (cuda/'s .cu
- * files, gemm.c, conv.c) code see them. Plain C, shared with
- * ampc._cuda through ampc_cuda.h. The entry points that take them are each
- * backend's: cpu_kernels.h, and ampc_cuda.h's table.
+ * files, gemm.c, conv.c) code see them. Plain C, shared by both backends;
+ * ampc._C hands them over through the backend table (backend.h).
  *
  * A handful of kernel families serve every op: the Python layer composes
  * them (linear's backward is two matrix products and a reduction).

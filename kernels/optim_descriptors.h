@@ -1,7 +1,7 @@
 /*
  * optim_descriptors.h: the fused optimizer steps of ampc.optim, as the CPU and CUDA
- * kernels see them. Plain C, shared with ampc._cuda. The entry points that
- * take them are each backend's: cpu_kernels.h, and ampc_cuda.h's table.
+ * kernels see them. Plain C, shared by both backends; ampc._C hands them
+ * over through the backend table (backend.h).
  *
  * One step updates a list of parameters at once: one pass over each
  * parameter, its gradient and its state, in torch's formulas (the element

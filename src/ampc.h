@@ -3,10 +3,9 @@
  * includes it first. It holds the NumPy API set-up, the module state and the
  * prototypes that files share, grouped by the file that defines them.
  *
- * The plain-C parts (layout.h, cast_cpu.h, parallel.h, fp_formats.h) know
- * nothing about Python and are included where needed. So is ampc._cuda's
- * table (ampc_cuda.h): only the files that call through st->cuda include
- * it, so the rest of src/ does not see the CUDA backend at all.
+ * src/ reaches the kernels only through the backend table
+ * (kernels/backend.h): the CPU's, linked in, and CUDA's, loaded from
+ * ampc._cuda on first use. It includes no backend's own header.
  */
 #ifndef AMPC_H
 #define AMPC_H
@@ -23,14 +22,13 @@
 #endif
 #include <numpy/arrayobject.h>
 
+#include "kernels/backend.h"
 #include "kernels/dtypes.h"
 #include "kernels/layout.h"
 
 /* ------------------------------------------------------------------------ */
 /* Module state (module.c)                                                  */
 /* ------------------------------------------------------------------------ */
-
-struct ampc_cuda_api;  /* ampc_cuda.h */
 
 typedef struct {
     PyTypeObject *array_type;                  /* ampc.Array */
@@ -51,7 +49,7 @@ typedef struct {
     PyTypeObject *scaler_type;                 /* ampc.GradScaler */
     PyObject *oom_error;                       /* ampc.OutOfMemoryError */
     /* ampc._cuda, loaded on first use (cuda_backend.c) */
-    const struct ampc_cuda_api *cuda;
+    const ampc_backend *cuda;
     PyObject *cuda_module;
     PyObject *cuda_load_error;                 /* why it could not be loaded */
     int cuda_device_count;                     /* -1 until asked */
@@ -269,8 +267,17 @@ int ampc_dlpack_fast_return(ampc_state *st, const ampc_view *view, PyObject *own
                             PyObject **out);
 
 /* ------------------------------------------------------------------------ */
-/* CUDA backend (cuda_backend.c)                                            */
+/* Backends (cuda_backend.c)                                                */
 /* ------------------------------------------------------------------------ */
+
+/* The backend that runs kernels on `device`: the CPU's, or CUDA's (loaded:
+ * every GPU array passed ampc_cuda_check_device on its way in). */
+static inline const ampc_backend *ampc_backend_of(const ampc_state *st, ampc_device device)
+{
+    return device.type == AMPC_DEVICE_CPU ? &ampc_cpu_backend : st->cuda;
+}
+/* Raise the exception for a backend's failed ampc_status; returns -1. */
+int ampc_backend_raise(ampc_state *st, ampc_device device, int status, const char *what);
 
 /* Load ampc._cuda if needed; -1 with a RuntimeError saying how to build it. */
 int ampc_cuda_require(ampc_state *st);
@@ -282,7 +289,7 @@ int ampc_cuda_device_count(ampc_state *st);
 int ampc_cuda_bf16_supported(ampc_state *st);
 /* Check that a CUDA device index exists; -1 with RuntimeError/ValueError. */
 int ampc_cuda_check_device(ampc_state *st, int device);
-/* Raise the exception for a failed ampc_status; returns -1. */
+/* Raise the exception for a failed status of ampc._cuda; returns -1. */
 int ampc_cuda_raise(ampc_state *st, int status, const char *what);
 /* ampc's current stream for `device` (NULL: the legacy default stream), and
  * the Python object that keeps it alive (borrowed, may be NULL). */
@@ -375,6 +382,13 @@ int ampc_scaler_type_init(PyObject *module, ampc_state *st);
  * the device's current stream for GPU views. `fresh_output`: dst was just
  * allocated by ampc_empty_like. */
 int ampc_cast_views(ampc_state *st, ampc_view *dst, const ampc_view *src, int fresh_output);
+
+/* Copy nbytes between two places, each in host memory (a CPU device) or a
+ * device's, through the device's backend on `stream` where one is involved
+ * (a copy to the host returns once the data has arrived). 0, or -1 with an
+ * exception naming `what`. */
+int ampc_copy_bytes(ampc_state *st, ampc_device dst_device, void *dst, ampc_device src_device, const void *src,
+                    size_t nbytes, void *stream, const char *what);
 
 extern PyMethodDef ampc_copy_methods[];  /* cast, _to_device */
 

@@ -15,7 +15,6 @@
 #include "ampc.h"
 
 #include <structmember.h>
-#include "ampc_cuda.h"
 #include "dlpack.h"
 
 typedef struct {
@@ -24,7 +23,7 @@ typedef struct {
     PyObject *base;
     void *dl_managed;
     int dl_versioned;
-    const ampc_cuda_api *cuda;
+    const ampc_backend *backend;  /* the device's, kept for the free at dealloc */
     void *pool_ptr;
     size_t pool_nbytes;
     PyObject *stream_owner;
@@ -70,8 +69,7 @@ PyObject *ampc_array_from_dlpack(ampc_state *st, void *managed, int versioned, c
     }
     self->dl_managed = managed;
     self->dl_versioned = versioned;
-    if (view->device.type == AMPC_DEVICE_CUDA)
-        self->cuda = st->cuda;
+    self->backend = ampc_backend_of(st, view->device);
     return (PyObject *)self;
 }
 
@@ -148,9 +146,9 @@ PyObject *ampc_array_empty(ampc_state *st, ampc_device device, ampc_dtype dtype,
     const size_t nbytes = (size_t)(v.numel * itemsize);
     void *ptr = NULL;
     if (nbytes > 0) {
-        const int status = st->cuda->alloc(index, nbytes, v.stream, &ptr);
+        const int status = ampc_backend_of(st, device)->alloc(index, nbytes, v.stream, &ptr);
         if (status != AMPC_OK) {
-            ampc_cuda_raise(st, status, "allocating GPU memory");
+            ampc_backend_raise(st, device, status, "allocating GPU memory");
             return NULL;
         }
     }
@@ -158,10 +156,10 @@ PyObject *ampc_array_empty(ampc_state *st, ampc_device device, ampc_dtype dtype,
     ArrayObject *self = array_alloc(st, &v);
     if (self == NULL) {
         if (ptr)
-            st->cuda->free(index, ptr, nbytes, v.stream);
+            ampc_backend_of(st, device)->free(index, ptr, nbytes, v.stream);
         return NULL;
     }
-    self->cuda = st->cuda;
+    self->backend = ampc_backend_of(st, device);
     self->pool_ptr = ptr;
     self->pool_nbytes = nbytes;
     Py_XINCREF(stream_owner);
@@ -177,8 +175,7 @@ PyObject *ampc_array_view_into(ampc_state *st, PyObject *owner, const ampc_view 
         return NULL;
     Py_INCREF(owner);
     self->base = owner;
-    if (view->device.type == AMPC_DEVICE_CUDA)
-        self->cuda = st->cuda;
+    self->backend = ampc_backend_of(st, view->device);
     return (PyObject *)self;
 }
 
@@ -193,7 +190,7 @@ static void Array_dealloc(PyObject *op)
     if (self->pool_ptr != NULL) {
         /* Nothing can be raised from here; a failure (the CUDA runtime is
          * already unloading at exit) only leaks the block. */
-        (void)self->cuda->free(self->view.device.index, self->pool_ptr, self->pool_nbytes,
+        (void)self->backend->free(self->view.device.index, self->pool_ptr, self->pool_nbytes,
                                self->view.stream);
     }
     Py_XDECREF(self->base);
@@ -321,9 +318,10 @@ static PyObject *Array_dlpack(PyObject *op, PyObject *args, PyObject *kwargs)
         goto done;
     }
     if (cuda && sync && consumer != export->stream) {
-        const int status = self->cuda->stream_wait(self->view.device.index, consumer, export->stream);
+        const int status = self->backend->stream_wait(self->view.device.index, consumer, export->stream);
         if (status != AMPC_OK) {
-            ampc_cuda_raise(ampc_state_from_type(Py_TYPE(op)), status, "ordering the consumer's stream");
+            ampc_backend_raise(ampc_state_from_type(Py_TYPE(op)), self->view.device, status,
+                               "ordering the consumer's stream");
             goto done;
         }
     }

@@ -3,7 +3,7 @@
  * ampc.cast(x, dtype, *, out=None) and _to_device(x, device). They read and
  * check their arguments, allocate the result (an ndarray on the host, an
  * ampc.Array on a GPU) and hand the conversion to cast.c or the copy to
- * ampc._cuda.
+ * ampc_copy_bytes (the device's backend).
  *
  * cast: everything is checked before anything is written: dtypes, shapes,
  * devices, a read-only or self-overlapping out=, out= overlapping x. The
@@ -13,7 +13,6 @@
 #include "ampc.h"
 
 #include <string.h>
-#include "ampc_cuda.h"
 
 /* 1 if the two views touch a common byte, unless they are the same elements
  * in the same layout (an in-place cast to the same dtype is a plain copy). */
@@ -184,26 +183,33 @@ static PyObject *mod_to_device(PyObject *module, PyObject *args)
         goto done;
     const size_t nbytes = (size_t)(v.numel * itemsize);
     const int src = v.device.type == AMPC_DEVICE_CPU ? -1 : v.device.index;
-    if (src < 0 && device < 0) {
-        if (nbytes > 0)
-            memcpy(out.data, v.data, nbytes);
-        goto done;
-    }
-    const int gpu = device >= 0 ? device : src;
-    void *stream = ampc_current_stream(gpu, NULL);
+    void *stream = src >= 0 || device >= 0 ? ampc_current_stream(device >= 0 ? device : src, NULL) : NULL;
     ampc_streams_seen seen = {0};
     if (src >= 0 && ampc_order_stream(st, src, stream, v.stream, 1, &seen) < 0) {
         Py_CLEAR(fresh);
         goto done;
     }
-    const int status = st->cuda->copy(device, out.data, src, v.data, nbytes, stream);
-    if (status != AMPC_OK) {
-        ampc_cuda_raise(st, status, "copying an array between devices");
+    if (ampc_copy_bytes(st, target, out.data, v.device, v.data, nbytes, stream, "copying an array between devices") < 0)
         Py_CLEAR(fresh);
-    }
 done:
     ampc_view_release(&v);
     return fresh;
+}
+
+int ampc_copy_bytes(ampc_state *st, ampc_device dst_device, void *dst, ampc_device src_device, const void *src,
+                    size_t nbytes, void *stream, const char *what)
+{
+    if (nbytes == 0)
+        return 0;
+    if (dst_device.type == AMPC_DEVICE_CPU && src_device.type == AMPC_DEVICE_CPU) {
+        memcpy(dst, src, nbytes);
+        return 0;
+    }
+    const ampc_device device = dst_device.type != AMPC_DEVICE_CPU ? dst_device : src_device;
+    const int status = ampc_backend_of(st, device)->copy(dst_device.type == AMPC_DEVICE_CPU ? -1 : dst_device.index,
+                                                         dst, src_device.type == AMPC_DEVICE_CPU ? -1 : src_device.index,
+                                                         src, nbytes, stream);
+    return status == AMPC_OK ? 0 : ampc_backend_raise(st, device, status, what);
 }
 
 PyMethodDef ampc_copy_methods[] = {

@@ -9,7 +9,6 @@
 #include "ampc.h"
 
 #include <stdio.h>
-#include "ampc_cuda.h"
 #include "dlpack.h"
 
 #define BUILD_HINT                                                                          \
@@ -24,13 +23,13 @@ static int load_backend(ampc_state *st)
     if (st->cuda_load_error != NULL)
         return -1;
     PyObject *module = PyImport_ImportModule("ampc._cuda");
-    const ampc_cuda_api *api = NULL;
+    const ampc_backend *api = NULL;
     if (module != NULL) {
-        api = PyCapsule_Import(AMPC_CUDA_API_CAPSULE, 0);
-        if (api != NULL && (api->abi_version != AMPC_CUDA_ABI_VERSION ||
-                            api->struct_size < sizeof(ampc_cuda_api))) {
+        api = PyCapsule_Import("ampc._cuda." AMPC_BACKEND_CAPSULE_ATTR, 0);
+        if (api != NULL && (api->abi_version != AMPC_BACKEND_ABI_VERSION ||
+                            api->struct_size != sizeof(ampc_backend))) {
             PyErr_Format(PyExc_ImportError, "ampc._cuda has ABI version %u, ampc._C needs %u; "
-                         "rebuild ampc", api->abi_version, AMPC_CUDA_ABI_VERSION);
+                         "rebuild ampc", api->abi_version, AMPC_BACKEND_ABI_VERSION);
             api = NULL;
         }
     }
@@ -70,6 +69,17 @@ int ampc_cuda_raise(ampc_state *st, int status, const char *what)
         PyErr_Format(st->cuda_error, "%s: %s", what, msg);
         break;
     }
+    return -1;
+}
+
+int ampc_backend_raise(ampc_state *st, ampc_device device, int status, const char *what)
+{
+    if (device.type != AMPC_DEVICE_CPU)
+        return ampc_cuda_raise(st, status, what);
+    if (status == AMPC_ERR_OUT_OF_MEMORY)
+        PyErr_NoMemory();
+    else
+        PyErr_Format(PyExc_RuntimeError, "%s: %s", what, ampc_cpu_backend.last_error());
     return -1;
 }
 
@@ -116,7 +126,7 @@ int ampc_cuda_bf16_supported(ampc_state *st)
     const int count = ampc_cuda_device_count(st);
     if (count <= 0)
         return count < 0 ? -1 : (st->cuda_bf16_supported = 0);
-    ampc_cuda_device_props p;
+    ampc_device_props p;
     const int status = st->cuda->device_props(0, &p);
     if (status != AMPC_OK)
         return ampc_cuda_raise(st, status, "reading device properties");
@@ -235,7 +245,7 @@ static PyObject *mod_cuda_device_properties(PyObject *module, PyObject *args)
     int device;
     if (parse_device(st, args, "i:_cuda_device_properties", &device) < 0)
         return NULL;
-    ampc_cuda_device_props p;
+    ampc_device_props p;
     const int status = st->cuda->device_props(device, &p);
     if (status != AMPC_OK) {
         ampc_cuda_raise(st, status, "reading device properties");
@@ -251,7 +261,7 @@ static PyObject *mod_cuda_versions(PyObject *module, PyObject *Py_UNUSED(ignored
     ampc_state *st = ampc_state_of(module);
     if (ampc_cuda_require(st) < 0)
         return NULL;
-    ampc_cuda_versions v;
+    ampc_backend_versions v;
     const int status = st->cuda->versions(&v);
     if (status != AMPC_OK) {
         ampc_cuda_raise(st, status, "reading CUDA versions");
@@ -284,7 +294,7 @@ static PyObject *mod_cuda_memory_stats(PyObject *module, PyObject *args)
         return NULL;
     if (rc == 1)
         return Py_BuildValue("{s:i,s:i,s:i}", "allocated", 0, "peak", 0, "reserved", 0);
-    ampc_cuda_memory_stats m;
+    ampc_memory_stats m;
     const int status = st->cuda->memory_stats(device, &m);
     if (status != AMPC_OK) {
         ampc_cuda_raise(st, status, "reading memory statistics");
@@ -354,14 +364,14 @@ static PyObject *mod_cuda_conv_report(PyObject *module, PyObject *Py_UNUSED(igno
     size_t length = 0;
     if (st->cuda == NULL || (st->cuda->conv_report(NULL, 0, &length) == AMPC_OK && length == 0))
         return PyUnicode_FromStringAndSize(NULL, 0);
-    char *text = PyMem_Malloc(AMPC_CUDA_CONV_REPORT_SIZE);
+    char *text = PyMem_Malloc(AMPC_CONV_REPORT_SIZE);
     if (text == NULL)
         return PyErr_NoMemory();
     PyObject *lines = NULL;
-    const int status = st->cuda->conv_report(text, AMPC_CUDA_CONV_REPORT_SIZE, &length);
+    const int status = st->cuda->conv_report(text, AMPC_CONV_REPORT_SIZE, &length);
     if (status != AMPC_OK)
         ampc_cuda_raise(st, status, "taking AMPC_CONV_DEBUG's lines");
-    else if (length >= AMPC_CUDA_CONV_REPORT_SIZE)  /* not moved: ampc_cuda.h's bound broken */
+    else if (length >= AMPC_CONV_REPORT_SIZE)  /* not moved: backend.h's bound broken */
         PyErr_SetString(PyExc_RuntimeError, "ampc._cuda kept more AMPC_CONV_DEBUG lines than its bound");
     else
         lines = PyUnicode_DecodeUTF8(text, (Py_ssize_t)length, "replace");

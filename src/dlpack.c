@@ -15,7 +15,6 @@
 #include "ampc.h"
 
 #include <string.h>
-#include "ampc_cuda.h"
 #include "dlpack.h"
 
 /* ------------------------------------------------------------------------ */
@@ -629,9 +628,9 @@ int ampc_dlpack_fast_return(ampc_state *st, const ampc_view *v, PyObject *owner,
         if (api->current_work_stream(kDLCUDA, v->device.index, &consumer) < 0)
             return -1;
         if (consumer != v->stream) {
-            const int status = st->cuda->stream_wait(v->device.index, consumer, v->stream);
+            const int status = ampc_backend_of(st, v->device)->stream_wait(v->device.index, consumer, v->stream);
             if (status != AMPC_OK)
-                return ampc_cuda_raise(st, status, "ordering the consumer's stream");
+                return ampc_backend_raise(st, v->device, status, "ordering the consumer's stream");
         }
     }
     DLManagedTensorVersioned *m = managed_tensor(v, owner, 1, DLPACK_MINOR_VERSION, 0);

@@ -10,9 +10,6 @@
 #include "op_args.h"
 #include "autocast.h"
 
-#include "cpu/cast_cpu.h"
-#include "cpu/cpu_features.h"
-#include "cpu/parallel.h"
 
 /* ------------------------------------------------------------------------ */
 /* Module-level functions                                                    */
@@ -44,7 +41,7 @@ static PyObject *mod_as_dtype(PyObject *module, PyObject *obj)
 
 static PyObject *mod_get_num_threads(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
-    return PyLong_FromLong(ampc_get_num_threads());
+    return PyLong_FromLong(ampc_cpu_backend.get_num_threads());
 }
 
 static PyObject *mod_set_num_threads(PyObject *Py_UNUSED(module), PyObject *arg)
@@ -57,15 +54,15 @@ static PyObject *mod_set_num_threads(PyObject *Py_UNUSED(module), PyObject *arg)
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS  /* waits for a running job and joins the workers */
-    ampc_set_num_threads(n > 1024 ? 1024 : (int)n);
+    (void)ampc_cpu_backend.set_num_threads(n > 1024 ? 1024 : (int)n);  /* in range: cannot fail */
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
 static PyObject *mod_cpu_features(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
-    ampc_cpu_feature features[32];
-    const int n = ampc_cpu_features(features, 32);
+    ampc_feature features[32];
+    const int n = ampc_cpu_backend.features(features, 32);
     PyObject *d = PyDict_New();
     for (int i = 0; d != NULL && i < n; i++) {
         if (PyDict_SetItemString(d, features[i].name, features[i].present ? Py_True : Py_False) < 0)
@@ -77,10 +74,11 @@ static PyObject *mod_cpu_features(PyObject *Py_UNUSED(module), PyObject *Py_UNUS
 static PyObject *mod_cpu_isas(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
     PyObject *list = PyList_New(0);
-    for (int isa = 0; list != NULL && isa < AMPC_ISA_COUNT; isa++) {
-        if (!ampc_isa_supported((ampc_isa)isa))
+    const ampc_backend *cpu = &ampc_cpu_backend;
+    for (int isa = 0; list != NULL && cpu->isa_name(isa) != NULL; isa++) {
+        if (!cpu->isa_supported(isa))
             continue;
-        PyObject *name = PyUnicode_FromString(ampc_isa_name((ampc_isa)isa));
+        PyObject *name = PyUnicode_FromString(cpu->isa_name(isa));
         if (name == NULL || PyList_Append(list, name) < 0)
             Py_CLEAR(list);
         Py_XDECREF(name);
@@ -90,22 +88,21 @@ static PyObject *mod_cpu_isas(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(i
 
 static PyObject *mod_cpu_isa(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
-    return PyUnicode_FromString(ampc_isa_name(ampc_isa_active()));
+    return PyUnicode_FromString(ampc_cpu_backend.isa_name(ampc_cpu_backend.isa_active()));
 }
 
 static int set_isa_by_name(const char *name)
 {
-    const int isa = ampc_isa_from_name(name);
-    if (isa < 0) {
+    const int status = ampc_cpu_backend.set_isa(name);
+    if (status == AMPC_ERR_INVALID) {
         PyErr_Format(PyExc_ValueError, "unknown instruction set '%s' (expected portable, avx2, "
                      "avx512 or avx512bf16)", name);
         return -1;
     }
-    if (!ampc_isa_supported((ampc_isa)isa)) {
+    if (status != AMPC_OK) {
         PyErr_Format(PyExc_ValueError, "this CPU does not support %s", name);
         return -1;
     }
-    ampc_isa_set_active((ampc_isa)isa);
     return 0;
 }
 

@@ -173,12 +173,12 @@ PyObject *ampc_op_results(ampc_op_args *a, PyObject *const *outs, int n)
 int ampc_op_stream_begin(ampc_op_args *a, void **stream)
 {
     *stream = NULL;
-    if (a->device.type != AMPC_DEVICE_CUDA)
+    if (a->device.type == AMPC_DEVICE_CPU)
         return 0;
     *stream = ampc_current_stream(a->device.index, NULL);
     ampc_streams_seen seen = {0};
     for (int i = 0; i < a->nviews; i++)
-        if (a->views[i].device.type == AMPC_DEVICE_CUDA &&
+        if (a->views[i].device.type != AMPC_DEVICE_CPU &&
             ampc_order_stream(a->st, a->device.index, *stream, a->views[i].stream, 1, &seen) < 0)
             return -1;
     return 0;
@@ -186,11 +186,11 @@ int ampc_op_stream_begin(ampc_op_args *a, void **stream)
 
 int ampc_op_stream_end(ampc_op_args *a, void *stream)
 {
-    if (a->device.type != AMPC_DEVICE_CUDA)
+    if (a->device.type == AMPC_DEVICE_CPU)
         return 0;
     ampc_streams_seen seen = {0};
     for (int i = 0; i < a->nviews; i++)
-        if (a->views[i].device.type == AMPC_DEVICE_CUDA &&
+        if (a->views[i].device.type != AMPC_DEVICE_CPU &&
             ampc_order_stream(a->st, a->device.index, stream, a->views[i].stream, 0, &seen) < 0)
             return -1;
     return 0;

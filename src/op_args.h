@@ -63,8 +63,6 @@ PyObject *ampc_op_results(ampc_op_args *a, PyObject *const *outs, int n);
  * kernel, every argument's stream after it. Nothing on the CPU. */
 int ampc_op_stream_begin(ampc_op_args *a, void **stream);
 int ampc_op_stream_end(ampc_op_args *a, void *stream);
-/* A CPU kernel's return code: -1 is out of memory. */
-int ampc_op_cpu_status(int rc);
 int ampc_op_normalize_dim(const char *op, int64_t dim, int ndim, int64_t *out);
 /* The (outer, n, inner) layout of a dense array around dimension dim. */
 ampc_rows ampc_op_rows(const ampc_view *v, int64_t dim);
@@ -104,36 +102,29 @@ ampc_type_group ampc_promotion_result(const ampc_promotion *r);
 PyObject *ampc_op_acc_ndarray(ampc_op_args *a, const ampc_view *v, ampc_dtype acc);
 PyObject *ampc_np_matmul(ampc_state *st, PyObject *x, PyObject *y, PyObject *out);
 
-/* Run the CUDA kernel of the API table's `member` on ampc's stream, ordered
- * after the arguments' streams and they after it. 0, or -1 with an
- * exception. */
-#define AMPC_RUN_CUDA(a, member, desc)                                                     \
-    ({                                                                                     \
-        void *stream_;                                                                     \
-        int rc_ = ampc_op_stream_begin((a), &stream_);                                     \
-        if (rc_ == 0) {                                                                    \
-            const int status_ = (a)->st->cuda->member((a)->device.index, stream_, (desc)); \
-            rc_ = status_ == AMPC_OK ? ampc_op_stream_end((a), stream_)                    \
-                                     : ampc_cuda_raise((a)->st, status_, (a)->op);         \
-        }                                                                                  \
-        rc_;                                                                               \
-    })
-
-/* Run a kernel on the arguments' device: the CPU one (cpu_fn(desc)) with the
- * GIL released, or the CUDA one as AMPC_RUN_CUDA does. */
-#define AMPC_RUN_KERNEL(a, cpu_fn, member, desc)                 \
-    ({                                                           \
-        int rc_k_;                                               \
-        if ((a)->device.type == AMPC_DEVICE_CPU) {               \
-            Py_BEGIN_ALLOW_THREADS                               \
-            rc_k_ = cpu_fn(desc);                                \
-            Py_END_ALLOW_THREADS                                 \
-            rc_k_ = ampc_op_cpu_status(rc_k_);                   \
-        }                                                        \
-        else {                                                   \
-            rc_k_ = AMPC_RUN_CUDA((a), member, (desc));          \
-        }                                                        \
-        rc_k_;                                                   \
+/* Run the backend table's `member` on the arguments' device: on a device
+ * backend, on ampc's stream, ordered after the arguments' streams and they
+ * after it; with the GIL released where the backend allows it (the CPU's).
+ * 0, or -1 with an exception. */
+#define AMPC_RUN_KERNEL(a, member, desc)                                                        \
+    ({                                                                                          \
+        const ampc_backend *b_ = ampc_backend_of((a)->st, (a)->device);                         \
+        void *stream_;                                                                          \
+        int rc_ = ampc_op_stream_begin((a), &stream_);                                          \
+        if (rc_ == 0) {                                                                         \
+            int status_;                                                                        \
+            if (b_->runs_without_gil) {                                                         \
+                Py_BEGIN_ALLOW_THREADS                                                          \
+                status_ = b_->member((a)->device.index, stream_, (desc));                       \
+                Py_END_ALLOW_THREADS                                                            \
+            }                                                                                   \
+            else {                                                                              \
+                status_ = b_->member((a)->device.index, stream_, (desc));                       \
+            }                                                                                   \
+            rc_ = status_ == AMPC_OK ? ampc_op_stream_end((a), stream_)                         \
+                                     : ampc_backend_raise((a)->st, (a)->device, status_, (a)->op); \
+        }                                                                                       \
+        rc_;                                                                                    \
     })
 
 extern PyMethodDef ampc_ops_methods[];

@@ -12,8 +12,6 @@
  */
 #include "ampc.h"
 
-#include "ampc_cuda.h"
-#include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
 #include "op_args.h"
 
@@ -237,7 +235,7 @@ static PyObject *mod_ew(PyObject *module, PyObject *args, PyObject *kwargs)
         ew_in_memory_order(&e, out_strides);
     e.out.data = out.data;
     e.numel = out.numel;
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_elementwise, elementwise, &e) < 0)
+    if (AMPC_RUN_KERNEL(&a, elementwise, &e) < 0)
         goto done;
     result = ampc_op_result(&a, out_obj);
 done:
@@ -292,7 +290,7 @@ static PyObject *mod_softmax(PyObject *module, PyObject *args, PyObject *kwargs)
         goto done;
     s.x = buf_of(x);
     s.y = buf_of(&y);
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_softmax, softmax, &s) < 0)
+    if (AMPC_RUN_KERNEL(&a, softmax, &s) < 0)
         goto done;
     result = ampc_op_result(&a, y_obj);
 done:
@@ -331,7 +329,7 @@ static PyObject *mod_softmax_backward(PyObject *module, PyObject *args, PyObject
     s.dx = buf_of(&dx);
     s.dy = buf_of(dy);
     s.y = buf_of(y);
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_softmax_backward, softmax_backward, &s) < 0)
+    if (AMPC_RUN_KERNEL(&a, softmax_backward, &s) < 0)
         goto done;
     result = ampc_op_result(&a, dx_obj);
 done:
@@ -433,7 +431,7 @@ static PyObject *mod_layer_norm(PyObject *module, PyObject *args, PyObject *kwar
     l.x = buf_of(x);
     l.weight = w ? buf_of(w) : (ampc_buf){NULL, AMPC_FLOAT32};
     l.bias = b ? buf_of(b) : (ampc_buf){NULL, AMPC_FLOAT32};
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_layer_norm, layer_norm, &l) < 0)
+    if (AMPC_RUN_KERNEL(&a, layer_norm, &l) < 0)
         goto done;
     /* Without stats (no backward to come) mean and rstd go back to the pool with the call's other
      * temporaries, unexported: handing each to torch took about as long as a small row's kernel. */
@@ -503,11 +501,11 @@ static PyObject *mod_layer_norm_backward(PyObject *module, PyObject *args, PyObj
         ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1, .ndim = 1, .nin = 1, .numel = width, .shape = {width}};
         for (int k = 0; k < 2; k++) {
             zero.out = k == 0 ? l.dweight : l.dbias;
-            if (AMPC_RUN_KERNEL(&a, ampc_cpu_elementwise, elementwise, &zero) < 0)
+            if (AMPC_RUN_KERNEL(&a, elementwise, &zero) < 0)
                 goto done;
         }
     }
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_layer_norm_backward, layer_norm_backward, &l) < 0)
+    if (AMPC_RUN_KERNEL(&a, layer_norm_backward, &l) < 0)
         goto done;
     result = ampc_op_results(&a, (PyObject *[]){dx_obj, dw_obj, db_obj}, 3);
 done:
@@ -599,7 +597,7 @@ static PyObject *mod_sum(PyObject *module, PyObject *args, PyObject *kwargs)
             goto done;
         ampc_ew e = {.op = AMPC_EW_COPY, .scale = scale, .ndim = 1, .nin = 1, .numel = x->numel,
                      .shape = {x->numel}, .out = buf_of(&out), .in = {cur}, .strides = {{1}}};
-        if (AMPC_RUN_KERNEL(&a, ampc_cpu_elementwise, elementwise, &e) < 0)
+        if (AMPC_RUN_KERNEL(&a, elementwise, &e) < 0)
             goto done;
         result = ampc_op_result(&a, out_obj);
         goto done;
@@ -634,7 +632,7 @@ static PyObject *mod_sum(PyObject *module, PyObject *args, PyObject *kwargs)
         if (obj == NULL)
             goto done;
         r.out = buf_of(&out);
-        if (AMPC_RUN_KERNEL(&a, ampc_cpu_reduce, reduce, &r) < 0)
+        if (AMPC_RUN_KERNEL(&a, reduce, &r) < 0)
             goto done;
         /* the reduced run becomes one dimension of size 1 */
         for (int d = lo; d <= hi; d++)
@@ -729,14 +727,7 @@ static int ce_parse(ampc_op_args *a, PyObject *x_obj, PyObject *t_obj, PyObject 
     if (!in->probs_target && t->device.type == AMPC_DEVICE_CPU) {
         const ampc_buf tb = buf_of(t);
         for (int64_t i = 0; i < t->numel; i++) {
-            int64_t k;
-            switch (tb.dtype) {
-            case AMPC_INT64: k = ((const int64_t *)tb.data)[i]; break;
-            case AMPC_INT32: k = ((const int32_t *)tb.data)[i]; break;
-            case AMPC_INT16: k = ((const int16_t *)tb.data)[i]; break;
-            case AMPC_INT8: k = ((const int8_t *)tb.data)[i]; break;
-            default: k = ((const uint8_t *)tb.data)[i]; break;
-            }
+            const int64_t k = ampc_index_at(&tb, i);  /* an index dtype: ampc_op_arg checked */
             if (k != ignore_index && (k < 0 || k >= classes)) {
                 PyErr_Format(PyExc_ValueError, "%s: target %lld is out of bounds: the input has %lld classes "
                              "(target[%lld] in the flattened target)", op, (long long)k, (long long)classes,
@@ -813,7 +804,7 @@ static PyObject *mod_cross_entropy(PyObject *module, PyObject *args, PyObject *k
         .denom = buf_of(&denom), .logits = buf_of(x), .target = buf_of(in.target),
         .weight = in.weight ? buf_of(in.weight) : (ampc_buf){NULL, AMPC_FLOAT32},
     };
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_cross_entropy, cross_entropy, &c) < 0)
+    if (AMPC_RUN_KERNEL(&a, cross_entropy, &c) < 0)
         goto done;
     /* without stats (no backward to come) lse and denom go back to the pool unexported, as
      * layer_norm's mean and rstd */
@@ -874,7 +865,7 @@ static PyObject *mod_cross_entropy_backward(PyObject *module, PyObject *args, Py
         .lse = buf_of(lse), .denom = buf_of(denom), .logits = buf_of(x), .target = buf_of(in.target),
         .weight = in.weight ? buf_of(in.weight) : (ampc_buf){NULL, AMPC_FLOAT32},
     };
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_cross_entropy_backward, cross_entropy_backward, &c) < 0)
+    if (AMPC_RUN_KERNEL(&a, cross_entropy_backward, &c) < 0)
         goto done;
     result = ampc_op_result(&a, dx_obj);
 done:

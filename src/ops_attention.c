@@ -8,7 +8,7 @@
  *   _attention_backward(grad_output, query, key, value, output, lse,
  *                       is_causal, scale, dropout_p=0, seed=0, offset=0)
  *                       -> (grad_query, grad_key, grad_value) or None
- * None says "not served here" (arrays on the CPU, another dtype or head
+ * None says "not served here" (a backend without it, the CPU's; another dtype or head
  * dimension, a GPU before sm_80, unaligned rows): the caller composes the
  * attention from products and a softmax instead. key and value may have
  * fewer heads than query, a divisor of them: grouped-query attention, whose
@@ -21,7 +21,6 @@
 
 #include <math.h>
 
-#include "ampc_cuda.h"
 #include "kernels/op_descriptors.h"
 #include "op_args.h"
 
@@ -80,7 +79,7 @@ static int read_operands(ampc_op_args *a, PyObject *const objs[3], ampc_view *vi
         if ((views[i] = ampc_op_arg(a, objs[i], names[i], AMPC_ARG_FLOAT)) == NULL)
             return -1;
     const ampc_view *q = views[0], *k = views[1], *v = views[2];
-    if (a->device.type == AMPC_DEVICE_CPU || q->ndim != 4 || k->ndim != 4 || v->ndim != 4 ||
+    if (ampc_backend_of(a->st, a->device)->attention == NULL || q->ndim != 4 || k->ndim != 4 || v->ndim != 4 ||
         k->dtype != q->dtype || v->dtype != q->dtype || (q->dtype != AMPC_FLOAT16 && q->dtype != AMPC_BFLOAT16))
         return 0;
     /* one batch; key and value heads alike, query heads a multiple of them (grouped-query
@@ -106,8 +105,7 @@ static int served_by(ampc_op_args *a, void *stream, int status)
     if (status == AMPC_ERR_UNSUPPORTED)
         return 0;
     if (status != AMPC_OK) {
-        ampc_cuda_raise(a->st, status, a->op);
-        return -1;
+        return ampc_backend_raise(a->st, a->device, status, a->op);
     }
     return ampc_op_stream_end(a, stream) < 0 ? -1 : 1;
 }
@@ -141,7 +139,7 @@ static PyObject *mod_attention(PyObject *module, PyObject *args)
         goto done;
     }
     d.lse = (float *)lse.data;
-    if ((served = served_by(&a, stream, st->cuda->attention(a.device.index, stream, &d))) > 0)
+    if ((served = served_by(&a, stream, ampc_backend_of(st, a.device)->attention(a.device.index, stream, &d))) > 0)
         result = ampc_op_results(&a, outs, 2);
 done:
     ampc_op_args_release(&a);
@@ -203,7 +201,7 @@ static PyObject *mod_attention_backward(PyObject *module, PyObject *args)
         served = -1;
         goto done;
     }
-    if ((served = served_by(&a, stream, st->cuda->attention_backward(a.device.index, stream, &b))) > 0)
+    if ((served = served_by(&a, stream, ampc_backend_of(st, a.device)->attention_backward(a.device.index, stream, &b))) > 0)
         result = ampc_op_results(&a, outs, 3);
 done:
     ampc_op_args_release(&a);

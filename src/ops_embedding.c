@@ -9,8 +9,6 @@
 
 #include <math.h>
 
-#include "ampc_cuda.h"
-#include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
 #include "op_args.h"
 
@@ -68,7 +66,7 @@ static PyObject *mod_embedding(PyObject *module, PyObject *args)
         goto done;
     ampc_embedding e = {.num = w->shape[0], .dim = w->shape[1], .count = idx->numel, .out = buf_of(&out),
                         .weight = buf_of(w), .indices = buf_of(idx)};
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_embedding, embedding, &e) == 0)
+    if (AMPC_RUN_KERNEL(&a, embedding, &e) == 0)
         result = ampc_op_result(&a, out_obj);
 done:
     ampc_op_args_release(&a);
@@ -111,7 +109,7 @@ static PyObject *mod_embedding_backward(PyObject *module, PyObject *args)
     ampc_embedding_backward e = {.num = num, .dim = dim, .count = idx->numel,
                                  .padding_idx = padding_idx < 0 ? -1 : padding_idx, .dweight = buf_of(&out),
                                  .dy = buf_of(dy), .indices = buf_of(idx)};
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_embedding_backward, embedding_backward, &e) == 0)
+    if (AMPC_RUN_KERNEL(&a, embedding_backward, &e) == 0)
         result = ampc_op_result(&a, out_obj);
 done:
     ampc_op_args_release(&a);
@@ -145,7 +143,7 @@ static PyObject *mod_dropout(PyObject *module, PyObject *args)
     ampc_dropout d = {.numel = x->numel, .seed = seed, .offset = offset,
                       .keep_below = (uint32_t)llround((1.0 - p) * 16777216.0), .scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0,
                       .y = buf_of(&y), .x = buf_of(x)};
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_dropout, dropout, &d) == 0)
+    if (AMPC_RUN_KERNEL(&a, dropout, &d) == 0)
         result = ampc_op_result(&a, y_obj);
 done:
     ampc_op_args_release(&a);

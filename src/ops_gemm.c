@@ -8,16 +8,14 @@
  * dimensions), op() a transpose of the last two dimensions where asked
  * (linear's weight), c broadcast to the output, bias one value per column.
  *
- * CPU: NumPy's matmul (its BLAS, threads, GIL released) in float32 (float64
- * for float64), then
- * one elementwise pass that adds c or bias and rounds once to the output
- * dtype. GPU: one cuBLASLt call (cuda/gemm.c) with float32 accumulation;
+ * A backend without a gemm entry (the CPU's): NumPy's matmul (its BLAS,
+ * threads, GIL released) in float32 (float64 for float64), then one
+ * elementwise pass that adds c or bias and rounds once to the output dtype.
+ * With one (CUDA's: one cuBLASLt call, cuda/gemm.c, float32 accumulation):
  * c is copied into the output first when cuBLASLt cannot read it in place.
  */
 #include "ampc.h"
 
-#include "ampc_cuda.h"
-#include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
 #include "op_args.h"
 
@@ -235,11 +233,11 @@ static int epilogue(ampc_op_args *a, const ampc_view *r, const ampc_view *c, con
     else {
         e.scale = alpha;
     }
-    return AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e);
+    return AMPC_RUN_KERNEL(a, elementwise, &e);
 }
 
-static int matmul_cpu(ampc_op_args *a, const ampc_view *x, const ampc_view *y, const ampc_view *c,
-                      const ampc_view *bias, double alpha, double beta, ampc_dtype out_dtype, PyObject **out_obj)
+static int matmul_numpy(ampc_op_args *a, const ampc_view *x, const ampc_view *y, const ampc_view *c,
+                        const ampc_view *bias, double alpha, double beta, ampc_dtype out_dtype, PyObject **out_obj)
 {
     ampc_state *st = a->st;
     const ampc_dtype acc = ampc_acc_dtype(x->dtype);
@@ -374,7 +372,7 @@ static int expand_dense(ampc_op_args *a, ampc_view *v, int vb, const mm_shape *s
     e.out = (ampc_buf){copy.data, copy.dtype};
     e.in[0] = (ampc_buf){v->data, v->dtype};
     if (ampc_op_broadcast_strides(a->op, "input", v, ndim, shape, e.strides[0]) < 0 ||
-        AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e) < 0)
+        AMPC_RUN_KERNEL(a, elementwise, &e) < 0)
         return -1;
     v->data = copy.data;
     v->ndim = ndim;
@@ -394,7 +392,7 @@ static int input_column_sums(ampc_op_args *a, ampc_view *x0, const ampc_view *su
         return -1;
     ampc_reduce r = {.rows = {1, x0->shape[0], x0->shape[1]}, .scale = 1.0, .out = {sums->data, sums->dtype},
                      .x = {x0->data, x0->dtype}};
-    return AMPC_RUN_KERNEL(a, ampc_cpu_reduce, reduce, &r);
+    return AMPC_RUN_KERNEL(a, reduce, &r);
 }
 
 /* The products cuBLASLt's strided batch cannot describe alone: `count`
@@ -414,7 +412,7 @@ static int gemm_each(ampc_op_args *a, void *stream, const ampc_gemm *g, const ou
         part.d.data = (char *)g->d.data + i * ob->d_stride * ampc_dtype_size(g->d.dtype);
         if (g->c.data != NULL)  /* c is d (the epilogue's broadcast) */
             part.c.data = part.d.data;
-        status = a->st->cuda->gemm(a->device.index, stream, &part);
+        status = ampc_backend_of(a->st, a->device)->gemm(a->device.index, stream, &part);
     }
     return status;
 }
@@ -422,9 +420,9 @@ static int gemm_each(ampc_op_args *a, void *stream, const ampc_gemm *g, const ou
 /* sums (when not NULL): linear's bias gradient from the weight gradient's
  * product, fused into it (cuBLASLt's BGRADB epilogue) where it can be, else
  * input_column_sums over x0. */
-static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_view *c, const ampc_view *bias,
-                      double alpha, double beta, ampc_dtype out_dtype, const mm_shape *s, PyObject **out_obj,
-                      const ampc_view *sums, ampc_view *x0)
+static int matmul_gemm(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_view *c, const ampc_view *bias,
+                       double alpha, double beta, ampc_dtype out_dtype, const mm_shape *s, PyObject **out_obj,
+                       const ampc_view *sums, ampc_view *x0)
 {
     /* Matrices as 2-D or more: a 1-D a is (1, k), a 1-D b (k, 1). */
     if (x->ndim == 1) {
@@ -493,7 +491,7 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
             e.in[0] = (ampc_buf){added->data, added->dtype};
             if (ampc_op_broadcast_strides(a->op, added == bias ? "bias" : "input", added, out.ndim, out.shape,
                                           e.strides[0]) < 0 ||
-                AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e) < 0)
+                AMPC_RUN_KERNEL(a, elementwise, &e) < 0)
                 return -1;
             g.c = g.d;
             g.ldc = g.ldd;
@@ -508,7 +506,7 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
             /* an empty sum: zeros */
             ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = out.numel,
                             .shape = {out.numel}, .out = g.d};
-            rc = AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &zero);
+            rc = AMPC_RUN_KERNEL(a, elementwise, &zero);
         }
         else if (out.numel > 0) {
             /* c or bias alone: the products add nothing */
@@ -517,7 +515,7 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
                 return -1;
             const int status = gemm_each(a, stream, &g, &ob);
             if (status != AMPC_OK)
-                return ampc_cuda_raise(a->st, status, a->op);
+                return ampc_backend_raise(a->st, a->device, status, a->op);
             rc = ampc_op_stream_end(a, stream);
         }
         return rc == 0 && sums != NULL ? input_column_sums(a, x0, sums) : rc;
@@ -533,7 +531,7 @@ static int matmul_gpu(ampc_op_args *a, ampc_view *x, ampc_view *y, const ampc_vi
         status = gemm_each(a, stream, &g, &ob);
     }
     if (status != AMPC_OK)
-        return ampc_cuda_raise(a->st, status, a->op);
+        return ampc_backend_raise(a->st, a->device, status, a->op);
     if (ampc_op_stream_end(a, stream) < 0)
         return -1;
     return sums != NULL && g.bias_grad.data == NULL ? input_column_sums(a, x0, sums) : 0;
@@ -626,13 +624,13 @@ static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
     if (want_sums && (sums_obj = ampc_op_output(&a, out_dtype, 1, &s.m, &sums)) == NULL)
         goto done;
     int rc;
-    if (a.device.type == AMPC_DEVICE_CPU) {
-        rc = matmul_cpu(&a, x, y, c, bias, alpha, beta, out_dtype, &out_obj);
+    if (ampc_backend_of(st, a.device)->gemm == NULL) {
+        rc = matmul_numpy(&a, x, y, c, bias, alpha, beta, out_dtype, &out_obj);
         if (rc == 0 && want_sums)
             rc = input_column_sums(&a, &x0, &sums);
     }
     else {
-        rc = matmul_gpu(&a, x, y, c, bias, alpha, beta, out_dtype, &s, &out_obj, want_sums ? &sums : NULL, &x0);
+        rc = matmul_gemm(&a, x, y, c, bias, alpha, beta, out_dtype, &s, &out_obj, want_sums ? &sums : NULL, &x0);
     }
     if (rc == 0 && !want_sums)
         result = ampc_op_result(&a, out_obj);

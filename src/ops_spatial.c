@@ -5,22 +5,21 @@
  * _pool_backward. Batch norm answers in 4-D, (n, c, h, w) with the
  * trailing dimensions of its input as h; the caller reshapes.
  *
- * CPU convolution: the images go to columns (spatial_cpu.c, threads, GIL
- * released) in float32 (float64 for float64), NumPy's matmul multiplies
+ * A backend without a conv entry (the CPU's) lowers the convolution: the
+ * images go to columns (its im2col, GIL released) in float32 (float64 for float64), NumPy's matmul multiplies
  * them with the filter into NCHW order, and one elementwise pass adds the
  * bias and rounds once (none for float32 without a bias). The images are
  * taken in chunks, so the columns stay near COL_BUDGET bytes whatever the
  * batch; the chunk size depends only on the shapes, so the filter
  * gradient's sum over chunks has a fixed order.
- * GPU: cuDNN (cuda/conv.c), channels-last arrays as they are.
+ * A backend with one (CUDA's: cuDNN, cuda/conv.c) takes the descriptor;
+ * channels-last arrays as they are.
  */
 #include "ampc.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "ampc_cuda.h"
-#include "cpu/cpu_kernels.h"
 #include "kernels/op_descriptors.h"
 #include "op_args.h"
 
@@ -318,7 +317,7 @@ static int copy_block(ampc_op_args *a, ampc_buf out, ampc_buf in, const int64_t 
         e.in[1] = buf_of(bias);
         memcpy(e.strides[1], bias_strides, sizeof bias_strides);
     }
-    return AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e);
+    return AMPC_RUN_KERNEL(a, elementwise, &e);
 }
 
 /*
@@ -374,16 +373,19 @@ static PyObject *columns(ampc_op_args *a, const ampc_conv *cv, int64_t n0, int64
     PyObject *obj = acc_array(a, acc, ndim, shape, &col);
     if (obj == NULL)
         return NULL;
-    int rc;
+    const ampc_backend *b = ampc_backend_of(a->st, a->device);
+    int status;
     Py_BEGIN_ALLOW_THREADS
-    rc = ampc_cpu_im2col(cv, n0, images, col, col_strides);
+    status = b->im2col(cv, n0, images, col, col_strides);
     Py_END_ALLOW_THREADS
-    if (ampc_op_cpu_status(rc) < 0)
+    if (status != AMPC_OK) {
+        ampc_backend_raise(a->st, a->device, status, a->op);
         Py_CLEAR(obj);
+    }
     return obj;
 }
 
-static int conv_forward_cpu(ampc_op_args *a, ampc_conv *cv, const ampc_view *wt, const ampc_view *bias)
+static int conv_forward_columns(ampc_op_args *a, ampc_conv *cv, const ampc_view *wt, const ampc_view *bias)
 {
     const ampc_dtype acc = ampc_acc_dtype(cv->x.dtype);
     PyObject *wm = filter_matrix(a, wt, cv, acc);  /* (groups, kg, crs) */
@@ -414,8 +416,9 @@ static int conv_forward_cpu(ampc_op_args *a, ampc_conv *cv, const ampc_view *wt,
     return 0;
 }
 
-static int conv_backward_data_cpu(ampc_op_args *a, ampc_conv *cv, const ampc_view *wt)
+static int conv_backward_data_columns(ampc_op_args *a, ampc_conv *cv, const ampc_view *wt)
 {
+    const ampc_backend *b = ampc_backend_of(a->st, a->device);
     const ampc_dtype acc = ampc_acc_dtype(cv->x.dtype);
     PyObject *wm = filter_matrix(a, wt, cv, acc);
     if (wm == NULL || ampc_op_keep(a, wm) < 0)
@@ -437,21 +440,21 @@ static int conv_backward_data_cpu(ampc_op_args *a, ampc_conv *cv, const ampc_vie
         Py_XDECREF(out);
         if (dcol == NULL)
             return -1;
-        int rc = 0;
+        int status = AMPC_OK;
         const void *cols = PyArray_DATA((PyArrayObject *)dcol);
         if (!direct) {
             Py_BEGIN_ALLOW_THREADS
-            rc = ampc_cpu_col2im(cv, n0, images, cols, col_strides);
+            status = b->col2im(cv, n0, images, cols, col_strides);
             Py_END_ALLOW_THREADS
         }
         Py_DECREF(dcol);
-        if (ampc_op_cpu_status(rc) < 0)
-            return -1;
+        if (status != AMPC_OK)
+            return ampc_backend_raise(a->st, a->device, status, a->op);
     }
     return 0;
 }
 
-static int conv_backward_filter_cpu(ampc_op_args *a, ampc_conv *cv)
+static int conv_backward_filter_columns(ampc_op_args *a, ampc_conv *cv)
 {
     const ampc_dtype acc = ampc_acc_dtype(cv->x.dtype);
     const int64_t g = cv->groups, kg = cv->k / g, crs = cv->c / g * cv->r * cv->s, pq = cv->p * cv->q;
@@ -486,7 +489,7 @@ static int conv_backward_filter_cpu(ampc_op_args *a, ampc_conv *cv)
                      .shape = {numel}, .strides = {{1}, {1}}};
         e.out = e.in[0] = (ampc_buf){PyArray_DATA((PyArrayObject *)total), acc};
         e.in[1] = (ampc_buf){PyArray_DATA((PyArrayObject *)part), acc};
-        const int rc = AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e);
+        const int rc = AMPC_RUN_KERNEL(a, elementwise, &e);
         Py_DECREF(part);
         if (rc < 0)
             goto fail;
@@ -498,7 +501,7 @@ static int conv_backward_filter_cpu(ampc_op_args *a, ampc_conv *cv)
                  .strides = {{1}}};
     e.out = cv->weight;
     e.in[0] = (ampc_buf){PyArray_DATA((PyArrayObject *)total), acc};
-    const int rc = AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e);
+    const int rc = AMPC_RUN_KERNEL(a, elementwise, &e);
     Py_DECREF(total);
     return rc;
 fail:
@@ -511,7 +514,7 @@ static int zero_fill(ampc_op_args *a, const ampc_view *out)
 {
     ampc_ew zero = {.op = AMPC_EW_COPY, .scale = 1.0, .ndim = 1, .nin = 1, .numel = out->numel,
                     .shape = {out->numel}, .out = buf_of(out)};
-    return out->numel == 0 ? 0 : AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &zero);
+    return out->numel == 0 ? 0 : AMPC_RUN_KERNEL(a, elementwise, &zero);
 }
 
 /* y += bias per channel, walking y in its memory order (C or channels-last). */
@@ -528,7 +531,7 @@ static int add_bias(ampc_op_args *a, const ampc_view *y, const ampc_view *bias)
     memcpy(e.strides[1], bs, sizeof bs);
     e.out = e.in[0] = buf_of(y);
     e.in[1] = buf_of(bias);
-    return AMPC_RUN_KERNEL(a, ampc_cpu_elementwise, elementwise, &e);
+    return AMPC_RUN_KERNEL(a, elementwise, &e);
 }
 
 /* The operands of cv, dense in cv's layout (conv_layout): their strides as
@@ -591,10 +594,10 @@ static PyObject *mod_conv2d(PyObject *module, PyObject *args, PyObject *kwargs)
         rc = 0;
     else if (cv.c == 0)  /* an empty sum: the bias alone */
         rc = zero_fill(&a, &y) < 0 || (bias && add_bias(&a, &y, bias) < 0) ? -1 : 0;
-    else if (a.device.type == AMPC_DEVICE_CPU)
-        rc = conv_forward_cpu(&a, &cv, wt, bias);
+    else if (ampc_backend_of(st, a.device)->conv == NULL)
+        rc = conv_forward_columns(&a, &cv, wt, bias);
     else
-        rc = AMPC_RUN_CUDA(&a, conv, &cv) < 0 || (bias && add_bias(&a, &y, bias) < 0) ? -1 : 0;
+        rc = AMPC_RUN_KERNEL(&a, conv, &cv) < 0 || (bias && add_bias(&a, &y, bias) < 0) ? -1 : 0;
     if (rc == 0)
         result = ampc_op_result(&a, y_obj);
 done:
@@ -653,10 +656,10 @@ static PyObject *mod_conv2d_backward(PyObject *module, PyObject *args, PyObject 
         rc = 0;
     else if (dy->numel == 0)
         rc = zero_fill(&a, &out);
-    else if (a.device.type == AMPC_DEVICE_CUDA)
-        rc = AMPC_RUN_CUDA(&a, conv, &cv);
+    else if (ampc_backend_of(st, a.device)->conv != NULL)
+        rc = AMPC_RUN_KERNEL(&a, conv, &cv);
     else
-        rc = data ? conv_backward_data_cpu(&a, &cv, wt) : conv_backward_filter_cpu(&a, &cv);
+        rc = data ? conv_backward_data_columns(&a, &cv, wt) : conv_backward_filter_columns(&a, &cv);
     if (rc == 0)
         result = ampc_op_result(&a, out_obj);
 done:
@@ -794,7 +797,7 @@ static PyObject *mod_batch_norm(PyObject *module, PyObject *args, PyObject *kwar
         b.save_mean = buf_of(&sm);
         b.save_rstd = buf_of(&sr);
     }
-    const int ran = AMPC_RUN_KERNEL(&a, ampc_cpu_batch_norm, batch_norm, &b);
+    const int ran = AMPC_RUN_KERNEL(&a, batch_norm, &b);
     for (int i = 2; i < 4 && training; i++) {
         const int back = ran == 0 && copied[i] ? write_back(&a, p[i], *bufs[i]) : 0;
         ampc_count_write(st, objs[i]);  /* the running statistics moved in place */
@@ -869,7 +872,7 @@ static PyObject *mod_batch_norm_backward(PyObject *module, PyObject *args, PyObj
         b.dweight = buf_of(&dw);
         b.dbias = buf_of(&db);
     }
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_batch_norm_backward, batch_norm_backward, &b) < 0)
+    if (AMPC_RUN_KERNEL(&a, batch_norm_backward, &b) < 0)
         goto done;
     result = ampc_op_results(&a, (PyObject *[]){dx_obj, dw_obj, db_obj}, 3);
 done:
@@ -1034,7 +1037,7 @@ static PyObject *mod_pool(PyObject *module, PyObject *args, PyObject *kwargs)
     pl.y = buf_of(&y);
     if (i_obj != NULL)
         pl.indices = buf_of(&idx);
-    if (AMPC_RUN_KERNEL(&a, ampc_cpu_pool, pool, &pl) < 0)
+    if (AMPC_RUN_KERNEL(&a, pool, &pl) < 0)
         goto done;
     result = ampc_op_results(&a, (PyObject *[]){y_obj, i_obj}, 2);
 done:
@@ -1100,7 +1103,7 @@ static PyObject *mod_pool_backward(PyObject *module, PyObject *args, PyObject *k
         goto done;
     pl->x = buf_of(&dx);
     pl->y = buf_of(dy);
-    if (dx.numel > 0 && AMPC_RUN_KERNEL(&a, ampc_cpu_pool_backward, pool_backward, &pb) < 0)
+    if (dx.numel > 0 && AMPC_RUN_KERNEL(&a, pool_backward, &pb) < 0)
         goto done;
     result = ampc_op_result(&a, dx_obj);
 done:

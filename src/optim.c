@@ -22,8 +22,6 @@
 
 #include <math.h>
 #include <string.h>
-#include "ampc_cuda.h"
-#include "cpu/cpu_kernels.h"
 #include "kernels/optim_descriptors.h"
 
 /* Everything one step reads, checked, and the refs the kernels take. */
@@ -89,13 +87,9 @@ static int same_layout(const ampc_view *a, const ampc_view *b)
  * current stream, which the host then waits for). */
 static int read_float(ampc_state *st, const ampc_view *v, float *out)
 {
-    if (v->device.type == AMPC_DEVICE_CPU) {
-        memcpy(out, v->data, sizeof *out);
-        return 0;
-    }
-    const int device = v->device.index;
-    const int status = st->cuda->copy(-1, out, device, v->data, sizeof *out, ampc_current_stream(device, NULL));
-    return status == AMPC_OK ? 0 : ampc_cuda_raise(st, status, "reading a scalar");
+    const ampc_device host = {AMPC_DEVICE_CPU, 0};
+    return ampc_copy_bytes(st, host, out, v->device, v->data, sizeof *out, ampc_current_stream(v->device.index, NULL),
+                           "reading a scalar");
 }
 
 /* A one-element float32 array on the step's device (a GradScaler's
@@ -125,15 +119,12 @@ static int read_scalar(ampc_state *st, PyObject *obj, const char *name, ampc_dev
         PyObject *copy = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &here);
         if (copy == NULL)
             return -1;
-        int status = AMPC_OK;
-        if (device.type == AMPC_DEVICE_CPU)
-            memcpy(here.data, &value, sizeof value);
-        else
-            status = st->cuda->copy(device.index, here.data, -1, &value, sizeof value,
-                                    ampc_current_stream(device.index, NULL));
+        const ampc_device host = {AMPC_DEVICE_CPU, 0};
         ampc_view_release(v);
-        const int rc = status == AMPC_OK ? ampc_view_from_object(st, copy, name, AMPC_FOR_READING, v)
-                                         : ampc_cuda_raise(st, status, "copying a scalar");
+        const int rc = ampc_copy_bytes(st, device, here.data, host, &value, sizeof value,
+                                       ampc_current_stream(device.index, NULL), "copying a scalar") == 0
+                           ? ampc_view_from_object(st, copy, name, AMPC_FOR_READING, v)
+                           : -1;
         Py_DECREF(copy);
         if (rc < 0)
             return -1;
@@ -394,22 +385,6 @@ static int order_step(ampc_state *st, const step_args *a, void *stream, int befo
     return 0;
 }
 
-/* True if the step ran, False if found_inf skipped it; None on a GPU, where
- * the host does not wait to know. */
-static PyObject *step_result(ampc_state *st, const step_args *a, int ran, const char *what)
-{
-    if (a->device.type == AMPC_DEVICE_CUDA) {
-        if (ran != AMPC_OK) {
-            ampc_cuda_raise(st, ran, what);
-            return NULL;
-        }
-        Py_RETURN_NONE;
-    }
-    if (ran < 0)
-        return PyErr_NoMemory();
-    return PyBool_FromLong(ran);
-}
-
 /* Run a checked step: SGD when sgd is given, else Adam(W). dry_run: only
  * the checks, already done. */
 static PyObject *run_step(ampc_state *st, const step_args *a, int dry_run, const ampc_sgd_config *sgd,
@@ -417,24 +392,27 @@ static PyObject *run_step(ampc_state *st, const step_args *a, int dry_run, const
 {
     if (dry_run)
         Py_RETURN_NONE;
-    int ran;
-    if (a->device.type == AMPC_DEVICE_CUDA) {
-        const int device = a->device.index;
-        void *stream = ampc_current_stream(device, NULL);
-        if (order_step(st, a, stream, 1) < 0)
-            return NULL;
-        ran = sgd ? st->cuda->sgd(device, stream, a->refs, a->n, sgd, a->grad_scale, a->found_inf)
-                  : st->cuda->adam(device, stream, a->refs, a->n, adam, a->grad_scale, a->found_inf);
-        if (ran == AMPC_OK && order_step(st, a, stream, 0) < 0)
-            return NULL;
-    }
-    else {
-        Py_BEGIN_ALLOW_THREADS
-        ran = sgd ? ampc_sgd_cpu(a->refs, a->n, sgd, a->grad_scale, a->found_inf)
-                  : ampc_adam_cpu(a->refs, a->n, adam, a->grad_scale, a->found_inf);
-        Py_END_ALLOW_THREADS
-    }
-    return step_result(st, a, ran, sgd ? "SGD step" : "Adam step");
+    const ampc_backend *b = ampc_backend_of(st, a->device);
+    const int device = a->device.index;
+    const int has_streams = b->stream_wait != NULL;
+    void *stream = has_streams ? ampc_current_stream(device, NULL) : NULL;
+    if (has_streams && order_step(st, a, stream, 1) < 0)
+        return NULL;
+    int ran, status;
+    PyThreadState *released = b->runs_without_gil ? PyEval_SaveThread() : NULL;
+    status = sgd ? b->sgd(device, stream, a->refs, a->n, sgd, a->grad_scale, a->found_inf, &ran)
+                 : b->adam(device, stream, a->refs, a->n, adam, a->grad_scale, a->found_inf, &ran);
+    if (released != NULL)
+        PyEval_RestoreThread(released);
+    if (status != AMPC_OK)
+        return ampc_backend_raise(st, a->device, status, sgd ? "SGD step" : "Adam step"), NULL;
+    if (has_streams && order_step(st, a, stream, 0) < 0)
+        return NULL;
+    /* True if the step ran, False if found_inf skipped it; None where the
+     * host does not wait to know (a GPU). */
+    if (ran < 0)
+        Py_RETURN_NONE;
+    return PyBool_FromLong(ran);
 }
 
 static PyObject *mod_sgd_step(PyObject *module, PyObject *args, PyObject *kwargs)
@@ -513,9 +491,9 @@ static int zero_view(ampc_state *st, const ampc_view *v)
     ampc_streams_seen before = {0}, after = {0};
     if (ampc_order_stream(st, device, stream, v->stream, 1, &before) < 0)
         return -1;
-    const int status = st->cuda->memset(device, start, 0, nbytes, stream);
+    const int status = ampc_backend_of(st, v->device)->memset(device, start, 0, nbytes, stream);
     if (status != AMPC_OK)
-        return ampc_cuda_raise(st, status, "zero_");
+        return ampc_backend_raise(st, v->device, status, "zero_");
     return ampc_order_stream(st, device, stream, v->stream, 0, &after);
 }
 
@@ -578,15 +556,15 @@ static PyObject *mod_scalar_like(PyObject *module, PyObject *args)
         if (out.device.type == AMPC_DEVICE_CPU)
             memcpy(out.data, &f, sizeof f);
         else if (f == 0.0f && !signbit(f))  /* a memset: never waits, where a copy from the host may */
-            status = st->cuda->memset(out.device.index, out.data, 0, sizeof f,
-                                      ampc_current_stream(out.device.index, NULL));
+            status = ampc_backend_of(st, out.device)->memset(out.device.index, out.data, 0, sizeof f,
+                                                             ampc_current_stream(out.device.index, NULL));
         else
-            status = st->cuda->copy(out.device.index, out.data, -1, &f, sizeof f,
-                                    ampc_current_stream(out.device.index, NULL));
+            status = ampc_backend_of(st, out.device)->copy(out.device.index, out.data, -1, &f, sizeof f,
+                                                           ampc_current_stream(out.device.index, NULL));
         if (status == AMPC_OK)
             result = ampc_return_as(st, Py_NewRef(fresh), v.source);
         else
-            ampc_cuda_raise(st, status, "_scalar_like");
+            ampc_backend_raise(st, out.device, status, "_scalar_like");
         Py_DECREF(fresh);
     }
     ampc_view_release(&v);

@@ -36,8 +36,6 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-#include "ampc_cuda.h"
-#include "cpu/cpu_kernels.h"
 #include "grads.h"
 #include "kernels/scaler_rule.h"
 
@@ -122,24 +120,16 @@ static ampc_scale_rule rule_of(const ScalerObject *s)
 
 static void *stream_for(const scaler_memory *m)
 {
-    return m->device.type == AMPC_DEVICE_CUDA ? ampc_current_stream(m->device.index, NULL) : NULL;
+    return m->device.type != AMPC_DEVICE_CPU ? ampc_current_stream(m->device.index, NULL) : NULL;
 }
 
 /* Copy between a block and host memory. */
 static int block_copy(ampc_state *st, scaler_memory *m, void *host, void *device_addr, size_t nbytes,
                       int to_host)
 {
-    if (m->device.type == AMPC_DEVICE_CPU) {
-        if (to_host)
-            memcpy(host, device_addr, nbytes);
-        else
-            memcpy(device_addr, host, nbytes);
-        return 0;
-    }
-    const int d = m->device.index;
-    const int status = to_host ? st->cuda->copy(-1, host, d, device_addr, nbytes, stream_for(m))
-                               : st->cuda->copy(d, device_addr, -1, host, nbytes, stream_for(m));
-    return status == AMPC_OK ? 0 : ampc_cuda_raise(st, status, "GradScaler");
+    const ampc_device cpu = {AMPC_DEVICE_CPU, 0};
+    return to_host ? ampc_copy_bytes(st, cpu, host, m->device, device_addr, nbytes, stream_for(m), "GradScaler")
+                   : ampc_copy_bytes(st, m->device, device_addr, cpu, host, nbytes, stream_for(m), "GradScaler");
 }
 
 static int read_header(ampc_state *st, ScalerObject *self, ampc_scaler_block *out)
@@ -314,16 +304,9 @@ static PyObject *float32_scalar(ampc_state *st, ampc_device device, float value)
     PyObject *a = ampc_array_empty(st, device, AMPC_FLOAT32, 0, shape0, NULL, &v);
     if (a == NULL)
         return NULL;
-    if (device.type == AMPC_DEVICE_CPU) {
-        memcpy(v.data, &value, sizeof value);
-        return a;
-    }
-    const int status = st->cuda->copy(device.index, v.data, -1, &value, sizeof value, v.stream);
-    if (status != AMPC_OK) {
-        Py_DECREF(a);
-        ampc_cuda_raise(st, status, "GradScaler");
-        return NULL;
-    }
+    const ampc_device cpu = {AMPC_DEVICE_CPU, 0};
+    if (ampc_copy_bytes(st, device, v.data, cpu, &value, sizeof value, v.stream, "GradScaler") < 0)
+        Py_CLEAR(a);
     return a;
 }
 
@@ -352,42 +335,6 @@ static void clip_request_clear(clip_request *clip)
     Py_CLEAR(clip->divisor);
 }
 
-/* CPU gradients: check and unscale. With a clip request, the norm pass
- * first, then (unless deferred) one read and write per element with the
- * clipping multiplier. */
-static int cpu_unscale(ampc_state *st, const ampc_grad_ref *refs, int64_t count, float scale, int check_only,
-                       clip_request *clip, int *nonfinite)
-{
-    const float inv = check_only ? 1.0f : ampc_inv_scale(scale);
-    int status;
-    double norm = 0, coef = 1;
-    Py_BEGIN_ALLOW_THREADS
-    if (clip != NULL) {
-        status = ampc_grad_norm_cpu(refs, count, inv, clip->norm_type, nonfinite, &norm);
-        coef = ampc_clip_coef(norm, clip->max_norm);
-        if (status == 0 && !clip->deferred) {
-            int unused;
-            status = ampc_unscale_cpu(refs, count, ampc_clip_multiplier(scale, coef), 0, &unused);
-        }
-    }
-    else {
-        status = ampc_unscale_cpu(refs, count, inv, check_only, nonfinite);
-    }
-    Py_END_ALLOW_THREADS
-    if (status < 0) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    if (clip != NULL) {
-        const ampc_device cpu = {AMPC_DEVICE_CPU, 0};
-        if ((clip->norm = float32_scalar(st, cpu, (float)norm)) == NULL)
-            return -1;
-        if (clip->deferred && (clip->divisor = float32_scalar(st, cpu, ampc_clip_divisor(scale, coef))) == NULL)
-            return -1;
-    }
-    return 0;
-}
-
 /* The gradients of device slot d were produced on their own streams (a
  * producer's current stream, when read through DLPack's C exchange API).
  * before: make `stream` wait for them; after: make them wait for `stream`,
@@ -404,23 +351,35 @@ static int order_grads(ampc_state *st, const ampc_grads *g, int d, void *stream,
     return 0;
 }
 
-/* GPU gradients of one device: unscale, check and clip in the fused passes
- * of cuda/scaler.cu; the norm (and a deferred divisor) stay on the device as
- * new 0-d float32 arrays, so nothing waits. block NULL: gradients that are
- * not scaled. The caller orders the gradients' streams around it. */
-static int gpu_unscale_clip(ampc_state *st, ampc_device device, void *stream, const ampc_grad_ref *refs,
-                            int64_t count, ampc_scaler_block *block, int slot, clip_request *clip)
+/* One device's gradients: check and (unless check_only) unscale them by
+ * the block's scale, through the device's backend; with a clip request,
+ * clip them in the same passes (cuda/scaler.cu fuses them; the CPU takes the
+ * norm, then one read and write per element). The norm (and a deferred
+ * divisor) are new 0-d float32 arrays on that device, so nothing waits.
+ * block NULL: gradients that are not scaled. The caller orders the
+ * gradients' streams around it. */
+static int unscale_on(ampc_state *st, ampc_device device, void *stream, const ampc_grad_ref *refs, int64_t count,
+                      ampc_scaler_block *block, int slot, int check_only, clip_request *clip)
 {
     ampc_view norm, divisor;
-    clip->norm = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &norm);
-    if (clip->norm == NULL)
-        return -1;
-    if (clip->deferred && (clip->divisor = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &divisor)) == NULL)
-        return -1;
-    const int status = st->cuda->unscale_clip(device.index, stream, refs, count, block, slot, clip->max_norm,
-                                              clip->norm_type, (float *)norm.data,
-                                              clip->deferred ? (float *)divisor.data : NULL);
-    return status == AMPC_OK ? 0 : ampc_cuda_raise(st, status, "unscale_");
+    if (clip != NULL) {
+        clip->norm = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &norm);
+        if (clip->norm == NULL)
+            return -1;
+        if (clip->deferred &&
+            (clip->divisor = ampc_array_empty(st, device, AMPC_FLOAT32, 0, NULL, NULL, &divisor)) == NULL)
+            return -1;
+    }
+    const ampc_backend *b = ampc_backend_of(st, device);
+    PyThreadState *released = b->runs_without_gil ? PyEval_SaveThread() : NULL;
+    const int status = clip != NULL
+                           ? b->unscale_clip(device.index, stream, refs, count, block, slot, clip->max_norm,
+                                             clip->norm_type, (float *)norm.data,
+                                             clip->deferred ? (float *)divisor.data : NULL)
+                           : b->unscale(device.index, stream, refs, count, block, slot, check_only);
+    if (released != NULL)
+        PyEval_RestoreThread(released);
+    return status == AMPC_OK ? 0 : ampc_backend_raise(st, device, status, "unscale_");
 }
 
 /* unscale_(max_norm=) on a disabled scaler: clip only (never deferred: a
@@ -435,16 +394,16 @@ static PyObject *clip_unscaled(ampc_state *st, PyObject *optimizer, clip_request
     if (g.ndevices > 1) {
         PyErr_SetString(PyExc_ValueError, "unscale_(max_norm=...): the gradients must be on one device");
     }
-    else if (g.ndevices == 1 && g.devices[0].type == AMPC_DEVICE_CUDA) {
+    else if (g.ndevices == 1 && g.devices[0].type != AMPC_DEVICE_CPU) {
         void *stream = ampc_current_stream(g.devices[0].index, NULL);
         rc = order_grads(st, &g, 0, stream, 1) == 0 &&
-                     gpu_unscale_clip(st, g.devices[0], stream, g.refs, g.n, NULL, 0, clip) == 0 &&
+                     unscale_on(st, g.devices[0], stream, g.refs, g.n, NULL, 0, 0, clip) == 0 &&
                      order_grads(st, &g, 0, stream, 0) == 0
                  ? 0 : -1;
     }
     else {
-        int nonfinite;
-        rc = cpu_unscale(st, g.refs, g.n, 1.0f, 0, clip, &nonfinite);
+        const ampc_device cpu = {AMPC_DEVICE_CPU, 0};
+        rc = unscale_on(st, cpu, NULL, g.refs, g.n, NULL, 0, 0, clip);
     }
     if (rc == 0)
         ampc_grads_count_writes(st, &g);
@@ -489,31 +448,18 @@ static int unscale_grads(ampc_state *st, ScalerObject *self, PyObject *optimizer
         os->found[os->nfound].memory = mem[d];
         os->found[os->nfound].slot = slot;
         os->nfound++;
-        if (m->device.type == AMPC_DEVICE_CUDA) {
-            void *stream = stream_for(m);
-            if (order_grads(st, &g, d, stream, 1) < 0)
-                goto done;
-            if (clip != NULL) {
-                if (gpu_unscale_clip(st, m->device, stream, refs, count, m->block, slot, clip) < 0)
-                    goto done;
-            }
-            else {
-                const int status = st->cuda->unscale(m->device.index, stream, refs, count, m->block, slot,
-                                                     check_only);
-                if (status != AMPC_OK) {
-                    ampc_cuda_raise(st, status, "unscale_");
-                    goto done;
-                }
-            }
-            m->stream = stream;
-            if (!check_only && order_grads(st, &g, d, stream, 0) < 0)
+        if (m->device.type == AMPC_DEVICE_CPU) {
+            if (unscale_on(st, m->device, NULL, refs, count, m->block, slot, check_only, clip) < 0)
                 goto done;
             continue;
         }
-        int nonfinite = 0;
-        if (cpu_unscale(st, refs, count, m->block->scale, check_only, clip, &nonfinite) < 0)
+        void *stream = stream_for(m);
+        if (order_grads(st, &g, d, stream, 1) < 0 ||
+            unscale_on(st, m->device, stream, refs, count, m->block, slot, check_only, clip) < 0)
             goto done;
-        m->block->flags[slot] = nonfinite ? 1.0f : 0.0f;
+        m->stream = stream;
+        if (!check_only && order_grads(st, &g, d, stream, 0) < 0)
+            goto done;
     }
     if (clip != NULL && clip->norm == NULL) {  /* no gradients: the norm of nothing, nothing to divide */
         clip->norm = float32_scalar(st, self->memory[0].device, 0.0f);
@@ -555,19 +501,14 @@ static PyObject *float_copy(ampc_state *st, ScalerObject *self, int m, const flo
         return NULL;
     if (mem->device.type == AMPC_DEVICE_CPU) {
         memcpy(v.data, addr, sizeof *addr);
+        return out;
     }
-    else {
-        void *stream = stream_for(mem);
-        int status = v.stream != stream ? st->cuda->stream_wait(mem->device.index, stream, v.stream) : AMPC_OK;
-        if (status == AMPC_OK)
-            status = st->cuda->copy(mem->device.index, v.data, mem->device.index, addr, sizeof *addr, stream);
-        if (status == AMPC_OK && v.stream != stream)
-            status = st->cuda->stream_wait(mem->device.index, v.stream, stream);
-        if (status != AMPC_OK) {
-            Py_DECREF(out);
-            return ampc_cuda_raise(st, status, "GradScaler"), NULL;
-        }
-    }
+    void *stream = stream_for(mem);
+    ampc_streams_seen before = {0}, after = {0};
+    if (ampc_order_stream(st, mem->device.index, stream, v.stream, 1, &before) < 0 ||
+        ampc_copy_bytes(st, mem->device, v.data, mem->device, addr, sizeof *addr, stream, "GradScaler") < 0 ||
+        ampc_order_stream(st, mem->device.index, stream, v.stream, 0, &after) < 0)
+        Py_CLEAR(out);
     return out;
 }
 
@@ -918,19 +859,17 @@ static PyObject *scale_one(ampc_state *st, ScalerObject *self, PyObject *outputs
     const int64_t *strides[2] = {out.strides, x.strides};
     ampc_loop loop;
     ampc_loop_init(&loop, 2, x.ndim, x.shape, data, strides);
-    if (dev.type == AMPC_DEVICE_CPU) {
-        ampc_scale_mul_cpu(&loop, dtype, x.dtype, *scale_addr);
+    void *stream = stream_for(&self->memory[m]);
+    ampc_streams_seen seen = {0};
+    if (dev.type != AMPC_DEVICE_CPU && ampc_order_stream(st, dev.index, stream, x.stream, 1, &seen) < 0) {
+        Py_DECREF(fresh);
+        goto done;
     }
-    else {
-        void *stream = stream_for(&self->memory[m]);
-        int status = x.stream != stream ? st->cuda->stream_wait(dev.index, stream, x.stream) : AMPC_OK;
-        if (status == AMPC_OK)
-            status = st->cuda->scale_mul(dev.index, stream, &loop, dtype, x.dtype, scale_addr);
-        if (status != AMPC_OK) {
-            Py_DECREF(fresh);
-            ampc_cuda_raise(st, status, "scale");
-            goto done;
-        }
+    const int status = ampc_backend_of(st, dev)->scale_mul(dev.index, stream, &loop, dtype, x.dtype, scale_addr);
+    if (status != AMPC_OK) {
+        Py_DECREF(fresh);
+        ampc_backend_raise(st, dev, status, "scale");
+        goto done;
     }
     result = ampc_return_as(st, fresh, x.source);
     if (result != NULL && PyArray_IsScalar(outputs, Generic) && PyArray_Check(result))
@@ -1405,17 +1344,10 @@ static int set_scale_from(ampc_state *st, ScalerObject *self, PyObject *new_scal
         if (h == NULL)
             goto done;
         char raw[8];
-        if (v.device.type == AMPC_DEVICE_CUDA) {
-            const int status = st->cuda->copy(-1, raw, v.device.index, v.data, (size_t)ampc_dtype_size(v.dtype),
-                                              ampc_current_stream(v.device.index, NULL));
-            if (status != AMPC_OK) {
-                Py_DECREF(h);
-                ampc_cuda_raise(st, status, "update");
-                goto done;
-            }
-        }
-        else {
-            memcpy(raw, v.data, (size_t)ampc_dtype_size(v.dtype));
+        if (ampc_copy_bytes(st, host.device, raw, v.device, v.data, (size_t)ampc_dtype_size(v.dtype),
+                            ampc_current_stream(v.device.index, NULL), "update") < 0) {
+            Py_DECREF(h);
+            goto done;
         }
         ampc_view src = host;
         src.data = raw;
@@ -1484,19 +1416,13 @@ static PyObject *Scaler_update(PyObject *op, PyObject *args, PyObject *kwargs)
         m->nflags = 0;
     }
     const ampc_scale_rule rule = rule_of(self);
-    if (master->device.type == AMPC_DEVICE_CUDA) {
-        void *stream = stream_for(master);
-        const int status = st->cuda->update_scale(master->device.index, stream, master->block, master->nflags, &rule);
-        if (status != AMPC_OK)
-            return ampc_cuda_raise(st, status, "update"), NULL;
+    void *stream = stream_for(master);
+    const int status = ampc_backend_of(st, master->device)->update_scale(master->device.index, stream, master->block,
+                                                                         master->nflags, &rule);
+    if (status != AMPC_OK)
+        return ampc_backend_raise(st, master->device, status, "update"), NULL;
+    if (master->device.type != AMPC_DEVICE_CPU)
         master->stream = stream;
-    }
-    else {
-        float found = 0;
-        for (int i = 0; i < master->nflags; i++)
-            found += master->block->flags[i];
-        ampc_update_scale(master->block, found, &rule);
-    }
     reset_states(self);
     Py_RETURN_NONE;
 }
@@ -1908,19 +1834,14 @@ static PyObject *Scaler_overflow_report(PyObject *op, PyObject *args, PyObject *
     for (int d = 0; d < g.ndevices; d++) {
         const ampc_grad_ref *refs = g.refs + g.first[d];
         int64_t *out = counts + g.first[d];
-        if (g.devices[d].type == AMPC_DEVICE_CUDA) {
-            void *stream = ampc_current_stream(g.devices[d].index, NULL);
-            if (order_grads(st, &g, d, stream, 1) < 0)
-                goto done;
-            const int status = st->cuda->count_nonfinite(g.devices[d].index, stream, refs, g.count[d], out);
-            if (status != AMPC_OK) {
-                ampc_cuda_raise(st, status, "overflow_report");
-                goto done;
-            }
-        }
-        else {
-            for (int64_t i = 0; i < g.count[d]; i++)
-                out[i] = ampc_count_nonfinite_cpu(&refs[i]);
+        const ampc_device device = g.devices[d];
+        void *stream = device.type == AMPC_DEVICE_CPU ? NULL : ampc_current_stream(device.index, NULL);
+        if (device.type != AMPC_DEVICE_CPU && order_grads(st, &g, d, stream, 1) < 0)
+            goto done;
+        const int status = ampc_backend_of(st, device)->count_nonfinite(device.index, stream, refs, g.count[d], out);
+        if (status != AMPC_OK) {
+            ampc_backend_raise(st, device, status, "overflow_report");
+            goto done;
         }
     }
     report = PyList_New(0);

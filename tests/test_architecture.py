@@ -35,33 +35,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The lists. Rows are sorted, one per line, no comments inside: the script prints them this way.
 # ---------------------------------------------------------------------------------------------
 
-# (including file, included file). src/ reaches each backend's headers until plan step E puts one
-# table between them: the src/ -> cuda/ampc_cuda.h rows are the files that call ampc._cuda's table
-# (st->cuda->, AMPC_RUN_CUDA) and its loader (E7 deletes ampc_cuda.h); the src/ -> cpu/ rows are
-# the entry points that call the CPU kernels directly and module.c's thread and ISA controls.
+# (including file, included file): none. src/ reaches both backends through kernels/backend.h's
+# table alone, and neither backend includes src/.
 ALLOWED_INCLUDES = [
-    ("src/array.c", "cuda/ampc_cuda.h"),
-    ("src/cast.c", "cpu/cast_cpu.h"),
-    ("src/cast.c", "cuda/ampc_cuda.h"),
-    ("src/copy.c", "cuda/ampc_cuda.h"),
-    ("src/cuda_backend.c", "cuda/ampc_cuda.h"),
-    ("src/dlpack.c", "cuda/ampc_cuda.h"),
-    ("src/module.c", "cpu/cast_cpu.h"),
-    ("src/module.c", "cpu/cpu_features.h"),
-    ("src/module.c", "cpu/parallel.h"),
-    ("src/ops.c", "cpu/cpu_kernels.h"),
-    ("src/ops.c", "cuda/ampc_cuda.h"),
-    ("src/ops_attention.c", "cuda/ampc_cuda.h"),
-    ("src/ops_embedding.c", "cpu/cpu_kernels.h"),
-    ("src/ops_embedding.c", "cuda/ampc_cuda.h"),
-    ("src/ops_gemm.c", "cpu/cpu_kernels.h"),
-    ("src/ops_gemm.c", "cuda/ampc_cuda.h"),
-    ("src/ops_spatial.c", "cpu/cpu_kernels.h"),
-    ("src/ops_spatial.c", "cuda/ampc_cuda.h"),
-    ("src/optim.c", "cpu/cpu_kernels.h"),
-    ("src/optim.c", "cuda/ampc_cuda.h"),
-    ("src/scaler.c", "cpu/cpu_kernels.h"),
-    ("src/scaler.c", "cuda/ampc_cuda.h"),
 ]
 
 # C files that call each other's functions, around a loop (src/ had 13 in one at 10bbb44). Left:
@@ -96,12 +72,14 @@ ALLOWED_UPWARD_IMPORTS = [
 # The build, as far as the checks need it (test_the_model_matches_setup_py holds them to it).
 # ---------------------------------------------------------------------------------------------
 
-C_FOLDERS = ("src", "cpu", "kernels", "cuda")  # setup.py's FOLDERS, both modules'
+# setup.py's FOLDERS: the folders each extension module is built from.
+MODULE_FOLDERS = {"ampc._C": ("src", "cpu", "kernels"), "ampc._cuda": ("cuda",)}
+C_FOLDERS = tuple(f for folders in MODULE_FOLDERS.values() for f in folders)
 C_SUFFIXES = (".c", ".h", ".cu", ".cuh", ".inc", ".def")
-# A quoted include is looked for beside the including file, then in setup.py's include_dirs in their
-# order: "src", "cuda", then the root, where an include written with its folder ("kernels/dtypes.h")
-# resolves.
-INCLUDE_DIRS = ("src", "cuda", ".")
+# A quoted include is looked for beside the including file, then in its module's include_dirs
+# (setup.py's) in their order: the module's own folder, then the root, where an include written with
+# its folder ("kernels/dtypes.h") resolves. Neither module has the other's folder on its path.
+INCLUDE_DIRS = {"ampc._C": ("src", "."), "ampc._cuda": ("cuda", ".")}
 # Each layer and the layers it may include.
 MAY_INCLUDE = {
     "kernels": {"kernels"},
@@ -157,9 +135,14 @@ def quoted_includes(text):
     return [(code.count("\n", 0, m.start()) + 1, m.group(1)) for m in _INCLUDE.finditer(code)]
 
 
+def module_of(path):
+    """The extension module a C file (a path from the root) is built into."""
+    return next(m for m, folders in MODULE_FOLDERS.items() if path.split("/")[0] in folders)
+
+
 def resolve(root, including, name):
     """The file an include names, as the compiler finds it, relative to root; None if none."""
-    for folder in (os.path.dirname(including), *INCLUDE_DIRS):
+    for folder in (os.path.dirname(including), *INCLUDE_DIRS[module_of(including)]):
         path = os.path.normpath(os.path.join(folder, name)).replace(os.sep, "/")
         if os.path.isfile(os.path.join(root, path)):
             return path
@@ -463,11 +446,11 @@ def test_the_model_matches_setup_py():
     folders = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
                and [getattr(t, "id", None) for t in node.targets] == ["FOLDERS"]]
     assert names == set(EXTENSIONS)
-    assert len(dirs) == len(EXTENSIONS) and all(d == INCLUDE_DIRS for d in dirs), \
-        f"setup.py's include_dirs {dirs}: update INCLUDE_DIRS"
-    assert len(folders) == 1 and set(folders[0]) == set(EXTENSIONS), "setup.py's FOLDERS: one folder list a module"
-    assert sorted(f for listed in folders[0].values() for f in listed) == sorted(C_FOLDERS), \
-        f"setup.py's FOLDERS {folders[0]}: update C_FOLDERS"
+    written = {call.args[0].value: d for call, d in zip(calls, dirs)}
+    assert len(dirs) == len(EXTENSIONS) and written == INCLUDE_DIRS, \
+        f"setup.py's include_dirs {written}: update INCLUDE_DIRS"
+    assert len(folders) == 1 and {k: tuple(v) for k, v in folders[0].items()} == MODULE_FOLDERS, \
+        f"setup.py's FOLDERS {folders[0]}: update MODULE_FOLDERS"
 
 
 def test_the_script_prints_the_lists_as_they_stand(capsys):
@@ -500,14 +483,14 @@ def plant(root, files):
 
 def test_a_planted_include_across_the_layers_is_reported(tmp_path):
     plant(tmp_path, {
-        "src/module.c": '#include "module.h"\n#include "backend.h"\nconst char *s = "/*";\n'
+        "src/module.c": '#include "module.h"\n#include "cuda/backend.h"\nconst char *s = "/*";\n'
                         '#include "kernels/dtypes.h"\n/* #include "hidden.h"\n */\n',
         "src/module.h": "",
         "src/hidden.h": "",
         "cuda/backend.h": '#  include "common.h"\n',   # its own folder's common.h comes first
         "cuda/common.h": "",
         "src/common.h": "",
-        "cuda/kernel.cu": '#include "kernels/dtypes.h"\n#include "module.h"\n',
+        "cuda/kernel.cu": '#include "kernels/dtypes.h"\n#include "src/module.h"\n#include "hidden.h"\n',
         "kernels/dtypes.h": '#include "cpu/simd.h"\n',
         "cpu/simd.h": "",
     })
@@ -518,7 +501,8 @@ def test_a_planted_include_across_the_layers_is_reported(tmp_path):
     ]
     edges = include_edges(tmp_path)
     assert ("src/module.c", "kernels/dtypes.h", "kernels/dtypes.h", 4) in edges  # after the "/*" string
-    assert not [edge for edge in edges if edge[1] == "src/hidden.h"]  # in a comment
+    assert not [edge for edge in edges if edge[1] == "src/hidden.h"]  # in a comment, or off cuda/'s path
+    assert ("cuda/kernel.cu", None, "hidden.h", 3) in edges
 
 
 def test_a_planted_call_cycle_is_reported(tmp_path):

@@ -18,7 +18,7 @@
         }                                                                    \
     } while (0)
 
-static char buf[AMPC_CUDA_CONV_REPORT_SIZE];
+static char buf[AMPC_CONV_REPORT_SIZE];
 
 /* Take what is kept into buf (all of it, or CHECK fails); its length. */
 static size_t take(void)
@@ -61,8 +61,8 @@ int main(void)
     CHECK(pending() == 0 && take() == 0);
     puts("ok kept, measured, taken, forgotten");
 
-    /* 100-byte lines: the buffer's AMPC_CUDA_CONV_REPORT_SIZE - 128 bytes hold 654 whole ones */
-    const int lines = 1000, fit = (int)((AMPC_CUDA_CONV_REPORT_SIZE - 128 - 1) / 100);
+    /* 100-byte lines: the buffer's AMPC_CONV_REPORT_SIZE - 128 bytes hold 654 whole ones */
+    const int lines = 1000, fit = (int)((AMPC_CONV_REPORT_SIZE - 128 - 1) / 100);
     for (int i = 0; i < lines; i++)
         ampc_conv_debug_line("%099d\n", i);
     ampc_conv_debug_line("%s", "1234567\n");  /* the 8 bytes left: no room for its NUL */
@@ -70,8 +70,8 @@ int main(void)
     length = take();
     char notice[128];
     snprintf(notice, sizeof notice, "ampc conv: %d more lines left out (AMPC_CONV_DEBUG's %d bytes were full)\n",
-             lines - fit + 1, (int)AMPC_CUDA_CONV_REPORT_SIZE - 128);
-    CHECK(fit * 100 + 7 == AMPC_CUDA_CONV_REPORT_SIZE - 128 - 1);
+             lines - fit + 1, (int)AMPC_CONV_REPORT_SIZE - 128);
+    CHECK(fit * 100 + 7 == AMPC_CONV_REPORT_SIZE - 128 - 1);
     CHECK(length == (size_t)fit * 100 + 7 + strlen(notice) && strncmp(buf + fit * 100, "123456\n", 7) == 0);
     CHECK(strcmp(buf + fit * 100 + 7, notice) == 0);
     for (int i = 0; i < fit; i++) {
