@@ -46,7 +46,7 @@ def _run(program, sources, tmp_path, includes=()):
     exe = tmp_path / program
     build = subprocess.run(
         ["gcc", "-std=gnu11", "-O1", "-g", "-pthread", *_sanitizers(), "-Wall", "-Wextra", "-Werror",
-         "-Wno-missing-field-initializers", *(f"-I{os.path.join(ROOT, d)}" for d in ("src", "cuda", ".")),
+         "-Wno-missing-field-initializers", *(f"-I{os.path.join(ROOT, d)}" for d in ("cuda", ".")),
          *(f"-I{d}" for d in includes), os.path.join(HERE, f"{program}.c"),
          *(os.path.join(ROOT, s) for s in sources), "-o", str(exe)],
         capture_output=True, text=True, env=CLEAN_ENV)

@@ -9,14 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "conv_report.h"
-
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 static char buf[AMPC_CONV_REPORT_SIZE];
 

@@ -12,14 +12,7 @@
 #include <string.h>
 #include "plan_cache.h"
 #include "common.h"
-
-#define CHECK(cond)                                                          \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 /* runtime.c's, which needs the CUDA runtime: the message kept for the checks. */
 static char message[256];
