@@ -13,6 +13,8 @@
 # odd rounds and the tree first in even ones, and prints each ampc time of both builds, with the
 # ratio base/tree (above 1: the tree is faster) and each run's torch time beside it (the same
 # kernels in both runs: their ratio is the run-to-run noise). Logs go to $OUT (or ./out).
+# OPS_MATCH=REGEX times only the ops.py rows it finds (ops.py --match); SCALER_REPEAT=0 leaves
+# scaler.py out: a second look at a few rows.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TREE=$PWD
@@ -44,9 +46,11 @@ lap builds
 
 bench() {  # bench NAME DIR ROUND: that tree's own benchmarks on its own build
     (cd "$2" && export PYTHONPATH=$2 &&
-        timeout "${OPS_S:-240}" python3 benchmarks/ops.py --repeat "${REPEAT:-20}" >"$OUT/ops_$1_$3.txt" 2>&1 &&
-        timeout "${SCALER_S:-150}" python3 benchmarks/scaler.py --repeat "${SCALER_REPEAT:-30}" \
-            >"$OUT/scaler_$1_$3.txt" 2>&1)
+        timeout "${OPS_S:-240}" python3 benchmarks/ops.py --repeat "${REPEAT:-20}" ${OPS_MATCH:+--match "$OPS_MATCH"} \
+            >"$OUT/ops_$1_$3.txt" 2>&1 &&
+        { [ "${SCALER_REPEAT:-30}" = 0 ] ||
+            timeout "${SCALER_S:-150}" python3 benchmarks/scaler.py --repeat "${SCALER_REPEAT:-30}" \
+                >"$OUT/scaler_$1_$3.txt" 2>&1; })
     lap "$1 round $3"
 }
 for round in $(seq 1 "${ROUNDS:-1}"); do
@@ -54,12 +58,12 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
     else bench tree "$TREE" "$round"; bench base "$BASE" "$round"; fi
 done
 
-python3 - "$OUT" "$(cat "$BASE/ab_base.rev")" "${ROUNDS:-1}" <<'PY'
+python3 - "$OUT" "$(cat "$BASE/ab_base.rev")" "${ROUNDS:-1}" "${SCALER_REPEAT:-30}" <<'PY'
 import re
 import statistics
 import sys
 
-out, rev, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+out, rev, rounds, scaler = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] != "0"
 
 
 def ops_rows(text):
@@ -108,7 +112,8 @@ def median_rows(kind, name, parse):
 
 
 worst = []
-for kind, parse in (("ops", ops_rows), ("scaler", scaler_rows)):
+kinds = (("ops", ops_rows), ("scaler", scaler_rows)) if scaler else (("ops", ops_rows),)
+for kind, parse in kinds:
     base, tree = median_rows(kind, "base", parse), median_rows(kind, "tree", parse)
     print(f"\n{kind}: ms, {rev[:9]} | tree (median of {rounds}); base/tree above 1: the tree is faster; "
           f"torch's base/tree is the noise")
