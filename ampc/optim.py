@@ -63,7 +63,10 @@ class Optimizer:
         group = dict(param_group, params=list(params))
         for p in group["params"]:
             if not isinstance(p, Parameter):
-                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
+                hint = ("; wrap each array in ampc.optim.Parameter(array), which holds it and its .grad"
+                        if hasattr(p, "__array__") or hasattr(p, "__dlpack__") else "")
+                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is "
+                                f"{type(p).__name__}{hint}")
         for name, default in self.defaults.items():
             group.setdefault(name, default)
         if len({id(p) for p in group["params"]}) != len(group["params"]):

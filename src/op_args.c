@@ -205,6 +205,14 @@ int ampc_op_cpu_status(int rc)
     return 0;
 }
 
+const char *ampc_op_float64_hint(ampc_dtype a, ampc_dtype b)
+{
+    if ((a == AMPC_FLOAT64) == (b == AMPC_FLOAT64))
+        return "";
+    return " (NumPy makes float64 arrays by default, and a model's parameters are float32: convert the input, "
+           "e.g. x.astype(numpy.float32))";
+}
+
 int ampc_op_normalize_dim(const char *op, int64_t dim, int ndim, int64_t *out)
 {
     const int64_t n = ndim > 0 ? ndim : 1;

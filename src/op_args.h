@@ -63,6 +63,9 @@ PyObject *ampc_op_results(ampc_op_args *a, PyObject *const *outs, int n);
  * kernel, every argument's stream after it. Nothing on the CPU. */
 int ampc_op_stream_begin(ampc_op_args *a, void **stream);
 int ampc_op_stream_end(ampc_op_args *a, void *stream);
+/* The hint a dtype mismatch gets when one side is float64 and the other
+ * not: NumPy's default meeting a float32 model. "" otherwise. */
+const char *ampc_op_float64_hint(ampc_dtype a, ampc_dtype b);
 int ampc_op_normalize_dim(const char *op, int64_t dim, int ndim, int64_t *out);
 /* The (outer, n, inner) layout of a dense array around dimension dim. */
 ampc_rows ampc_op_rows(const ampc_view *v, int64_t dim);

@@ -573,8 +573,9 @@ static PyObject *mod_matmul(PyObject *module, PyObject *args, PyObject *kwargs)
     if (x->dtype != y->dtype || (bias != NULL && bias->dtype != x->dtype) || (c != NULL && c->dtype != x->dtype)) {
         const ampc_view *other = x->dtype != y->dtype ? y : bias != NULL && bias->dtype != x->dtype ? bias : c;
         PyErr_Format(PyExc_TypeError, "%s: expected all arguments to have the same dtype, but got %s for input and "
-                     "%s for %s", name, ampc_dtype_names[x->dtype], ampc_dtype_names[other->dtype],
-                     other == y ? "other" : other == bias ? "bias" : "the added input");
+                     "%s for %s%s", name, ampc_dtype_names[x->dtype], ampc_dtype_names[other->dtype],
+                     other == y ? "other" : other == bias ? "bias" : "the added input",
+                     ampc_op_float64_hint(x->dtype, other->dtype));
         goto done;
     }
     if ((ta && x->ndim < 2) || (tb && y->ndim < 2)) {

@@ -194,8 +194,9 @@ static int conv_shapes(const char *op, const ampc_view *x, const ampc_view *wt, 
         return -1;
     }
     if (x->dtype != wt->dtype) {
-        PyErr_Format(PyExc_TypeError, "%s: expected input and weight to have the same dtype, but got %s and %s", op,
-                     ampc_dtype_names[x->dtype], ampc_dtype_names[wt->dtype]);
+        PyErr_Format(PyExc_TypeError, "%s: expected input and weight to have the same dtype, but got %s and %s%s", op,
+                     ampc_dtype_names[x->dtype], ampc_dtype_names[wt->dtype],
+                     ampc_op_float64_hint(x->dtype, wt->dtype));
         return -1;
     }
     if (parse_pair(stride, op, "stride", 1, cv->stride) < 0 || parse_pair(padding, op, "padding", 0, cv->pad) < 0 ||

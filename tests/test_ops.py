@@ -955,6 +955,19 @@ def test_linear(rng, xshape, bias, dtype):
     assert_close(F.linear(noncontiguous(x), w, b), expected, dtype, scale=scale)
 
 
+def test_a_float64_input_to_a_float32_layer_is_told_what_to_do(rng):
+    """NumPy's default dtype meeting a float32 model: torch's text, then the fix. A mismatch without
+    float64 keeps torch's text alone."""
+    x, w = rng.standard_normal((3, 8)), rng.standard_normal((4, 8)).astype(np.float32)
+    hint = r"\(NumPy makes float64 arrays by default, .* x\.astype\(numpy\.float32\)\)$"
+    with pytest.raises(TypeError, match="got float64 for input and float32 for other " + hint):
+        F.linear(x, w)
+    with pytest.raises(TypeError, match="got float64 and float32 " + hint):
+        F.conv2d(x.reshape(1, 3, 2, 4), w.reshape(4, 2, 2, 2)[:, :1].repeat(3, axis=1))
+    with pytest.raises(TypeError, match="got float16 for input and float32 for other$"):
+        F.linear(x.astype(np.float16), w)
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=str)
 @pytest.mark.parametrize("xshape,bshape", [((5, 7), (1, 4)), ((5, 7), (5, 4)), ((5, 7), (5, 1)), ((5, 7), (1,)),
                                            ((2, 3, 7), (3, 4)), ((2, 3, 7), (2, 1, 4)), ((2, 3, 7), ())], ids=str)

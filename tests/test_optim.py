@@ -494,8 +494,11 @@ def test_constructor_checks(make, match):
 def test_constructor_type_checks():
     with pytest.raises(TypeError, match="should be an iterable of Tensors or dicts, but got Parameter"):
         optim.SGD(one_param()[0])
-    with pytest.raises(TypeError, match="optimizer can only optimize Tensors, but one of the params is ndarray"):
+    with pytest.raises(TypeError, match="optimizer can only optimize Tensors, but one of the params is ndarray; "
+                       r"wrap each array in ampc.optim.Parameter\(array\)"):
         optim.SGD([np.zeros(3)])
+    with pytest.raises(TypeError, match="one of the params is int$"):  # no array: torch's text alone
+        optim.SGD([3])
     with pytest.raises(TypeError, match="ordering of tensors in sets will change"):
         optim.SGD([{"params": set(one_param())}])
     shared = one_param()
