@@ -24,7 +24,8 @@ from ampc import _C, amp
 from ampc._arguments import as_int, non_array_error
 from ampc._interop import array_namespace, is_torch
 
-__all__ = ["Arithmetic", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad", "set_grad_enabled"]
+__all__ = ["Arithmetic", "Function", "FunctionCtx", "Node", "Tensor", "enable_grad", "is_grad_enabled", "no_grad",
+           "set_grad_enabled"]
 
 
 class _GradState(threading.local):
@@ -587,6 +588,87 @@ def _not_implemented(name):
     def backward(args, saved, grads, needs):
         raise RuntimeError(f"the derivative for '{name}' is not implemented.")  # torch's text
     return backward
+
+
+# -- custom functions -------------------------------------------------------------------------
+
+class FunctionCtx:
+    """The ``ctx`` a Function's forward and backward share, as torch's: ``save_for_backward`` and
+    ``saved_tensors``, ``needs_input_grad``, and any attribute forward sets (``custom_fwd`` records
+    autocast's state on it for ``custom_bwd``)."""
+
+    def save_for_backward(self, *arrays):
+        self._saved = tuple(_plain(a) for a in arrays)
+
+    @property
+    def saved_tensors(self):
+        return getattr(self, "_saved", ())
+
+
+class Function:
+    """torch.autograd.Function: an op whose forward and backward you write. Subclass it with two
+    static methods and call ``apply``::
+
+        class Square(ampc.autograd.Function):
+            @staticmethod
+            @ampc.amp.custom_fwd(device_type="cpu", cast_inputs=ampc.float32)
+            def forward(ctx, x):
+                ctx.save_for_backward(x)
+                return x * x
+
+            @staticmethod
+            @ampc.amp.custom_bwd(device_type="cpu")
+            def backward(ctx, grad):
+                (x,) = ctx.saved_tensors
+                return 2 * x * grad
+
+        y = Square.apply(x)
+
+    ``forward(ctx, *args)`` runs with grad mode off, on the arguments' arrays (a Tensor's ``.data``;
+    Parameters as they are), and returns an array or a tuple of arrays. Where grad mode is on and an
+    argument needs a gradient, the output goes on the tape: ``backward(ctx, *grad_outputs)``, one
+    gradient per output (zeros for an output nobody used), returns one gradient per argument of
+    forward (None where there is none, or a single array for a single argument)."""
+
+    @staticmethod
+    def forward(ctx, *args):
+        raise NotImplementedError("You must implement the forward function for custom autograd.Function.")
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        raise NotImplementedError("You must implement either the backward or vjp method for your custom "
+                                  "autograd.Function to use it with backward mode AD.")
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        if kwargs:  # torch's apply takes its arguments by position only
+            raise TypeError(f"{cls.__name__}.apply() takes no keyword arguments")
+        ctx = FunctionCtx()
+        ctx.needs_input_grad = tuple(_needs_grad(a) for a in args)
+        with no_grad():
+            output = cls.forward(ctx, *(_plain(a) for a in args))
+        if not (is_grad_enabled() and any(ctx.needs_input_grad)):
+            return output
+        name = f"{cls.__name__}Backward"
+        outputs = len(output) if isinstance(output, tuple) else None
+        shapes = [_array(o) for o in (output if outputs is not None else (output,))]
+
+        def backward(_args, saved, grads, needs):
+            grads = list(grads) if outputs is not None else [grads]
+            grads = [array_namespace(o).zeros_like(o) if g is None else g for g, o in zip(grads, shapes)]
+            result = cls.backward(saved, *grads)
+            result = result if isinstance(result, tuple) else (result,)
+            if len(result) != len(args):
+                raise RuntimeError(f"function {name} returned an incorrect number of gradients (expected "
+                                   f"{len(args)}, got {len(result)})")
+            return [None if g is None else _array(g) for g in result]
+
+        versions = tuple((a, a._version) for a in args if isinstance(a, _C.Parameter) and a.requires_grad)
+        node = Node(name, backward, {}, ctx, tuple(_source(a) for a in args),
+                    tuple(getattr(_array(a), "dtype", None) for a in args), outputs, versions)
+        if outputs is not None:
+            return tuple(Tensor(o, node, i) for i, o in enumerate(output))
+        return Tensor(output, node)
 
 
 # -- running the tape backwards ---------------------------------------------------------------
