@@ -1,4 +1,4 @@
-"""python -m ampc <command>
+"""ampc <command> (or python -m ampc <command>); ampc --version
 
   doctor   what this environment can run: versions, ampc._cuda, GPUs, CPU SIMD
   demo     train one model in float32, AMP bfloat16 and AMP float16 + GradScaler, and compare
@@ -46,8 +46,15 @@ def _check_demo(parser, args):
             parser.error(f"--plot {args.plot}: {folder} is not a folder this process can write to")
 
 
+def _program_name():
+    """How the user ran us: `ampc` (the console script) or `python -m ampc`."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m ampc" if name in ("", "__main__.py", "-c") else name
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m ampc", description="ampc command line")
+    parser = argparse.ArgumentParser(prog=_program_name(), description="ampc command line")
+    parser.add_argument("--version", action="version", version=f"ampc {ampc.__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="report what this environment can run")
     demo = commands.add_parser("demo", help="train a model three ways (fp32, AMP bf16, AMP fp16) and compare")
