@@ -39,6 +39,7 @@ _local = _GradState()
 
 
 def is_grad_enabled():
+    """True if ops called now on this thread go on the tape (see no_grad, enable_grad, set_grad_enabled)."""
     return _local.enabled
 
 
@@ -195,41 +196,53 @@ class Arithmetic:
         return self._f().pow(base, self)
 
     def reshape(self, *shape):
+        """The elements in a new shape, as torch's Tensor.reshape (one dimension may be -1)."""
         return self._f().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape)
 
     view = reshape
 
     def transpose(self, dim0, dim1):
+        """Dimensions dim0 and dim1 swapped, as torch's Tensor.transpose."""
         return self._f().transpose(self, dim0, dim1)
 
     def permute(self, *dims):
+        """The dimensions in the order dims, as torch's Tensor.permute."""
         return self._f().permute(self, dims[0] if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims)
 
     def flatten(self, start_dim=0, end_dim=-1):
+        """Dimensions start_dim..end_dim merged into one, as torch's Tensor.flatten."""
         return self._f().flatten(self, start_dim, end_dim)
 
     def sum(self, dim=None, keepdim=False):
+        """The sum over dim (all dimensions by default), as torch's Tensor.sum."""
         return self._f().sum(self, dim, keepdim)
 
     def mean(self, dim=None, keepdim=False):
+        """The mean over dim (all dimensions by default), as torch's Tensor.mean."""
         return self._f().mean(self, dim, keepdim)
 
     def softmax(self, dim):
+        """softmax along dim, as torch's Tensor.softmax."""
         return self._f().softmax(self, dim)
 
     def log_softmax(self, dim):
+        """log_softmax along dim, as torch's Tensor.log_softmax."""
         return self._f().log_softmax(self, dim)
 
     def unsqueeze(self, dim):
+        """A dimension of size 1 inserted at dim, as torch's Tensor.unsqueeze."""
         return self._f().unsqueeze(self, dim)
 
     def squeeze(self, dim=None):
+        """Dimensions of size 1 removed (only dim's when given), as torch's Tensor.squeeze."""
         return self._f().squeeze(self, dim)
 
     def split(self, split_size, dim=0):
+        """Pieces of split_size along dim (or of the sizes in a list), as torch's Tensor.split."""
         return self._f().split(self, split_size, dim)
 
     def chunk(self, chunks, dim=0):
+        """chunks pieces of (nearly) equal size along dim, as torch's Tensor.chunk."""
         return self._f().chunk(self, chunks, dim)
 
     @property
@@ -238,44 +251,56 @@ class Arithmetic:
         return self._f().permute(self, tuple(range(len(self.shape) - 1, -1, -1)))
 
     def t(self):
+        """The transpose of a 2-D array (a 1-D or 0-D one as it is), as torch's Tensor.t."""
         if len(self.shape) > 2:
             raise ValueError(f"t() expects a tensor with <= 2 dimensions, but self is {len(self.shape)}D")
         return self.T
 
     def exp(self):
+        """e raised to each element."""
         return self._f().exp(self)
 
     def log(self):
+        """The natural logarithm of each element."""
         return self._f().log(self)
 
     def sigmoid(self):
+        """1 / (1 + exp(-x)) elementwise."""
         return self._f().sigmoid(self)
 
     def tanh(self):
+        """The hyperbolic tangent of each element."""
         return self._f().tanh(self)
 
     def relu(self):
+        """max(x, 0) elementwise."""
         return self._f().relu(self)
 
     def abs(self):
+        """The absolute value of each element."""
         return self._f().abs(self)
 
     __abs__ = abs
 
     def sqrt(self):
+        """The square root of each element."""
         return self._f().sqrt(self)
 
     def rsqrt(self):
+        """1 / sqrt(x) elementwise."""
         return self._f().rsqrt(self)
 
     def size(self, dim=None):
+        """The shape as a tuple, or the size of dimension dim, as torch's Tensor.size."""
         shape = tuple(self.shape)
         return shape if dim is None else shape[dim]
 
     def dim(self):
+        """The number of dimensions."""
         return len(self.shape)
 
     def numel(self):
+        """The number of elements."""
         return math.prod(self.shape)
 
     def argmax(self, dim=None, keepdim=False):
@@ -284,6 +309,7 @@ class Arithmetic:
         return _index_reduction(self, "argmax", dim, keepdim)
 
     def argmin(self, dim=None, keepdim=False):
+        """The index of the smallest element (over dim, when given), as torch's Tensor.argmin; off the tape."""
         return _index_reduction(self, "argmin", dim, keepdim)
 
     def __getitem__(self, key):
@@ -296,12 +322,15 @@ class Arithmetic:
         return self._f()._cast(self, dtype)
 
     def float(self):
+        """A float32 copy (on the tape), as torch's Tensor.float."""
         return self.to(_C.float32)
 
     def half(self):
+        """A float16 copy (on the tape), as torch's Tensor.half."""
         return self.to(_C.float16)
 
     def bfloat16(self):
+        """A bfloat16 copy (on the tape), as torch's Tensor.bfloat16."""
         return self.to(_C.bfloat16)
 
 
@@ -342,6 +371,7 @@ class Tensor(Arithmetic):
         return self.data
 
     def item(self):
+        """The value of a one-element Tensor as a Python number (waits for a GPU), as torch's Tensor.item."""
         return _host_scalar(self.data)
 
     def __float__(self):
@@ -598,6 +628,7 @@ class FunctionCtx:
     autocast's state on it for ``custom_bwd``)."""
 
     def save_for_backward(self, *arrays):
+        """Keep arrays for backward, which reads them back from ctx.saved_tensors."""
         self._saved = tuple(_plain(a) for a in arrays)
 
     @property
@@ -632,15 +663,21 @@ class Function:
 
     @staticmethod
     def forward(ctx, *args):
+        """The function's output from its inputs' arrays (grad mode is off here); subclasses define it, static, with
+        ctx first."""
         raise NotImplementedError("You must implement the forward function for custom autograd.Function.")
 
     @staticmethod
     def backward(ctx, *grad_outputs):
+        """One gradient per forward argument (None where there is none) from the gradients of forward's outputs;
+        subclasses define it, static, with ctx first."""
         raise NotImplementedError("You must implement either the backward or vjp method for your custom "
                                   "autograd.Function to use it with backward mode AD.")
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        """Run forward on these arguments (by position) and, where grad mode is on and one needs a gradient, put the
+        output on the tape for backward."""
         if kwargs:  # torch's apply takes its arguments by position only
             raise TypeError(f"{cls.__name__}.apply() takes no keyword arguments")
         ctx = FunctionCtx()

@@ -42,9 +42,11 @@ class ProcessGroup:
         self._mpi, self.comm, self.timeout, self.backend = MPI, comm, float(timeout), "mpi"
 
     def rank(self):
+        """This process's rank in the group."""
         return self.comm.Get_rank()
 
     def size(self):
+        """The number of ranks in the group."""
         return self.comm.Get_size()
 
     def _wait(self, request, what):
@@ -65,6 +67,7 @@ class ProcessGroup:
                 pause = min(pause * 2, 1e-2)
 
     def all_reduce(self, array, op="sum"):
+        """Reduce array across the ranks in place (op: sum, max, min, avg)."""
         op = _check_op(op, array)
         work = _working_copy(array, "all_reduce")
         mpi_op = {"sum": self._mpi.SUM, "avg": self._mpi.SUM, "max": self._mpi.MAX, "min": self._mpi.MIN}[op]
@@ -75,12 +78,14 @@ class ProcessGroup:
         return array
 
     def broadcast(self, array, src=0):
+        """array from rank src, in place on every other rank."""
         work = _working_copy(array, "broadcast")
         self._wait(self.comm.Ibcast(work, root=src), "broadcast")
         _write_back(work, array)
         return array
 
     def barrier(self):
+        """Wait until every rank has reached this call."""
         self._wait(self.comm.Ibarrier(), "barrier")
 
     def average_gradients(self, grads, bucket_bytes):
@@ -108,9 +113,11 @@ class TorchProcessGroup:
         self.backend = str(td.get_backend(group))
 
     def rank(self):
+        """This process's rank in the group."""
         return self._td.get_rank(self.group)
 
     def size(self):
+        """The number of ranks in the group."""
         return self._td.get_world_size(self.group)
 
     def _views(self, array):
@@ -139,6 +146,7 @@ class TorchProcessGroup:
         return {"sum": ops.SUM, "avg": ops.SUM, "max": ops.MAX, "min": ops.MIN}[op]
 
     def all_reduce(self, array, op="sum"):
+        """Reduce array across the ranks in place through torch.distributed (op: sum, max, min, avg)."""
         op = _check_op(op, array)
         work, back = self._views(array)
         self._td.all_reduce(work, self._op(op), group=self.group)
@@ -149,6 +157,7 @@ class TorchProcessGroup:
         return array
 
     def broadcast(self, array, src=0):
+        """array from rank src, in place on every other rank, through torch.distributed."""
         work, back = self._views(array)
         self._td.broadcast(work, src, group=self.group)
         if back is not None:
@@ -156,6 +165,7 @@ class TorchProcessGroup:
         return array
 
     def barrier(self):
+        """Wait until every rank has reached this call."""
         self._td.barrier(group=self.group)
 
     def average_gradients(self, grads, bucket_bytes):
@@ -249,10 +259,12 @@ def _free_port():
 
 
 def is_initialized():
+    """True once init_process_group has run (and destroy_process_group has not)."""
     return _default is not None
 
 
 def destroy_process_group():
+    """Forget the default process group (and, for one made through torch.distributed, destroy it)."""
     global _default
     if isinstance(_default, TorchProcessGroup) and _default.group is None:
         _default._td.destroy_process_group()
@@ -271,10 +283,12 @@ def _group(group):
 
 
 def get_rank(group=None):
+    """This process's rank in the group (the default group when None)."""
     return _group(group).rank()
 
 
 def get_world_size(group=None):
+    """The number of ranks in the group (the default group when None)."""
     return _group(group).size()
 
 
@@ -289,6 +303,7 @@ def broadcast(array, src=0, group=None):
 
 
 def barrier(group=None):
+    """Wait until every rank of the group has reached this call."""
     _group(group).barrier()
 
 

@@ -46,6 +46,8 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
+    """torchvision's ResNet v1.5 with bottleneck blocks: layers gives each stage's block count ((3, 4, 6, 3) is
+    ResNet-50)."""
     def __init__(self, layers=(3, 4, 6, 3), num_classes=1000):
         super().__init__()
         self.inplanes = 64

@@ -51,6 +51,7 @@ class Optimizer:
             self.add_param_group(group)
 
     def add_param_group(self, param_group):
+        """Add a dict with 'params' and any hyperparameters (the others from the defaults), as torch's."""
         self._refuse_inside_step("add_param_group")
         if not isinstance(param_group, dict):
             raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
@@ -89,6 +90,7 @@ class Optimizer:
                                f"before or after step()")
 
     def zero_grad(self, set_to_none=True):
+        """Clear every parameter's .grad: None (set_to_none, torch's default) or zeros in place."""
         self._refuse_inside_step("zero_grad")
         for group in self.param_groups:
             for p in group["params"]:
@@ -100,6 +102,8 @@ class Optimizer:
                     _C.zero_(p.grad)
 
     def step(self, closure=None):
+        """One fused update of every parameter with a gradient; closure, when given, is called first and its loss
+        returned."""
         loss = closure() if closure is not None else None  # a closure may call zero_grad(): not guarded
         self._refuse_inside_step("step")
         self._stepping_thread = threading.get_ident()

@@ -686,7 +686,7 @@ PyMethodDef ampc_autocast_state_methods[] = {
     {"is_autocast_cache_enabled", mod_is_autocast_cache_enabled, METH_NOARGS,
      "is_autocast_cache_enabled()\n--\n\nWhether casts of float32 parameters are cached in this thread's regions."},
     {"set_autocast_cache_enabled", mod_set_autocast_cache_enabled, METH_O,
-     "set_autocast_cache_enabled(enabled, /)\n--\n\n"},
+     "set_autocast_cache_enabled(enabled, /)\n--\n\nCache casts of float32 parameters in this thread's regions, or not."},
     {"autocast_increment_nesting", mod_autocast_increment_nesting, METH_NOARGS,
      "autocast_increment_nesting()\n--\n\nOne level deeper; returns the new depth."},
     {"autocast_decrement_nesting", mod_autocast_decrement_nesting, METH_NOARGS,

@@ -2071,7 +2071,7 @@ static int Scaler_init_serialised(PyObject *op, PyObject *args, PyObject *kwargs
 /* ------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(Scaler_doc,
-"GradScaler(device='cuda', init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,\n"
+"GradScaler(device='cuda', init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,\n"
 "           enabled=True, *, min_scale=None, max_scale=None, hysteresis=1)\n--\n\n"
 "Dynamic loss scaling, as torch.amp.GradScaler: scale(loss) before backward, step(optimizer), update().\n"
 "Works with any optimizer whose params have a .grad that is a NumPy array or a DLPack buffer (torch,\n"
@@ -2094,17 +2094,24 @@ static PyMethodDef Scaler_methods[] = {
     {"update", (PyCFunction)(void (*)(void))Scaler_update_serialised, METH_VARARGS | METH_KEYWORDS,
      "update($self, /, new_scale=None)\n--\n\nGrow or back off the scale (or set it to new_scale)."},
     {"get_scale", Scaler_get_scale_serialised, METH_NOARGS, "get_scale($self, /)\n--\n\nThe current scale, as a float."},
-    {"get_growth_factor", Scaler_get_growth_factor, METH_NOARGS, NULL},
-    {"set_growth_factor", Scaler_set_growth_factor, METH_O, NULL},
-    {"get_backoff_factor", Scaler_get_backoff_factor, METH_NOARGS, NULL},
-    {"set_backoff_factor", Scaler_set_backoff_factor, METH_O, NULL},
-    {"get_growth_interval", Scaler_get_growth_interval, METH_NOARGS, NULL},
-    {"set_growth_interval", Scaler_set_growth_interval, METH_O, NULL},
+    {"get_growth_factor", Scaler_get_growth_factor, METH_NOARGS,
+     "get_growth_factor($self, /)\n--\n\nWhat the scale is multiplied by after growth_interval clean steps."},
+    {"set_growth_factor", Scaler_set_growth_factor, METH_O,
+     "set_growth_factor($self, new_factor, /)\n--\n\nSet growth_factor (at least 1)."},
+    {"get_backoff_factor", Scaler_get_backoff_factor, METH_NOARGS,
+     "get_backoff_factor($self, /)\n--\n\nWhat the scale is multiplied by on a step with an inf or NaN."},
+    {"set_backoff_factor", Scaler_set_backoff_factor, METH_O,
+     "set_backoff_factor($self, new_factor, /)\n--\n\nSet backoff_factor (in (0, 1])."},
+    {"get_growth_interval", Scaler_get_growth_interval, METH_NOARGS,
+     "get_growth_interval($self, /)\n--\n\nClean steps in a row before the scale grows."},
+    {"set_growth_interval", Scaler_set_growth_interval, METH_O,
+     "set_growth_interval($self, new_interval, /)\n--\n\nSet growth_interval (0 or more)."},
     {"_get_growth_tracker", Scaler_get_growth_tracker_serialised, METH_NOARGS, NULL},
-    {"is_enabled", Scaler_is_enabled, METH_NOARGS, NULL},
+    {"is_enabled", Scaler_is_enabled, METH_NOARGS,
+     "is_enabled($self, /)\n--\n\nFalse for a disabled scaler, whose methods pass through."},
     {"state_dict", Scaler_state_dict_serialised, METH_NOARGS,
      "state_dict($self, /)\n--\n\ntorch's five keys (plus ampc's options where they are used)."},
-    {"load_state_dict", Scaler_load_state_dict_serialised, METH_O, "load_state_dict($self, state_dict, /)\n--\n\n"},
+    {"load_state_dict", Scaler_load_state_dict_serialised, METH_O, "load_state_dict($self, state_dict, /)\n--\n\nThe state a state_dict() gave, torch's or ampc's, checked before any is set."},
     {"stats", Scaler_stats_serialised, METH_NOARGS,
      "stats($self, /)\n--\n\nsteps, skipped_steps, scale, growth_tracker, hysteresis_left, last_step_skipped."},
     {"overflow_report", (PyCFunction)(void (*)(void))Scaler_overflow_report_serialised, METH_VARARGS | METH_KEYWORDS,

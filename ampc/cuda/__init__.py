@@ -37,10 +37,12 @@ def is_built():
 
 
 def device_count():
+    """The number of CUDA GPUs this process sees; 0 without a driver, a GPU or ampc._cuda."""
     return _C._cuda_device_count()
 
 
 def is_available():
+    """True if ampc can run on a CUDA GPU here (ampc._cuda built, a driver and a GPU)."""
     try:
         return device_count() > 0
     except RuntimeError:
@@ -65,18 +67,21 @@ def _index(device):
 
 
 def get_device_properties(device=None):
+    """The device's name, compute capability (major, minor), multiprocessor count and total memory."""
     p = _C._cuda_device_properties(_index(device))
     major, minor = p["capability"]
     return DeviceProperties(p["name"], major, minor, p["multiprocessors"], p["total_memory"])
 
 
 def get_device_name(device=None):
+    """The device's name, such as 'NVIDIA H100 80GB HBM3'; None where there is no GPU."""
     if device_count() == 0:
         return None
     return get_device_properties(device).name
 
 
 def get_device_capability(device=None):
+    """The device's compute capability as (major, minor); (0, 0) where there is no GPU."""
     if device_count() == 0:
         return (0, 0)
     p = get_device_properties(device)
@@ -94,6 +99,7 @@ def memory_allocated(device=None):
 
 
 def max_memory_allocated(device=None):
+    """The most bytes live ampc arrays held on the device since the start or the last reset_peak_memory_stats."""
     return _C._cuda_memory_stats(_index(device))["peak"]
 
 
@@ -103,10 +109,12 @@ def memory_reserved(device=None):
 
 
 def reset_peak_memory_stats(device=None):
+    """Start max_memory_allocated's count again from what is allocated now."""
     _C._cuda_reset_peak_memory(_index(device))
 
 
 def synchronize(device=None):
+    """Wait until every kernel queued on the device has finished."""
     _C._cuda_synchronize(_index(device))
 
 

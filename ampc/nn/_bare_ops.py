@@ -183,6 +183,7 @@ def _check_ndim(op, x, name, ndim):
 @autocast_op(name="mm")
 @_op
 def mm(input, mat2):
+    """The matrix product of two 2-D arrays, as torch.mm; on autocast's lower-precision list."""
     _check_ndim("mm", input, "input", 2)
     _check_ndim("mm", mat2, "mat2", 2)
     return _C._matmul(input, mat2, op="mm")
@@ -191,6 +192,8 @@ def mm(input, mat2):
 @autocast_op(name="bmm")
 @_op
 def bmm(input, mat2):
+    """The batched matrix product of two 3-D arrays with the same batch size, as torch.bmm; on autocast's
+    lower-precision list."""
     _check_ndim("bmm", input, "input", 3)
     _check_ndim("bmm", mat2, "mat2", 3)
     if input.shape[0] != mat2.shape[0]:
@@ -232,12 +235,14 @@ def softmax_dim(op, input, dim):
 @autocast_op(name="softmax")
 @_op
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """exp(x) / sum(exp(x)) along dim, as torch.nn.functional.softmax; dtype= computes and answers in that dtype."""
     return _C._softmax(_cast_for_dtype(input, dtype), softmax_dim("softmax", input, dim), False, dtype)
 
 
 @autocast_op(name="log_softmax")
 @_op
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """log(softmax(x)) along dim, computed stably, as torch.nn.functional.log_softmax; on autocast's float32 list."""
     return _C._softmax(_cast_for_dtype(input, dtype), softmax_dim("log_softmax", input, dim), True, dtype)
 
 
@@ -249,6 +254,7 @@ def softmax_backward(grad_output, output, dim, input_dtype=None):
 
 @_backward_op
 def log_softmax_backward(grad_output, output, dim, input_dtype=None):
+    """The gradient of log_softmax's input from its output; in input_dtype (default output's)."""
     return _C._softmax_backward(grad_output, output, _as_int("log_softmax_backward", "dim", dim), True, input_dtype)
 
 
@@ -270,6 +276,8 @@ def layer_norm_forward(input, normalized_shape, weight=None, bias=None, eps=1e-5
 @autocast_op(name="layer_norm")
 @_op
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Normalises over the last dimensions (normalized_shape) to mean 0 and variance 1, then weight * x + bias, as
+    torch.nn.functional.layer_norm; on autocast's float32 list."""
     n = _normalized_size("layer_norm", input, normalized_shape)
     return _C._layer_norm(input, n, weight, bias, float(eps), stats=False)  # the tape's forward keeps them
 
@@ -420,6 +428,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
 
 @_backward_op
 def nll_loss_backward(grad_output, input, target, weight=None, ignore_index=-100, reduction="mean"):
+    """The gradient of nll_loss with respect to its input, from the loss's gradient, with the forward's arguments."""
     ignore_index = _as_int("nll_loss_backward", "ignore_index", ignore_index)
     _, lse, denom = cross_entropy_forward(input, target, weight, ignore_index, reduction, log_probs=True)
     return _C._cross_entropy_backward(grad_output, input, target, lse, denom, weight, ignore_index, 0.0,
@@ -477,23 +486,29 @@ def _pointwise_loss_backward(name, op, grad_output, input, target, reduction, sc
 @autocast_op(name="mse_loss")
 @_op
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """The mean (or sum, or none: reduction) squared difference between input and target, as
+    torch.nn.functional.mse_loss; on autocast's float32 list."""
     reduction = legacy_reduction(size_average, reduce, reduction)
     return _pointwise_loss("mse_loss", "squared_diff", input, target, reduction)
 
 
 @_backward_op
 def mse_loss_backward(grad_output, input, target, reduction="mean"):
+    """The gradient of mse_loss with respect to its input, from the loss's gradient."""
     return _pointwise_loss_backward("mse_loss", "squared_diff_grad", grad_output, input, target, reduction)
 
 
 @autocast_op(name="l1_loss")
 @_op
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """The mean (or sum, or none: reduction) absolute difference between input and target, as
+    torch.nn.functional.l1_loss; on autocast's float32 list."""
     return _pointwise_loss("l1_loss", "abs_diff", input, target, legacy_reduction(size_average, reduce, reduction))
 
 
 @_backward_op
 def l1_loss_backward(grad_output, input, target, reduction="mean"):
+    """The gradient of l1_loss with respect to its input, from the loss's gradient."""
     return _pointwise_loss_backward("l1_loss", "abs_diff_grad", grad_output, input, target, reduction)
 
 
@@ -512,6 +527,8 @@ def _pos_weight_term(op, kernel, input, target, pos_weight, dtype):
 @_op
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
                                      pos_weight=None):
+    """Binary cross entropy of sigmoid(input) against target, computed stably from the logits, with optional weight
+    and pos_weight, as torch.nn.functional.binary_cross_entropy_with_logits; on autocast's float32 list."""
     reduction = legacy_reduction(size_average, reduce, reduction)
     if weight is None and pos_weight is None:
         return _pointwise_loss("binary_cross_entropy_with_logits", "bce_logits", input, target, reduction)
@@ -533,6 +550,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
 @_backward_op
 def binary_cross_entropy_with_logits_backward(grad_output, input, target, weight=None, reduction="mean",
                                               pos_weight=None):
+    """The gradient of binary_cross_entropy_with_logits with respect to its input, from the loss's gradient."""
     op = "binary_cross_entropy_with_logits"
     g = _pointwise_loss_backward(op, "bce_logits_grad", grad_output, input, target, reduction)
     if pos_weight is not None:  # the gradient's pos_weight term, times grad_output as the plain one
@@ -592,6 +610,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
 
 @_backward_op
 def binary_cross_entropy_backward(grad_output, input, target, weight=None, reduction="mean"):
+    """The gradient of binary_cross_entropy with respect to its input, from the loss's gradient."""
     _check_probabilities("binary_cross_entropy_backward", input)
     g = _pointwise_loss_backward("binary_cross_entropy", "bce_grad", grad_output, input, target, reduction)
     return g if weight is None else _ew("mul", g, weight, dtype=_dtype(input), name="binary_cross_entropy_backward",
@@ -620,11 +639,14 @@ def _dims(dim, op="sum", ndim=None):
 @autocast_op(name="sum")
 @_op
 def sum(input, dim=None, keepdim=False, *, dtype=None):  # noqa: A001 - torch's name
+    """The sum of input's elements over dim (all of them by default), as torch.sum; on autocast's float32 list."""
     return _C._sum(_cast_for_dtype(input, dtype), _dims(dim), keepdim, 1.0, dtype=dtype)
 
 
 @_op
 def mean(input, dim=None, keepdim=False, *, dtype=None):
+    """The mean of input's elements over dim (all of them by default), as torch.mean; keepdim keeps the reduced
+    dimensions as size 1."""
     shape = tuple(input.shape)
     dims = _dims(dim, "mean", len(shape))
     count = math.prod(shape) if dims is None else math.prod(shape[d] for d in dims)
@@ -671,18 +693,21 @@ def _gradient_at_input(kernel, op, grad_output, input, param=1.0, param2=0.0):
 @autocast_op(name="exp")
 @_op
 def exp(input):
+    """e raised to each element, as torch.exp; on autocast's float32 list."""
     return _ew("exp", input)
 
 
 @autocast_op(name="log")
 @_op
 def log(input):
+    """The natural logarithm of each element, as torch.log; on autocast's float32 list."""
     return _ew("log", input)
 
 
 @autocast_op(name="pow")
 @_op
 def pow(input, exponent):  # noqa: A001 - torch's name
+    """input raised to exponent (a number or an array, broadcast), as torch.pow; on autocast's float32 list."""
     if _is_number(exponent):
         if not isinstance(exponent, numbers.Integral) and as_dtype(input.dtype).kind in "biu":
             input = _C.cast(input, F32)  # integers to a float power: float32, as torch
@@ -722,6 +747,7 @@ def pow_exponent_backward(grad_output, input, exponent):
 
 @_op
 def sqrt(input):
+    """The square root of each element, as torch.sqrt."""
     return _ew("sqrt", input)
 
 
@@ -753,12 +779,14 @@ def rsqrt_backward(grad_output, output):
 
 @_backward_op
 def exp_backward(grad_output, output):
+    """The gradient of exp's input from its output: grad_output * output."""
     return _ew("mul", grad_output, output, name="exp_backward", names=("grad_output", "output"))
 
 
 @_gradient_of(log)
 @_backward_op
 def log_backward(grad_output, input):
+    """The gradient of log's input: grad_output / input."""
     return _ew("div", grad_output, input, name="log_backward", names=("grad_output", "input"))
 
 
@@ -769,16 +797,20 @@ def log_backward(grad_output, input):
 
 @_op
 def relu(input, inplace=False):
+    """max(input, 0) elementwise, as torch.nn.functional.relu; inplace=True writes input."""
     return _in_place(input, _ew("relu", input), inplace)
 
 
 @_backward_op
 def relu_backward(grad_output, input):
+    """The gradient of relu's input: grad_output where input > 0, else 0."""
     return _gradient_at_input("relu_grad", "relu_backward", grad_output, input)
 
 
 @_op
 def gelu(input, approximate="none"):
+    """The Gaussian error linear unit, as torch.nn.functional.gelu: exact (approximate='none') or its tanh
+    approximation."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _ew("gelu" if approximate == "none" else "gelu_tanh", input, name="gelu")
@@ -787,6 +819,7 @@ def gelu(input, approximate="none"):
 @_gradient_of(gelu, "approximate")
 @_backward_op
 def gelu_backward(grad_output, input, approximate="none"):
+    """The gradient of gelu's input, for the same approximate."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu_backward: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _gradient_at_input("gelu_grad" if approximate == "none" else "gelu_tanh_grad", "gelu_backward",
@@ -795,12 +828,14 @@ def gelu_backward(grad_output, input, approximate="none"):
 
 @_op
 def silu(input, inplace=False):
+    """input * sigmoid(input) elementwise (swish), as torch.nn.functional.silu; inplace=True writes input."""
     return _in_place(input, _ew("silu", input), inplace)
 
 
 @_gradient_of(silu)
 @_backward_op
 def silu_backward(grad_output, input):
+    """The gradient of silu's input."""
     return _gradient_at_input("silu_grad", "silu_backward", grad_output, input)
 
 
@@ -837,21 +872,25 @@ def mish(input, inplace=False):
 @_gradient_of(mish)
 @_backward_op
 def mish_backward(grad_output, input):
+    """The gradient of mish's input."""
     return _gradient_at_input("mish_grad", "mish_backward", grad_output, input)
 
 
 @_op
 def sigmoid(input):
+    """1 / (1 + exp(-input)) elementwise, as torch.sigmoid."""
     return _ew("sigmoid", input)
 
 
 @_op
 def tanh(input):
+    """The hyperbolic tangent of each element, as torch.tanh."""
     return _ew("tanh", input)
 
 
 @_op
 def abs(input):  # noqa: A001 - torch's name
+    """The absolute value of each element, as torch.abs."""
     return _ew("abs", input)
 
 
@@ -864,19 +903,23 @@ def abs_backward(grad_output, input):
 
 @_op
 def add(input, other, *, alpha=1):
+    """input + alpha * other, broadcast, with torch's type promotion, as torch.add."""
     return _ew("add", input, other, param=float(alpha))
 
 
 @_op
 def sub(input, other, *, alpha=1):
+    """input - alpha * other, broadcast, with torch's type promotion, as torch.sub."""
     return _ew("add", input, other, param=-float(alpha), name="sub")
 
 
 @_op
 def mul(input, other):
+    """input * other, broadcast, with torch's type promotion, as torch.mul."""
     return _ew("mul", input, other)
 
 
 @_op
 def div(input, other):
+    """input / other (true division), broadcast, with torch's type promotion, as torch.div."""
     return _ew("div", input, other)

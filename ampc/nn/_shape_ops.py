@@ -36,26 +36,31 @@ def _reshaped(op, input, shape, name):
 
 
 def reshape(input, shape):
+    """input's elements in a new shape (one dimension may be -1), as torch.reshape: a view where the layout allows."""
     return _reshaped("reshape", input, shape, "shape")
 
 
 def reshape_backward(grad_output, input_shape):
+    """The gradient of reshape's input: the gradient in the input's shape."""
     return _reshaped("reshape_backward", grad_output, input_shape, "input_shape")
 
 
 def transpose(input, dim0, dim1):
+    """input with dimensions dim0 and dim1 swapped, as torch.transpose: a view."""
     nd = len(input.shape)
     return array_namespace(input).swapaxes(input, wrap_dim("transpose", dim0, nd, "dim0"),
                                            wrap_dim("transpose", dim1, nd, "dim1"))
 
 
 def transpose_backward(grad_output, dim0, dim1):
+    """The gradient of transpose's input: the gradient with the same two dimensions swapped back."""
     nd = len(grad_output.shape)
     return transpose(grad_output, wrap_dim("transpose_backward", dim0, nd, "dim0"),
                      wrap_dim("transpose_backward", dim1, nd, "dim1"))
 
 
 def permute(input, dims):
+    """input with its dimensions in the order dims, as torch.permute: a view."""
     nd = len(input.shape)
     dims = tuple(wrap_dim("permute", d, nd, "dims") for d in as_ints("permute", "dims", dims))
     if sorted(dims) != list(range(nd)):
@@ -65,6 +70,7 @@ def permute(input, dims):
 
 
 def permute_backward(grad_output, dims):
+    """The gradient of permute's input: the gradient with the inverse permutation."""
     nd = len(grad_output.shape)
     dims = [wrap_dim("permute_backward", d, nd, "dims") for d in as_ints("permute_backward", "dims", dims)]
     inverse = [0] * nd
@@ -74,6 +80,7 @@ def permute_backward(grad_output, dims):
 
 
 def flatten(input, start_dim=0, end_dim=-1):
+    """input with dimensions start_dim..end_dim merged into one, as torch.flatten."""
     shape = tuple(input.shape)
     if not shape:
         return reshape(input, (1,))
@@ -87,6 +94,7 @@ def flatten(input, start_dim=0, end_dim=-1):
 
 
 def unsqueeze(input, dim):
+    """input with a dimension of size 1 inserted at dim, as torch.unsqueeze: a view."""
     shape = tuple(input.shape)
     d = wrap_dim("unsqueeze", dim, len(shape) + 1)
     return reshape(input, shape[:d] + (1,) + shape[d:])

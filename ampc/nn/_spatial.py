@@ -267,6 +267,8 @@ def max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilation
 
 
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """The maximum over each kernel_size window of an (N, C, H, W) input, as torch.nn.functional.max_pool2d;
+    return_indices=True also gives each maximum's flat index in its plane."""
     y, indices = max_pool2d_with_indices(input, kernel_size, stride, padding, dilation, ceil_mode)
     return (y, indices) if return_indices else y
 
@@ -293,6 +295,8 @@ def _divisor(op, divisor_override):
 
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
+    """The mean over each kernel_size window of an (N, C, H, W) input, as torch.nn.functional.avg_pool2d
+    (count_include_pad and divisor_override as torch's)."""
     kernel, stride, padding, _ = _pool_args("avg_pool2d", kernel_size, stride, padding, 1)
     return _C._pool(input, _AVG, kernel, stride, padding, (1, 1), bool(ceil_mode), bool(count_include_pad),
                     _divisor("avg_pool2d", divisor_override), None)[0]
@@ -300,6 +304,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
 
 def avg_pool2d_backward(grad_output, input, kernel_size, stride=None, padding=0, ceil_mode=False,
                         count_include_pad=True, divisor_override=None):
+    """The gradient of avg_pool2d's input, for the same arguments."""
     kernel, stride, padding, _ = _pool_args("avg_pool2d_backward", kernel_size, stride, padding, 1)
     return _C._pool_backward(grad_output, input, None, _AVG, kernel, stride, padding, (1, 1), bool(ceil_mode),
                              bool(count_include_pad), _divisor("avg_pool2d_backward", divisor_override), None)
@@ -322,11 +327,14 @@ _UNUSED = (1, 1)
 
 
 def adaptive_avg_pool2d(input, output_size):
+    """The mean over the windows that split each plane into output_size cells, as
+    torch.nn.functional.adaptive_avg_pool2d."""
     size = _adaptive_size("adaptive_avg_pool2d", input, output_size)
     return _C._pool(input, _ADAPTIVE_AVG, _UNUSED, _UNUSED, (0, 0), _UNUSED, False, False, 0, size)[0]
 
 
 def adaptive_avg_pool2d_backward(grad_output, input, output_size=None):
+    """The gradient of adaptive_avg_pool2d's input, for the same output_size."""
     size = tuple(grad_output.shape)[-2:] if output_size is None else _adaptive_size("adaptive_avg_pool2d_backward",
                                                                                   input, output_size)
     return _C._pool_backward(grad_output, input, None, _ADAPTIVE_AVG, _UNUSED, _UNUSED, (0, 0), _UNUSED, False, False,

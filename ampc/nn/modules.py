@@ -151,6 +151,7 @@ class Module:
         setattr(self, name, module)
 
     def forward(self, *args, **kwargs):
+        """The module's computation: what calling the module runs. Subclasses define it."""
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
     def __call__(self, *args, **kwargs):
@@ -158,6 +159,7 @@ class Module:
 
     # -- what the module holds
     def named_modules(self, prefix=""):
+        """(name, module) for this module and every module under it, depth first, each once."""
         seen, stack = set(), [(prefix, self)]
         while stack:
             name, module = stack.pop()
@@ -168,12 +170,15 @@ class Module:
             stack.extend(reversed([(f"{name}.{n}" if name else n, m) for n, m in module._modules.items()]))
 
     def modules(self):
+        """This module and every module under it, depth first, each once."""
         return (m for _, m in self.named_modules())
 
     def named_children(self):
+        """(name, module) for each direct submodule, in the order they were set."""
         return iter(self._modules.items())
 
     def children(self):
+        """Each direct submodule, in the order they were set."""
         return iter(self._modules.values())
 
     def _named(self, table, prefix, recurse):
@@ -187,9 +192,11 @@ class Module:
                 yield (f"{name}.{key}" if name else key), value
 
     def named_parameters(self, prefix="", recurse=True):
+        """(name, parameter) for this module's parameters and (recurse) its submodules', dotted names as torch's."""
         return self._named("_parameters", prefix, recurse)
 
     def parameters(self, recurse=True):
+        """This module's parameters and (recurse) its submodules', each once: what an optimizer takes."""
         return (p for _, p in self.named_parameters(recurse=recurse))
 
     def get_submodule(self, target):
@@ -212,13 +219,16 @@ class Module:
         return module._parameters[name]
 
     def named_buffers(self, prefix="", recurse=True):
+        """(name, array) for this module's buffers (running statistics...) and (recurse) its submodules'."""
         return self._named("_buffers", prefix, recurse)
 
     def buffers(self, recurse=True):
+        """This module's buffers and (recurse) its submodules'."""
         return (b for _, b in self.named_buffers(recurse=recurse))
 
     # -- modes
     def train(self, mode=True):
+        """Set training mode (mode=True) or evaluation mode on this module and every submodule; returns self."""
         if not isinstance(mode, bool):
             raise ValueError("training mode is expected to be boolean")
         for module in self.modules():
@@ -226,6 +236,7 @@ class Module:
         return self
 
     def eval(self):
+        """Evaluation mode (batch norm's running statistics, no dropout): train(False); returns self."""
         return self.train(False)
 
     def to(self, device=None, dtype=None, memory_format=None):
@@ -258,18 +269,23 @@ class Module:
         return self
 
     def cuda(self, device=0):
+        """Move the parameters and buffers to a CUDA device (to(device)); returns self."""
         return self.to(device)
 
     def float(self):
+        """Floating parameters and buffers to float32; returns self."""
         return self.to(dtype=np.float32)
 
     def double(self):
+        """Floating parameters and buffers to float64; returns self."""
         return self.to(dtype=np.float64)
 
     def half(self):
+        """Floating parameters and buffers to float16; returns self."""
         return self.to(dtype=np.float16)
 
     def bfloat16(self):
+        """Floating parameters and buffers to bfloat16; returns self."""
         return self.to(dtype=_C.as_dtype("bfloat16"))
 
     def requires_grad_(self, requires_grad=True):
@@ -280,6 +296,7 @@ class Module:
         return self
 
     def cpu(self):
+        """Move the parameters and buffers to host memory (NumPy arrays); returns self."""
         return self.to("cpu")
 
     def zero_grad(self, set_to_none=True):
@@ -292,6 +309,7 @@ class Module:
                 _C.zero_(p.grad)
 
     def apply(self, fn):
+        """Call fn on every submodule, then on this module (torch's order, for initialisation); returns self."""
         for module in list(self.modules())[::-1]:
             fn(module)
         return self
@@ -356,6 +374,7 @@ class Module:
         return f"{type(self).__name__}(\n  " + "\n  ".join(([extra] if extra else []) + lines) + "\n)"
 
     def extra_repr(self):
+        """The module's own settings for its repr (Linear's in_features=..., out_features=...); '' by default."""
         return ""
 
 
@@ -469,11 +488,14 @@ def _copy_into(target, value):
 
 
 class Identity(Module):
+    """Returns its input unchanged, as torch.nn.Identity."""
     def forward(self, input):
         return input
 
 
 class Linear(Module):
+    """y = x @ weight.T + bias, as torch.nn.Linear: weight (out_features, in_features) and bias (out_features) drawn
+    as torch draws them; on autocast's lower-precision list."""
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -529,10 +551,14 @@ class _ConvNd(Module):
 
 
 class Conv1d(_ConvNd):
+    """A 1-D convolution over (N, C, L) inputs, as torch.nn.Conv1d (stride, padding, dilation, groups, bias); on
+    autocast's lower-precision list."""
     _DIMS = 1
 
 
 class Conv2d(_ConvNd):
+    """A 2-D convolution over (N, C, H, W) inputs, as torch.nn.Conv2d (stride, padding, dilation, groups, bias); on
+    autocast's lower-precision list."""
     _DIMS = 2
 
 
@@ -574,14 +600,20 @@ class _BatchNorm(Module):
 
 
 class BatchNorm1d(_BatchNorm):
+    """Batch normalisation over (N, C) or (N, C, L) inputs, as torch.nn.BatchNorm1d: batch statistics in training,
+    running ones in eval."""
     _INPUT_DIMS = (2, 3)
 
 
 class BatchNorm2d(_BatchNorm):
+    """Batch normalisation over (N, C, H, W) inputs, as torch.nn.BatchNorm2d: batch statistics in training, running
+    ones in eval."""
     _INPUT_DIMS = (4,)
 
 
 class GroupNorm(Module):
+    """Normalises each group of num_channels / num_groups channels, then weight and bias per channel, as
+    torch.nn.GroupNorm."""
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
         super().__init__()
         if not isinstance(num_groups, int) or num_groups <= 0:
@@ -600,6 +632,8 @@ class GroupNorm(Module):
 
 
 class LayerNorm(Module):
+    """Normalises over the last dimensions (normalized_shape), then elementwise weight and bias, as
+    torch.nn.LayerNorm; on autocast's float32 list."""
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -616,6 +650,8 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
+    """A lookup table of num_embeddings rows of embedding_dim, as torch.nn.Embedding (padding_idx's row gets no
+    gradient)."""
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, sparse=False):
         super().__init__()
@@ -641,6 +677,8 @@ class Embedding(Module):
 
 
 class Dropout(Module):
+    """Zeroes each element with probability p in training and scales the rest by 1 / (1 - p), as torch.nn.Dropout;
+    the identity in eval."""
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
         if not 0 <= p <= 1:
@@ -655,6 +693,7 @@ class Dropout(Module):
 
 
 class ReLU(Module):
+    """max(x, 0) elementwise, as torch.nn.ReLU."""
     def __init__(self, inplace=False):
         super().__init__()
         self.inplace = inplace
@@ -667,6 +706,7 @@ class ReLU(Module):
 
 
 class GELU(Module):
+    """The Gaussian error linear unit, as torch.nn.GELU (approximate='none' or 'tanh')."""
     def __init__(self, approximate="none"):
         super().__init__()
         self.approximate = approximate
@@ -679,6 +719,7 @@ class GELU(Module):
 
 
 class SiLU(Module):
+    """x * sigmoid(x) elementwise, as torch.nn.SiLU."""
     def __init__(self, inplace=False):
         super().__init__()
         self.inplace = inplace
@@ -688,6 +729,7 @@ class SiLU(Module):
 
 
 class Softplus(Module):
+    """log(1 + exp(beta * x)) / beta, linear above threshold, as torch.nn.Softplus; on autocast's float32 list."""
     def __init__(self, beta=1.0, threshold=20.0):
         super().__init__()
         self.beta = beta
@@ -701,6 +743,7 @@ class Softplus(Module):
 
 
 class Mish(Module):
+    """x * tanh(softplus(x)) elementwise, as torch.nn.Mish."""
     def __init__(self, inplace=False):
         super().__init__()
         self.inplace = inplace
@@ -713,16 +756,19 @@ class Mish(Module):
 
 
 class Sigmoid(Module):
+    """1 / (1 + exp(-x)) elementwise, as torch.nn.Sigmoid."""
     def forward(self, input):
         return F.sigmoid(input)
 
 
 class Tanh(Module):
+    """The hyperbolic tangent elementwise, as torch.nn.Tanh."""
     def forward(self, input):
         return F.tanh(input)
 
 
 class Softmax(Module):
+    """softmax along dim, as torch.nn.Softmax."""
     def __init__(self, dim=None):
         super().__init__()
         self.dim = dim
@@ -735,6 +781,7 @@ class Softmax(Module):
 
 
 class LogSoftmax(Softmax):
+    """log_softmax along dim, as torch.nn.LogSoftmax."""
     def forward(self, input):
         return F.log_softmax(input, self.dim)
 
@@ -745,6 +792,7 @@ class _Pool2d(Module):
 
 
 class MaxPool2d(_Pool2d):
+    """The maximum over each window of (N, C, H, W) inputs, as torch.nn.MaxPool2d."""
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__()
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
@@ -756,6 +804,7 @@ class MaxPool2d(_Pool2d):
 
 
 class AvgPool2d(_Pool2d):
+    """The mean over each window of (N, C, H, W) inputs, as torch.nn.AvgPool2d."""
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                  divisor_override=None):
         super().__init__()
@@ -768,6 +817,7 @@ class AvgPool2d(_Pool2d):
 
 
 class AdaptiveAvgPool2d(Module):
+    """The mean over windows that give output_size planes, as torch.nn.AdaptiveAvgPool2d."""
     def __init__(self, output_size):
         super().__init__()
         self.output_size = output_size
@@ -780,6 +830,7 @@ class AdaptiveAvgPool2d(Module):
 
 
 class Flatten(Module):
+    """Merges dimensions start_dim..end_dim (1..-1 by default, keeping the batch), as torch.nn.Flatten."""
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
         self.start_dim, self.end_dim = start_dim, end_dim
@@ -831,10 +882,12 @@ class _ModuleSequence(Module):
         return iter(self._modules.values())
 
     def append(self, module):
+        """Add module at the end; returns self."""
         self.add_module(str(len(self)), module)
         return self
 
     def extend(self, modules):
+        """Add each module of an iterable at the end; returns self."""
         if not isinstance(modules, collections.abc.Iterable):
             raise TypeError(f"{type(self).__name__}.extend should be called with an iterable, but got "
                             f"{type(modules).__name__}")
@@ -843,6 +896,7 @@ class _ModuleSequence(Module):
         return self
 
     def insert(self, index, module):
+        """Put module before position index (the rest renumbered); returns self."""
         index, n = operator.index(index), len(self)
         if not -n <= index <= n:
             raise IndexError(f"Index out of range: {index}")
@@ -854,12 +908,15 @@ class _ModuleSequence(Module):
         return self
 
     def pop(self, index):
+        """Remove the module at index (the rest renumbered) and return it."""
         module = self[index]
         del self[index]
         return module
 
 
 class Sequential(_ModuleSequence):
+    """Runs its modules in order, each on the previous one's output, as torch.nn.Sequential (indexed and sliced as
+    torch's)."""
     def __init__(self, *modules):
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], collections.OrderedDict):
@@ -879,6 +936,7 @@ class Sequential(_ModuleSequence):
 
 
 class ModuleList(_ModuleSequence):
+    """A list of modules whose parameters the parent sees, as torch.nn.ModuleList."""
     def __init__(self, modules=None):
         super().__init__()
         if modules is not None:
@@ -915,21 +973,27 @@ class ModuleDict(Module):
         return key in self._modules
 
     def keys(self):
+        """The names of the modules, in insertion order."""
         return self._modules.keys()
 
     def items(self):
+        """(name, module) pairs, in insertion order."""
         return self._modules.items()
 
     def values(self):
+        """The modules, in insertion order."""
         return self._modules.values()
 
     def pop(self, key):
+        """Remove the module named key and return it."""
         return self._modules.pop(key)
 
     def clear(self):
+        """Remove every module."""
         self._modules.clear()
 
     def update(self, modules):
+        """Add or replace modules from a mapping or from (name, module) pairs."""
         for name, module in (modules.items() if hasattr(modules, "items") else modules):
             self.add_module(name, module)
 
@@ -954,6 +1018,8 @@ class _WeightedLoss(_Loss):
 
 
 class CrossEntropyLoss(_WeightedLoss):
+    """cross_entropy of logits against class indices or probabilities, as torch.nn.CrossEntropyLoss (weight,
+    ignore_index, reduction, label_smoothing)."""
     def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                  label_smoothing=0.0):
         super().__init__(weight, size_average, reduce, reduction)
@@ -965,6 +1031,7 @@ class CrossEntropyLoss(_WeightedLoss):
 
 
 class NLLLoss(_WeightedLoss):
+    """The negative log likelihood of log-probabilities against class indices, as torch.nn.NLLLoss."""
     def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
         super().__init__(weight, size_average, reduce, reduction)
         self.ignore_index = ignore_index
@@ -974,21 +1041,25 @@ class NLLLoss(_WeightedLoss):
 
 
 class MSELoss(_Loss):
+    """The mean squared error, as torch.nn.MSELoss (reduction 'mean', 'sum' or 'none')."""
     def forward(self, input, target):
         return F.mse_loss(input, target, reduction=self.reduction)
 
 
 class L1Loss(_Loss):
+    """The mean absolute error, as torch.nn.L1Loss (reduction 'mean', 'sum' or 'none')."""
     def forward(self, input, target):
         return F.l1_loss(input, target, reduction=self.reduction)
 
 
 class BCELoss(_WeightedLoss):
+    """Binary cross entropy of probabilities against targets, as torch.nn.BCELoss."""
     def forward(self, input, target):
         return F.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
 
 
 class BCEWithLogitsLoss(_WeightedLoss):
+    """Binary cross entropy computed stably from logits, as torch.nn.BCEWithLogitsLoss (weight, pos_weight)."""
     def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):
         super().__init__(weight, size_average, reduce, reduction)
         self.register_buffer("pos_weight", pos_weight)
