@@ -41,6 +41,10 @@ def _check_demo(parser, args):
         if index >= count:
             parser.error(f"--device {args.device}: this process sees {count} CUDA GPU(s)")
     if args.plot is not None:
+        from ampc.cli.plot import MISSING, have_matplotlib
+
+        if not have_matplotlib():
+            parser.error(MISSING)
         folder = os.path.dirname(os.path.abspath(args.plot))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             parser.error(f"--plot {args.plot}: {folder} is not a folder this process can write to")
@@ -77,7 +81,8 @@ def main(argv=None):
     demo.add_argument("--nan-at", type=_at_least(0), metavar="STEP",
                       help="mlp: a NaN in this step's batch, in every run: the GradScaler skips that step, "
                            "the unscaled runs' weights turn NaN")
-    demo.add_argument("--plot", metavar="FILE", help="mlp: save a PNG of loss and loss scale against the step")
+    demo.add_argument("--plot", metavar="FILE", help="mlp: save a PNG of loss and loss scale against the step "
+                                                   "(matplotlib: the demo extra)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         _check_demo(demo, args)
